@@ -1,0 +1,24 @@
+"""medproc: fast, exact medical-imaging preprocessing (readers, DALI pipelines, MONAI bridge)."""
+
+from __future__ import annotations
+
+import logging
+
+from .errors import GeometryError, GeometryWarning, MedprocError, ReadError, SeriesError
+from .io import load, save
+from .volume import Volume
+
+__version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+__all__ = [
+    "GeometryError",
+    "GeometryWarning",
+    "MedprocError",
+    "ReadError",
+    "SeriesError",
+    "Volume",
+    "load",
+    "save",
+]

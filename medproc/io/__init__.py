@@ -1,0 +1,118 @@
+"""Readers and writers: every source becomes a :class:`~medproc.Volume`."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from ..errors import ReadError
+from ..volume import Volume
+
+__all__ = ["load", "save", "kind_of", "atomic_path"]
+
+NIFTI_EXT = (".nii", ".nii.gz")
+ITK_EXT = (".nrrd", ".nhdr", ".mha", ".mhd")
+
+
+def kind_of(path) -> str | None:
+    """'nifti', 'itk', 'dicom' (file or folder) or None, from the name and magic bytes."""
+    p = os.fspath(path)
+    low = p.lower()
+    if os.path.isdir(p):
+        return "dicom"
+    if low.endswith(NIFTI_EXT):
+        return "nifti"
+    if low.endswith(ITK_EXT):
+        return "itk"
+    if low.endswith(".dcm") or low.endswith(".ima"):
+        return "dicom"
+    from .dicom_scan import is_dicom_file
+
+    return "dicom" if is_dicom_file(p) else None
+
+
+def load(path, series=None) -> Volume:
+    """Load a volume.
+
+    Parameters
+    ----------
+    path : str or path-like
+        A DICOM file or a folder (searched recursively for DICOM series), a NIfTI file
+        (``.nii``, ``.nii.gz``), or an ITK file (``.nrrd``, ``.nhdr``, ``.mha``, ``.mhd``).
+    series : str or int, optional
+        Which DICOM series, when a folder holds several: SeriesInstanceUID (or the
+        ``UID.partN`` key `medproc inspect` shows for a split series), SeriesNumber, or a
+        unique part of SeriesDescription.
+
+    Returns
+    -------
+    Volume
+        ``.array`` C-contiguous, axis 0 the slowest (DICOM: the slice axis); ``.affine`` maps
+        array indices to RAS mm; ``.meta['warnings']`` lists the geometry warnings.
+
+    Raises
+    ------
+    ReadError, SeriesError, GeometryError
+        With the file named, what is wrong and what to do.
+    """
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise ReadError("no such file or folder", p)
+    kind = kind_of(p)
+    if kind == "nifti":
+        from .nifti import load_nifti
+
+        return load_nifti(p)
+    if kind == "itk":
+        from .sitk_io import load_sitk
+
+        return load_sitk(p)
+    if kind == "dicom" or kind is None:
+        from .dicom_read import load_dicom
+
+        if kind is None:  # unknown extension: try DICOM without a preamble
+            from .dicom_scan import read_header
+
+            read_header(p, force=True)
+        return load_dicom(p, series=series)
+    raise ReadError("unknown format", p)  # pragma: no cover
+
+
+def atomic_path(path: str) -> str:
+    """A temporary name beside ``path`` (same folder, same extension) for an atomic write."""
+    d, name = os.path.split(os.path.abspath(path))
+    ext = ".nii.gz" if name.lower().endswith(".nii.gz") else os.path.splitext(name)[1]
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".part{ext}", dir=d)
+    os.close(fd)
+    return tmp
+
+
+def save(volume: Volume, path) -> str:
+    """Write ``volume`` atomically (temporary file + rename) as NIfTI or an ITK format.
+
+    The format follows the extension: ``.nii``/``.nii.gz`` (nibabel; a sheared affine is kept in
+    the sform), ``.nrrd``/``.mha``/``.mhd`` (SimpleITK). Returns the path written.
+    """
+    p = os.fspath(path)
+    low = p.lower()
+    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+    tmp = atomic_path(p)
+    try:
+        if low.endswith(NIFTI_EXT):
+            from .nifti import save_nifti
+
+            save_nifti(volume, tmp)
+        elif low.endswith((".nrrd", ".mha")):
+            from .sitk_io import save_sitk
+
+            save_sitk(volume, tmp)
+        else:
+            raise ValueError(
+                f"cannot save {p!r}: use a .nii.gz, .nii, .nrrd or .mha name "
+                "(.mhd/.nhdr write two files and cannot be written atomically)"
+            )
+        os.replace(tmp, p)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return p

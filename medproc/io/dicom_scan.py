@@ -1,0 +1,297 @@
+"""Find DICOM series in files and folder trees, from headers only (no pixel data read).
+
+A *series* here is a set of frames that make one regular volume: files are grouped by
+SeriesInstanceUID and split where geometry differs (image size, orientation, localizers), and
+every multi-frame file is a volume of its own. Each frame (a slice of a classic file, or one
+frame of an enhanced multi-frame / RT dose file) becomes a :class:`Frame` with its own position,
+orientation, pixel spacing and rescale, so the geometry code treats all kinds alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pydicom
+from pydicom.errors import InvalidDicomError
+
+from ..errors import ReadError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Frame", "DicomSeries", "find_series", "read_header", "is_dicom_file"]
+
+#: SOP classes (by keyword of their name) that carry no image: loading them is refused.
+_NON_IMAGE_MODALITIES = {"SR", "RTPLAN", "RTSTRUCT", "ECG", "KO", "PR", "REG", "DOC"}
+
+
+@dataclass
+class Frame:
+    """One 2D frame of a series and where it sits (LPS mm, as DICOM stores it)."""
+
+    path: str
+    index: int | None  # frame number inside a multi-frame file, None for a classic file
+    position: np.ndarray | None  # ImagePositionPatient, LPS mm
+    orientation: np.ndarray | None  # ImageOrientationPatient (row cosine, column cosine)
+    pixel_spacing: tuple[float, float] | None  # (between rows, between columns) mm
+    slope: float = 1.0
+    intercept: float = 0.0
+    instance: int | None = None
+
+
+@dataclass
+class DicomSeries:
+    """Frames that belong to one volume, plus the series-level attributes."""
+
+    uid: str
+    frames: list[Frame]
+    info: dict = field(default_factory=dict)
+    part: int = 0  # >0 when a SeriesInstanceUID was split into several volumes
+
+    @property
+    def key(self) -> str:
+        """The name users pass as ``series=``: the UID, with ``.partN`` when split."""
+        return self.uid if self.part == 0 else f"{self.uid}.part{self.part}"
+
+    @property
+    def files(self) -> list[str]:
+        return sorted({f.path for f in self.frames})
+
+    def describe(self) -> str:
+        i = self.info
+        return (
+            f"{self.key} (#{i.get('SeriesNumber', '?')} {i.get('Modality', '?')} "
+            f"'{i.get('SeriesDescription', '')}', {len(self.frames)} frames of "
+            f"{i.get('Rows')}x{i.get('Columns')})"
+        )
+
+
+_INFO_KEYS = (
+    "Modality",
+    "SeriesDescription",
+    "SeriesNumber",
+    "StudyInstanceUID",
+    "SOPClassUID",
+    "Rows",
+    "Columns",
+    "SamplesPerPixel",
+    "BitsAllocated",
+    "BitsStored",
+    "PixelRepresentation",
+    "PhotometricInterpretation",
+    "SliceThickness",
+    "SpacingBetweenSlices",
+    "GantryDetectorTilt",
+    "ImageType",
+    "NumberOfFrames",
+)
+
+
+def is_dicom_file(path: str) -> bool:
+    """Cheap test: the 'DICM' preamble marker (files without a preamble are tried anyway)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(132)
+    except OSError:
+        return False
+    return len(head) == 132 and head[128:132] == b"DICM"
+
+
+def read_header(path: str, force: bool = False) -> pydicom.Dataset:
+    """Read a DICOM header without pixel data, raising :class:`ReadError` naming the file."""
+    try:
+        return pydicom.dcmread(path, stop_before_pixels=True, force=force)
+    except InvalidDicomError as e:
+        raise ReadError(f"not a DICOM file ({e})", path) from None
+    except (EOFError, OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ReadError(f"the DICOM header cannot be parsed: {type(e).__name__}: {e}", path) from None
+
+
+def _floats(value, n: int) -> np.ndarray | None:
+    if value is None:
+        return None
+    try:
+        arr = np.array([float(v) for v in value], dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return arr if arr.shape == (n,) and np.all(np.isfinite(arr)) else None
+
+
+def _first(seq_owner, seq_name: str):
+    seq = seq_owner.get(seq_name) if seq_owner is not None else None
+    return seq[0] if seq else None
+
+
+def _frame_attrs(groups) -> dict:
+    """Geometry/rescale attributes of one functional-groups item (shared or per-frame)."""
+    out = {}
+    if groups is None:
+        return out
+    pos = _first(groups, "PlanePositionSequence")
+    if pos is not None and "ImagePositionPatient" in pos:
+        out["position"] = _floats(pos.ImagePositionPatient, 3)
+    ori = _first(groups, "PlaneOrientationSequence")
+    if ori is not None and "ImageOrientationPatient" in ori:
+        out["orientation"] = _floats(ori.ImageOrientationPatient, 6)
+    pm = _first(groups, "PixelMeasuresSequence")
+    if pm is not None:
+        ps = _floats(pm.get("PixelSpacing"), 2)
+        if ps is not None:
+            out["pixel_spacing"] = (ps[0], ps[1])
+        for k in ("SliceThickness", "SpacingBetweenSlices"):
+            if pm.get(k) is not None:
+                out[k] = float(pm.get(k))
+    pv = _first(groups, "PixelValueTransformationSequence")
+    if pv is not None:
+        if pv.get("RescaleSlope") is not None:
+            out["slope"] = float(pv.RescaleSlope)
+        if pv.get("RescaleIntercept") is not None:
+            out["intercept"] = float(pv.RescaleIntercept)
+    return out
+
+
+def frames_of(ds: pydicom.Dataset, path: str) -> tuple[list[Frame], dict]:
+    """Split a header into frames. Returns (frames, extra series-level info)."""
+    nframes = int(ds.get("NumberOfFrames") or 1)
+    ps = _floats(ds.get("PixelSpacing") or ds.get("ImagerPixelSpacing"), 2)
+    base = {
+        "position": _floats(ds.get("ImagePositionPatient"), 3),
+        "orientation": _floats(ds.get("ImageOrientationPatient"), 6),
+        "pixel_spacing": None if ps is None else (ps[0], ps[1]),
+        "slope": float(ds.get("RescaleSlope") or ds.get("DoseGridScaling") or 1.0),
+        "intercept": float(ds.get("RescaleIntercept") or 0.0),
+    }
+    extra: dict = {}
+    inst = ds.get("InstanceNumber")
+    inst = int(inst) if inst not in (None, "") else None
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    if per_frame:
+        shared = _frame_attrs(_first(ds, "SharedFunctionalGroupsSequence"))
+        frames = []
+        for i in range(nframes):
+            a = {**base, **shared, **_frame_attrs(per_frame[i] if i < len(per_frame) else None)}
+            for k in ("SliceThickness", "SpacingBetweenSlices"):
+                if k in a:
+                    extra[k] = a.pop(k)
+            frames.append(Frame(path, i, instance=i + 1, **a))
+        return frames, extra
+    if nframes > 1:
+        offsets = _floats(ds.get("GridFrameOffsetVector"), nframes)
+        frames = []
+        for i in range(nframes):
+            pos = None
+            if offsets is not None and base["position"] is not None and base["orientation"] is not None:
+                n = np.cross(base["orientation"][:3], base["orientation"][3:])
+                rel = offsets - offsets[0] if offsets[0] != 0 else offsets
+                # DICOM: offsets are relative when the first is 0, else absolute along the normal
+                pos = base["position"] + rel[i] * n
+            a = {**base, "position": pos}
+            frames.append(Frame(path, i, instance=i + 1, **a))
+        if offsets is not None and nframes > 1:
+            extra["SpacingBetweenSlices"] = float(abs(np.median(np.diff(offsets))))
+        return frames, extra
+    return [Frame(path, None, instance=inst, **base)], extra
+
+
+def _iter_files(paths: Iterable[str]) -> Iterable[str]:
+    for p in paths:
+        p = os.fspath(p)
+        if os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                dirs.sort()
+                for name in sorted(files):
+                    if not name.startswith("."):
+                        yield os.path.join(root, name)
+        else:
+            yield p
+
+
+def find_series(paths, strict: bool = False) -> tuple[list[DicomSeries], list[tuple[str, str]]]:
+    """Group the DICOM files under ``paths`` into volumes.
+
+    Parameters
+    ----------
+    paths : path or list of paths
+        Files and/or folders (searched recursively).
+    strict : bool
+        Raise on the first unreadable file instead of listing it in ``skipped``.
+
+    Returns
+    -------
+    series : list of DicomSeries
+        Sorted by series number then UID.
+    skipped : list of (path, reason)
+        Files that are not DICOM images (stray files, DICOMDIR, reports), with the reason.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    groups: dict[tuple, DicomSeries] = {}
+    skipped: list[tuple[str, str]] = []
+    for path in _iter_files(paths):
+        try:
+            ds = read_header(path, force=not os.path.basename(path).upper().startswith("DICOMDIR"))
+        except ReadError as e:
+            if strict:
+                raise
+            skipped.append((path, e.message))
+            continue
+        if "SOPClassUID" not in ds and "Rows" not in ds:
+            reason = "not a DICOM file (no DICOM attributes found)"
+            if strict:
+                raise ReadError(reason, path)
+            skipped.append((path, reason))
+            continue
+        if "Rows" not in ds or ds.get("Modality") in _NON_IMAGE_MODALITIES:
+            sop = ds.get("SOPClassUID")
+            skipped.append((path, f"no image in it (SOP class {getattr(sop, 'name', sop)})"))
+            continue
+        try:
+            frames, extra = frames_of(ds, path)
+        except (ValueError, TypeError, AttributeError, IndexError) as e:
+            skipped.append((path, f"malformed geometry attributes: {e}"))
+            continue
+        info = {k: ds.get(k) for k in _INFO_KEYS}
+        info.update(extra)
+        info["TransferSyntaxUID"] = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+        image_type = [str(t).upper() for t in (ds.get("ImageType") or [])]
+        localizer = "LOCALIZER" in image_type
+        uid = str(ds.get("SeriesInstanceUID") or f"nouid:{path}")
+        ori = frames[0].orientation
+        key = [uid, int(ds.Rows), int(ds.Columns), int(ds.get("SamplesPerPixel") or 1), localizer]
+        if len(frames) > 1 or "PerFrameFunctionalGroupsSequence" in ds:
+            key.append(("file", path))  # a multi-frame file is a volume of its own
+        # orientation: cluster within 1e-4 instead of rounding (no split at rounding borders)
+        matched = None
+        for k, s in groups.items():
+            if list(k[:-1]) == key:
+                o2 = s.frames[0].orientation
+                if (ori is None and o2 is None) or (
+                    ori is not None and o2 is not None and np.allclose(ori, o2, atol=1e-4)
+                ):
+                    matched = s
+                    break
+        if matched is None:
+            matched = DicomSeries(uid, [], info)
+            groups[(*key, len(groups))] = matched
+        matched.frames.extend(frames)
+    series = sorted(
+        groups.values(), key=lambda s: (_num(s.info.get("SeriesNumber")), s.uid, s.files[0])
+    )
+    by_uid: dict[str, list[DicomSeries]] = {}
+    for s in series:
+        by_uid.setdefault(s.uid, []).append(s)
+    for parts in by_uid.values():
+        if len(parts) > 1:
+            for i, s in enumerate(parts, 1):
+                s.part = i
+    return series, skipped
+
+
+def _num(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("inf")

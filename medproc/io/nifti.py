@@ -1,0 +1,78 @@
+"""NIfTI through nibabel.
+
+nibabel's arrays are ``(i, j, k)`` in Fortran order; medproc's are the same memory seen as
+``(k, j, i)`` in C order (a transpose, no copy), with the affine's columns reversed to match.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ReadError
+from ..geometry import is_orthogonal
+from ..volume import Volume
+
+__all__ = ["load_nifti", "save_nifti", "to_nibabel"]
+
+_REV = [2, 1, 0, 3]  # affine columns: (i, j, k) <-> (k, j, i)
+
+
+def load_nifti(path: str) -> Volume:
+    import nibabel as nib
+
+    try:
+        img = nib.load(path)
+        data = np.asanyarray(img.dataobj)  # applies scl_slope/scl_inter like every reader
+    except Exception as e:
+        raise ReadError(f"cannot be read as NIfTI: {type(e).__name__}: {e}", path) from None
+    if data.ndim == 2:
+        data = data[:, :, None]
+    if data.ndim > 4:
+        data = data.reshape(data.shape[:3] + (-1,))
+    if data.ndim == 4:
+        array = data.transpose(2, 1, 0, 3)
+    else:
+        array = data.transpose(2, 1, 0)
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        bad = int((~np.isfinite(array)).sum())
+        raise ReadError(f"contains {bad} NaN/inf voxel(s); clean the file or mask them first", path)
+    hdr = img.header
+    warnings = []
+    sform, scode = img.get_sform(coded=True)
+    qform, qcode = img.get_qform(coded=True)
+    if not scode and not qcode:
+        warnings.append("neither sform nor qform is set: the affine is nibabel's best guess")
+    affine = img.affine[:, _REV]
+    meta = {
+        "source": str(path),
+        "format": "nifti",
+        "modality": None,
+        "intent": str(hdr.get_intent()[0]),
+        "warnings": warnings,
+    }
+    return Volume(np.ascontiguousarray(array) if array.ndim == 3 else array, affine, meta)
+
+
+def to_nibabel(volume: Volume):
+    """The Volume as a ``nibabel.Nifti1Image`` (sform and, when possible, qform set)."""
+    import nibabel as nib
+
+    arr = volume.array
+    data = arr.transpose(2, 1, 0) if arr.ndim == 3 else arr.transpose(2, 1, 0, 3)
+    if data.dtype == np.bool_:
+        data = data.astype(np.uint8)
+    affine = volume.affine[:, _REV]
+    img = nib.Nifti1Image(data, affine)
+    img.set_sform(affine, code=1)
+    if is_orthogonal(affine):
+        img.set_qform(affine, code=1)
+    else:  # a sheared grid (gantry tilt) cannot be a qform
+        img.set_qform(None, code=0)
+    img.header.set_xyzt_units("mm")
+    return img
+
+
+def save_nifti(volume: Volume, path: str) -> None:
+    import nibabel as nib
+
+    nib.save(to_nibabel(volume), path)

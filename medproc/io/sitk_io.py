@@ -1,0 +1,72 @@
+"""NRRD, MetaImage (.mha/.mhd) and other ITK formats through SimpleITK.
+
+SimpleITK's ``GetArrayFromImage`` is C-ordered ``(z, y, x)``, which is medproc's layout, so the
+affine is ITK's index (x, y, z) -> LPS mapping with its columns reversed and converted to RAS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import MedprocError, ReadError
+from ..geometry import is_orthogonal, lps_to_ras, spacing_of
+from ..volume import Volume
+
+__all__ = ["load_sitk", "save_sitk", "sitk_affine"]
+
+
+def sitk_affine(img) -> np.ndarray:
+    """index (z, y, x) of ``GetArrayFromImage(img)`` -> RAS mm."""
+    dim = img.GetDimension()
+    d = np.array(img.GetDirection(), dtype=np.float64).reshape(dim, dim)
+    m = np.eye(4)
+    m[:dim, :dim] = d * np.array(img.GetSpacing(), dtype=np.float64)
+    m[:dim, 3] = img.GetOrigin()
+    return lps_to_ras(m[:, [2, 1, 0, 3]])
+
+
+def load_sitk(path: str) -> Volume:
+    import SimpleITK as sitk
+
+    try:
+        img = sitk.ReadImage(str(path))
+    except RuntimeError as e:
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+        raise ReadError(f"SimpleITK cannot read it: {msg}", path) from None
+    if img.GetDimension() == 2:
+        img = sitk.JoinSeries(img)
+    if img.GetDimension() != 3:
+        raise ReadError(f"is {img.GetDimension()}D; medproc reads 3D volumes", path)
+    array = sitk.GetArrayFromImage(img)  # (z, y, x[, c])
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        bad = int((~np.isfinite(array)).sum())
+        raise ReadError(f"contains {bad} NaN/inf voxel(s); clean the file or mask them first", path)
+    meta = {"source": str(path), "format": "itk", "modality": None, "warnings": []}
+    return Volume(array, sitk_affine(img), meta)
+
+
+def to_sitk(volume: Volume):
+    """The Volume as a SimpleITK image (refuses a sheared affine, which ITK cannot hold)."""
+    import SimpleITK as sitk
+
+    if not is_orthogonal(volume.affine):
+        raise MedprocError(
+            "this volume's affine is sheared (e.g. gantry tilt) and ITK images cannot store "
+            "shear: resample it first (medproc.resample) or save as NIfTI"
+        )
+    arr = volume.array
+    if arr.dtype == np.bool_:
+        arr = arr.astype(np.uint8)
+    img = sitk.GetImageFromArray(arr, isVector=arr.ndim == 4)
+    lps = lps_to_ras(volume.affine)[:, [2, 1, 0, 3]]
+    sp = spacing_of(lps)
+    img.SetSpacing(sp.tolist())
+    img.SetOrigin(lps[:3, 3].tolist())
+    img.SetDirection((lps[:3, :3] / sp).ravel().tolist())
+    return img
+
+
+def save_sitk(volume: Volume, path: str) -> None:
+    import SimpleITK as sitk
+
+    sitk.WriteImage(to_sitk(volume), str(path), useCompression=True)
