@@ -82,10 +82,9 @@ def read_series(series: DicomSeries) -> Volume:
     stored = None
     for path, slots in slot_of.items():
         px = _decode(path)
-        multi = any(i is not None for _, i in slots)
-        if not multi:
-            px = px[None]
         expect = (rows, cols) if spp == 1 else (rows, cols, spp)
+        if px.ndim == len(expect):  # a single frame (pydicom drops the frame axis)
+            px = px[None]
         if px.shape[1:] != expect:
             raise ReadError(f"pixel data has shape {px.shape[1:]}, expected {expect}", path)
         if stored is None:

@@ -196,6 +196,12 @@ def frames_of(ds: pydicom.Dataset, path: str) -> tuple[list[Frame], dict]:
     return [Frame(path, None, instance=inst, **base)], extra
 
 
+#: never DICOM: skipped without opening (stray files beside a series are common)
+_NOT_DICOM_EXT = (".csv", ".json", ".txt", ".md", ".png", ".jpg", ".jpeg", ".py", ".yaml",
+                  ".yml", ".nii", ".nii.gz", ".nrrd", ".nhdr", ".mha", ".mhd", ".npy", ".xml",
+                  ".pdf", ".zip", ".gz")
+
+
 def _iter_files(paths: Iterable[str]) -> Iterable[str]:
     for p in paths:
         p = os.fspath(p)
@@ -203,7 +209,7 @@ def _iter_files(paths: Iterable[str]) -> Iterable[str]:
             for root, dirs, files in os.walk(p):
                 dirs.sort()
                 for name in sorted(files):
-                    if not name.startswith("."):
+                    if not name.startswith(".") and not name.lower().endswith(_NOT_DICOM_EXT):
                         yield os.path.join(root, name)
         else:
             yield p

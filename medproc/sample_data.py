@@ -1,0 +1,351 @@
+"""Synthetic CT-like data with lesions at known world positions, and deliberately broken files.
+
+``python -m medproc.sample_data OUT`` writes a data set for benchmarks and reliability tests;
+``--bundled`` writes the small set committed in ``sample_data/``. Everything is deterministic
+(seeded), so tests can rely on the lesion positions in ``lesions.csv``.
+
+Lesion CSVs follow LUNA16: ``seriesuid,coordX,coordY,coordZ,diameter_mm`` in world **LPS** mm
+(as DICOM stores positions); ``seriesuid`` is the DICOM SeriesInstanceUID or the NIfTI file stem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .geometry import LPS_TO_RAS, apply_affine
+from .volume import Volume
+
+__all__ = ["Lesion", "ct_phantom", "write_dicom_series", "make_dataset", "make_bundled"]
+
+_UID_ROOT = "1.2.826.0.1.3680043.8.498."  # pydicom's root for generated UIDs
+
+
+@dataclass
+class Lesion:
+    center_lps: tuple[float, float, float]
+    diameter_mm: float
+    hu: float = 60.0
+
+
+def grid_affine(shape, spacing, origin_lps, iop=(1, 0, 0, 0, 1, 0), tilt_deg: float = 0.0):
+    """RAS affine of array (slice, row, column) for a DICOM-style grid (LPS origin and IOP)."""
+    row, col = np.array(iop[:3], float), np.array(iop[3:], float)
+    normal = np.cross(row, col)
+    step = normal * spacing[0]
+    if tilt_deg:
+        step = step + col * spacing[0] * np.tan(np.radians(tilt_deg))
+    a = np.eye(4)
+    a[:3, 0] = step
+    a[:3, 1] = col * spacing[1]
+    a[:3, 2] = row * spacing[2]
+    a[:3, 3] = origin_lps
+    return LPS_TO_RAS @ a
+
+
+def ct_phantom(shape, affine, lesions: list[Lesion], seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A CT-like int16 HU volume and a uint8 lesion label map on the grid ``affine``.
+
+    Body ellipse (soft tissue), two lungs, a spine, and spherical lesions labelled 1, 2, ...
+    Geometry is defined in world RAS mm, so any grid (oblique, tilted) samples the same anatomy.
+    """
+    rng = np.random.default_rng(seed)
+    nz, ny, nx = shape
+    img = np.empty(shape, np.int16)
+    lab = np.zeros(shape, np.uint8)
+    jj, ii = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
+    centers = [LPS_TO_RAS[:3, :3] @ np.asarray(les.center_lps, float) for les in lesions]
+    for k in range(nz):
+        idx = np.stack([np.full_like(jj, k), jj, ii], -1).astype(np.float64)
+        w = apply_affine(affine, idx)  # RAS
+        x, y, z = w[..., 0], w[..., 1], w[..., 2]
+        hu = np.full(x.shape, -1000.0)
+        body = (x / 160) ** 2 + (y / 110) ** 2 <= 1
+        hu[body] = 40
+        for sx in (-70, 70):
+            lung = ((x - sx) / 55) ** 2 + ((y - 5) / 70) ** 2 + (z / 160) ** 2 <= 1
+            hu[lung] = -820
+        hu[(x**2 + (y + 75) ** 2) <= 18**2] = 700
+        for n, (c, les) in enumerate(zip(centers, lesions), 1):
+            r2 = ((w - c) ** 2).sum(-1)
+            m = r2 <= (les.diameter_mm / 2) ** 2
+            hu[m] = les.hu
+            lab[k][m] = n
+        hu += rng.normal(0, 12, hu.shape)
+        img[k] = np.clip(np.rint(hu), -1024, 3071)
+    return img, lab
+
+
+def _uid(rng) -> str:
+    return _UID_ROOT + ".".join(str(int(x)) for x in rng.integers(1, 10**9, 3))
+
+
+def write_dicom_series(
+    folder: str,
+    volume: Volume,
+    series_uid: str,
+    *,
+    study_uid: str | None = None,
+    series_number: int = 1,
+    description: str = "synthetic CT",
+    patient_id: str = "SYNTH0001",
+    shuffle_names: bool = True,
+    gantry_tilt: float | None = None,
+    transfer_syntax: str | None = None,
+    seed: int = 0,
+) -> list[str]:
+    """Write ``volume`` (int16 HU, array (slice, row, column)) as a CT DICOM series.
+
+    Stored values are unsigned (HU + 1024, RescaleIntercept -1024) as many scanners write them.
+    File names are shuffled relative to slice order and InstanceNumber runs backwards, so a
+    reader that sorts by name or instance number gets it wrong. ``transfer_syntax`` compresses
+    with pydicom's encoders (e.g. ``pydicom.uid.JPEG2000Lossless``).
+    """
+    import pydicom
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian
+
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    lps = LPS_TO_RAS @ volume.affine
+    sp = np.sqrt((lps[:3, :3] ** 2).sum(0))
+    col_cos = lps[:3, 1] / sp[1]
+    row_cos = lps[:3, 2] / sp[2]
+    normal = np.cross(row_cos, col_cos)
+    thick = float(lps[:3, 0] @ normal)
+    study_uid = study_uid or _uid(rng)
+    frame_uid = _uid(rng)
+    n = volume.shape[0]
+    names = [f"IM{i:05d}.dcm" for i in (rng.permutation(n) if shuffle_names else range(n))]
+    today = datetime.date(2026, 1, 1).strftime("%Y%m%d")
+    paths = []
+    for k in range(n):
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID = CTImageStorage
+        meta.MediaStorageSOPInstanceUID = f"{series_uid}.{k + 1}"
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds = Dataset()
+        ds.file_meta = meta
+        ds.SOPClassUID = CTImageStorage
+        ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+        ds.StudyInstanceUID = study_uid
+        ds.SeriesInstanceUID = series_uid
+        ds.FrameOfReferenceUID = frame_uid
+        ds.PatientID = patient_id
+        ds.PatientName = "Synthetic^Phantom"
+        ds.StudyDate = ds.SeriesDate = today
+        ds.Modality = "CT"
+        ds.SeriesNumber = series_number
+        ds.SeriesDescription = description
+        ds.InstanceNumber = n - k
+        ds.ImageType = ["ORIGINAL", "PRIMARY", "AXIAL"]
+        ds.ImagePositionPatient = [f"{v:.6f}" for v in lps[:3, 3] + k * lps[:3, 0]]
+        ds.ImageOrientationPatient = [f"{v:.8f}" for v in (*row_cos, *col_cos)]
+        ds.PixelSpacing = [f"{sp[1]:.6f}", f"{sp[2]:.6f}"]
+        ds.SliceThickness = f"{thick:.6f}"
+        if gantry_tilt is not None:
+            ds.GantryDetectorTilt = f"{gantry_tilt:.4f}"
+        ds.Rows, ds.Columns = volume.shape[1], volume.shape[2]
+        ds.SamplesPerPixel = 1
+        ds.PhotometricInterpretation = "MONOCHROME2"
+        ds.BitsAllocated, ds.BitsStored, ds.HighBit = 16, 12, 11
+        ds.PixelRepresentation = 0
+        ds.RescaleIntercept, ds.RescaleSlope, ds.RescaleType = "-1024", "1", "HU"
+        ds.WindowCenter, ds.WindowWidth = "40", "400"
+        stored = (volume.array[k].astype(np.int32) + 1024).clip(0, 4095).astype(np.uint16)
+        ds.PixelData = stored.tobytes()
+        if transfer_syntax is not None:
+            ds.compress(transfer_syntax, stored)
+        path = os.path.join(folder, names[k])
+        pydicom.dcmwrite(path, ds, enforce_file_format=True)
+        paths.append(path)
+    return paths
+
+
+def _lesions_for(affine, shape, rng, count: int) -> list[Lesion]:
+    """Lesions inside the lungs of the phantom, well inside the grid."""
+    out = []
+    inv = np.linalg.inv(affine)
+    tries = 0
+    while len(out) < count and tries < 1000:
+        tries += 1
+        side = rng.choice([-70, 70])
+        c_ras = np.array([side + rng.uniform(-25, 25), rng.uniform(-30, 40), 0.0])
+        zc = apply_affine(affine, (np.array(shape) - 1) / 2.0)[2]
+        c_ras[2] = zc + rng.uniform(-0.25, 0.25) * shape[0] * abs(affine[2, 0]) + 0 * zc
+        d = float(rng.uniform(8, 16))
+        ijk = apply_affine(inv, c_ras)
+        margin = d / np.sqrt((affine[:3, :3] ** 2).sum(0))
+        if np.all(ijk - margin >= 1) and np.all(ijk + margin <= np.array(shape) - 2):
+            out.append(Lesion(tuple((LPS_TO_RAS[:3, :3] @ c_ras).tolist()), d, float(rng.uniform(40, 90))))
+    return out
+
+
+def _write_lesion_csv(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["seriesuid", "coordX", "coordY", "coordZ", "diameter_mm"])
+        for uid, les in rows:
+            w.writerow([uid, *(f"{v:.3f}" for v in les.center_lps), f"{les.diameter_mm:.2f}"])
+
+
+def make_dataset(
+    out: str,
+    cases: int = 4,
+    size: int = 512,
+    slices: tuple[int, int] = (150, 250),
+    spacing_xy: float = 0.7,
+    slice_mm: float = 1.25,
+    lesions: int = 2,
+    nifti: bool = False,
+    broken: bool = False,
+    seed: int = 0,
+) -> dict:
+    """Write ``cases`` synthetic CT DICOM series (and NIfTI copies with labels) under ``out``.
+
+    Returns a dict with the series UIDs, lesions and paths. With ``broken``, also writes a
+    ``broken/`` folder: a truncated file, a non-DICOM file, a series with a missing slice, a
+    series with duplicated positions, and a NIfTI with NaNs.
+    """
+    from .io import save
+
+    rng = np.random.default_rng(seed)
+    info: dict = {"cases": []}
+    rows = []
+    for c in range(cases):
+        nz = int(rng.integers(slices[0], slices[1] + 1))
+        sp = (slice_mm, spacing_xy, spacing_xy)
+        fov = size * spacing_xy
+        origin = (-fov / 2 + spacing_xy / 2, -fov / 2 + spacing_xy / 2 + 20, -nz * slice_mm / 2)
+        aff = grid_affine((nz, size, size), sp, origin)
+        les = _lesions_for(aff, (nz, size, size), rng, lesions)
+        img, lab = ct_phantom((nz, size, size), aff, les, seed=seed + c)
+        vol = Volume(img, aff)
+        uid = _uid(rng)
+        name = f"case{c:03d}"
+        write_dicom_series(os.path.join(out, "dicom", name), vol, uid, series_number=c + 1,
+                           patient_id=f"PAT{c:04d}", seed=seed + c)
+        entry = {"name": name, "series_uid": uid, "lesions": les, "shape": (nz, size, size)}
+        if nifti:
+            save(vol, os.path.join(out, "nifti", f"{name}.nii.gz"))
+            save(Volume(lab, aff), os.path.join(out, "labels", f"{name}.nii.gz"))
+        info["cases"].append(entry)
+        rows += [(uid, les_) for les_ in les]
+    _write_lesion_csv(os.path.join(out, "lesions.csv"), rows)
+    if broken:
+        info["broken"] = make_broken(os.path.join(out, "broken"), seed=seed)
+    return info
+
+
+def make_broken(folder: str, seed: int = 0) -> dict:
+    """Deliberately broken inputs, one per subfolder/file, for reliability tests."""
+    from .io import save
+
+    rng = np.random.default_rng(seed + 99)
+    os.makedirs(folder, exist_ok=True)
+    shape, sp = (12, 64, 64), (2.5, 2.0, 2.0)
+    aff = grid_affine(shape, sp, (-64, -64, -15))
+    img, _ = ct_phantom(shape, aff, [], seed=seed)
+    vol = Volume(img, aff)
+    out = {}
+    # missing slice
+    d = os.path.join(folder, "missing_slice")
+    paths = write_dicom_series(d, vol, _uid(rng), shuffle_names=False)
+    os.remove(paths[5])
+    out["missing_slice"] = d
+    # duplicate positions: one slice written twice with another SOP instance
+    d = os.path.join(folder, "duplicate_slice")
+    paths = write_dicom_series(d, vol, _uid(rng), shuffle_names=False)
+    import pydicom
+
+    ds = pydicom.dcmread(paths[3])
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID + ".99"
+    ds.save_as(os.path.join(d, "IM_dup.dcm"))
+    out["duplicate_slice"] = d
+    # truncated file inside an otherwise fine series
+    d = os.path.join(folder, "truncated")
+    paths = write_dicom_series(d, vol, _uid(rng), shuffle_names=False)
+    with open(paths[2], "r+b") as f:
+        f.truncate(os.path.getsize(paths[2]) - 3000)
+    out["truncated"] = d
+    # not DICOM at all
+    p = os.path.join(folder, "not_dicom.dcm")
+    with open(p, "w") as f:
+        f.write("this is a text file, not DICOM\n")
+    out["not_dicom"] = p
+    # NIfTI full of NaNs
+    p = os.path.join(folder, "nan.nii.gz")
+    arr = img.astype(np.float32)
+    arr[3, 10:20, 10:20] = np.nan
+    save(Volume(arr, aff), p)
+    out["nan"] = p
+    return out
+
+
+def make_bundled(out: str = "sample_data") -> None:
+    """The small set committed in ``sample_data/`` (a few MB)."""
+    from .io import save
+
+    rng = np.random.default_rng(2026)
+    rows = []
+    # 1) axial CT series, 2.9 x 2.9 x 2.5 mm
+    shape = (40, 112, 112)
+    aff = grid_affine(shape, (2.5, 2.9, 2.9), (-161.0, -141.0, -50.0))
+    les = [Lesion((-62.0, -10.0, 5.0), 14.0, 70.0), Lesion((75.0, 15.0, -20.0), 10.0, 55.0)]
+    img, lab = ct_phantom(shape, aff, les, seed=1)
+    uid1 = _UID_ROOT + "2026.1.1"
+    write_dicom_series(os.path.join(out, "dicom", "ct_axial"), Volume(img, aff), uid1,
+                       study_uid=_UID_ROOT + "2026.1", series_number=2, description="CT chest axial")
+    rows += [(uid1, x) for x in les]
+    # 2) oblique, anisotropic series (15 degrees about the R-L axis) in the same study
+    c, s = np.cos(np.radians(15)), np.sin(np.radians(15))
+    iop = (1, 0, 0, 0, c, s)
+    shape2 = (30, 96, 96)
+    aff2 = grid_affine(shape2, (3.0, 3.2, 3.2), (-152.0, -150.0, -40.0), iop=iop)
+    img2, _ = ct_phantom(shape2, aff2, les, seed=2)
+    uid2 = _UID_ROOT + "2026.1.2"
+    write_dicom_series(os.path.join(out, "dicom", "ct_oblique"), Volume(img2, aff2), uid2,
+                       study_uid=_UID_ROOT + "2026.1", series_number=3, description="CT oblique")
+    rows += [(uid2, x) for x in les]
+    # 3) NIfTI cases with label maps
+    for n in range(2):
+        shp = (36, 100, 100)
+        a = grid_affine(shp, (2.0 + n, 3.0, 3.0), (-148.5, -128.5, -36.0 - 4 * n))
+        lz = _lesions_for(a, shp, rng, 2)
+        im, lb = ct_phantom(shp, a, lz, seed=10 + n)
+        name = f"case{n + 1:03d}"
+        save(Volume(im, a), os.path.join(out, "nifti", "images", f"{name}.nii.gz"))
+        save(Volume(lb, a), os.path.join(out, "nifti", "labels", f"{name}.nii.gz"))
+        rows += [(name, x) for x in lz]
+    _write_lesion_csv(os.path.join(out, "lesions.csv"), rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m medproc.sample_data", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", help="output folder")
+    p.add_argument("--bundled", action="store_true", help="write the small committed set")
+    p.add_argument("--cases", type=int, default=4)
+    p.add_argument("--size", type=int, default=512, help="rows = columns")
+    p.add_argument("--slices", type=int, nargs=2, default=(150, 250), metavar=("MIN", "MAX"))
+    p.add_argument("--lesions", type=int, default=2, help="lesions per case")
+    p.add_argument("--nifti", action="store_true", help="also write NIfTI images and label maps")
+    p.add_argument("--broken", action="store_true", help="also write deliberately broken inputs")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.bundled:
+        make_bundled(a.out)
+    else:
+        make_dataset(a.out, a.cases, a.size, tuple(a.slices), lesions=a.lesions, nifti=a.nifti,
+                     broken=a.broken, seed=a.seed)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""Every DICOM file shipped by pydicom and pydicom-data, against independent readers.
+
+Oracle for values: pydicom's own decoded pixels with the rescale applied. Oracle for geometry:
+SimpleITK (GDCM) on the same file, compared by the world position of voxels. A file pydicom
+cannot decode, or that holds no image, must give a medproc error that names the file.
+"""
+
+import os
+import warnings
+
+import numpy as np
+import pydicom
+import pytest
+import SimpleITK as sitk
+
+import medproc
+from medproc.io.sitk_io import sitk_affine
+from conftest import pydicom_test_files
+from world import assert_same_world
+
+FILES = pydicom_test_files()
+sitk.ProcessObject_SetGlobalWarningDisplay(False)
+
+
+def _reference(path):
+    """pydicom's pixels with rescale, frames first; None if pydicom cannot give an image."""
+    try:
+        ds = pydicom.dcmread(path)
+        arr = ds.pixel_array
+    except Exception:  # noqa: BLE001 - anything pydicom cannot decode is an expected error
+        return None, None
+    if "Rows" not in ds or ds.get("Modality") in ("SR", "RTPLAN", "RTSTRUCT"):
+        return None, None
+    nf = int(ds.get("NumberOfFrames") or 1)
+    spp = int(ds.get("SamplesPerPixel") or 1)
+    if arr.ndim == (2 if spp == 1 else 3):
+        arr = arr[None]
+    assert arr.shape[0] == nf or nf == 1
+    slopes = np.ones(arr.shape[0])
+    inter = np.zeros(arr.shape[0])
+    if "PerFrameFunctionalGroupsSequence" in ds:
+        shared = ds.get("SharedFunctionalGroupsSequence", [None])[0]
+        for i, item in enumerate(ds.PerFrameFunctionalGroupsSequence):
+            for grp in (shared, item):
+                pv = grp.get("PixelValueTransformationSequence") if grp is not None else None
+                if pv:
+                    slopes[i] = float(pv[0].RescaleSlope)
+                    inter[i] = float(pv[0].RescaleIntercept)
+    elif "DoseGridScaling" in ds:
+        slopes[:] = float(ds.DoseGridScaling)
+    else:
+        slopes[:] = float(ds.get("RescaleSlope") or 1)
+        inter[:] = float(ds.get("RescaleIntercept") or 0)
+    shape = (-1,) + (1,) * (arr.ndim - 1)
+    return arr * slopes.reshape(shape) + inter.reshape(shape), ds
+
+
+@pytest.mark.parametrize("path", FILES, ids=[os.path.basename(f) for f in FILES])
+def test_real_file(path, quiet):
+    ref, ds = _reference(path)
+    if ref is None:
+        with pytest.raises(medproc.MedprocError) as ei:
+            medproc.load(path)
+        assert os.path.basename(path) in str(ei.value)
+        return
+    vol = medproc.load(path)
+    assert vol.array.shape[0] == ref.shape[0]
+    # values: equal to pydicom's (frames in file order, or reversed when sorted along the normal)
+    a = vol.array.astype(np.float64)
+    tol = 1e-6 * max(1.0, np.abs(ref).max()) if vol.array.dtype.kind == "f" else 0
+    same = np.allclose(a, ref, atol=tol, rtol=0) or np.allclose(a[::-1], ref, atol=tol, rtol=0)
+    assert same, f"values differ from pydicom's (max {np.abs(a - ref).max()})"
+    if vol.array.dtype.kind in "iu":
+        assert np.array_equal(vol.array, ref.astype(vol.array.dtype))  or np.array_equal(vol.array[::-1], ref)
+    # geometry: against SimpleITK where the file has patient geometry and GDCM reads it
+    if any("no patient geometry" in w for w in vol.meta["warnings"]):
+        assert np.allclose(vol.affine[:3, :3] != 0, np.fliplr(np.eye(3)) != 0)
+        return
+    try:
+        img = sitk.ReadImage(path)
+    except RuntimeError:
+        pytest.skip("SimpleITK/GDCM cannot read this file: no independent geometry")
+    if img.GetDimension() != 3 or img.GetNumberOfComponentsPerPixel() != vol.channels:
+        pytest.skip("SimpleITK reads it with another dimensionality")
+    ref_arr = sitk.GetArrayFromImage(img)
+    if vol.shape[0] == 1:
+        # one slice: SimpleITK has no slice spacing either; compare the in-plane grid
+        A, B = vol.affine.copy(), sitk_affine(img)
+        A[:3, 0] = B[:3, 0] = np.cross(A[:3, 1], A[:3, 2]) / np.linalg.norm(np.cross(A[:3, 1], A[:3, 2]))
+        assert_same_world(vol.array, A, ref_arr, B, atol_mm=1e-4, values=False)
+    else:
+        assert_same_world(vol.array, vol.affine, ref_arr, sitk_affine(img), atol_mm=1e-4, values=False)
+
+
+def test_truncated_file_names_file(quiet):
+    from pydicom.data import get_testdata_file
+
+    p = get_testdata_file("MR_truncated.dcm")
+    with pytest.raises(medproc.ReadError, match="MR_truncated.dcm.*(truncated|less than expected)"):
+        medproc.load(p)
+
+
+def test_enhanced_ct_sorted_along_normal(quiet):
+    """eCT_Supplemental stores frames in file order against its normal: sorted, the slice axis
+    points along the normal and voxel values sit where SimpleITK puts them."""
+    from pydicom.data import get_testdata_file
+
+    p = get_testdata_file("eCT_Supplemental.dcm")
+    vol = medproc.load(p)
+    img = sitk.ReadImage(p)
+    assert_same_world(vol.array, vol.affine, sitk.GetArrayFromImage(img),
+                      sitk_affine(img), atol_mm=1e-4)
+
+
+def test_seg_frames_line_up(quiet):
+    from pydicom.data import get_testdata_file
+
+    vol = medproc.load(get_testdata_file("liver.dcm"))
+    assert vol.shape == (3, 512, 512) and vol.array.max() == 1
+    np.testing.assert_allclose(vol.spacing, [1.0, 0.810547, 0.810547], rtol=1e-6)

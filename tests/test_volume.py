@@ -1,0 +1,55 @@
+import numpy as np
+import pytest
+
+import medproc
+from medproc.geometry import axcodes, is_orthogonal, lps_to_ras, spacing_of
+
+
+def test_volume_copies_affine_to_float64():
+    aff = np.diag([1, 2, 3, 1]).astype(np.int32)
+    v = medproc.Volume(np.zeros((2, 3, 4)), aff, {"a": 1})
+    assert v.affine.dtype == np.float64
+    aff[0, 0] = 9
+    assert v.affine[0, 0] == 1
+    assert v.spacing.tolist() == [1, 2, 3]
+    assert v.shape == (2, 3, 4) and v.channels == 1
+
+
+@pytest.mark.parametrize(
+    "array, affine, match",
+    [
+        (np.zeros((2, 3)), np.eye(4), "must be 3D"),
+        (np.zeros((2, 3, 4)), np.eye(3), "4x4"),
+        (np.zeros((2, 3, 4)), np.diag([1, 1, 0, 1]), "singular"),
+        (np.zeros((2, 3, 4)), np.full((4, 4), np.nan), "NaN"),
+        (np.zeros((2, 3, 4), dtype=object), np.eye(4), "boolean, integer or float"),
+    ],
+)
+def test_volume_refuses_bad_input(array, affine, match):
+    with pytest.raises(ValueError, match=match):
+        medproc.Volume(array, affine)
+
+
+def test_world_voxel_roundtrip():
+    rng = np.random.default_rng(0)
+    a = np.eye(4)
+    a[:3, :3] = np.linalg.qr(rng.normal(size=(3, 3)))[0] * [1.5, 0.7, 2.0]
+    a[:3, 3] = [10, -20, 30]
+    v = medproc.Volume(np.zeros((5, 6, 7), np.int16), a)
+    idx = rng.uniform(0, 5, (10, 3))
+    np.testing.assert_allclose(v.world_to_voxel(v.voxel_to_world(idx)), idx, atol=1e-12)
+    np.testing.assert_allclose(v.spacing, [1.5, 0.7, 2.0])
+
+
+def test_indexing_is_refused_with_advice():
+    v = medproc.Volume(np.zeros((2, 2, 2)), np.eye(4))
+    with pytest.raises(TypeError, match="vol.array"):
+        v[0]
+
+
+def test_geometry_helpers():
+    assert axcodes(lps_to_ras(np.eye(4))) == "LPS"
+    assert spacing_of(np.diag([2, 3, 4, 1])).tolist() == [2, 3, 4]
+    shear = np.eye(4)
+    shear[0, 2] = 0.3
+    assert is_orthogonal(np.eye(4)) and not is_orthogonal(shear)
