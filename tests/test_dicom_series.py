@@ -1,0 +1,186 @@
+"""DICOM series: ordering, spacing fit, checks, series selection, against SimpleITK and dcm2niix."""
+
+import os
+import shutil
+import subprocess
+import zlib
+
+import nibabel as nib
+import numpy as np
+import pydicom
+import pytest
+import SimpleITK as sitk
+
+import medproc
+from medproc.io.sitk_io import sitk_affine
+from medproc.sample_data import ct_phantom, grid_affine, write_dicom_series
+from world import assert_same_world
+
+
+def _series(tmp_path, name="s", shape=(16, 48, 40), spacing=(2.5, 1.1, 0.9), iop=(1, 0, 0, 0, 1, 0),
+            tilt=0.0, **kw):
+    aff = grid_affine(shape, spacing, (-20.0, -25.0, 30.0), iop=iop, tilt_deg=tilt)
+    img, _ = ct_phantom(shape, aff, [])
+    d = str(tmp_path / name)
+    write_dicom_series(d, medproc.Volume(img, aff), f"1.2.3.{zlib.crc32(name.encode())}",
+                       gantry_tilt=tilt or None, **kw)
+    return d, img, aff
+
+
+def _sitk_series(d):
+    r = sitk.ImageSeriesReader()
+    r.SetFileNames(r.GetGDCMSeriesFileNames(d))
+    im = r.Execute()
+    return sitk.GetArrayFromImage(im), sitk_affine(im)
+
+
+OBLIQUE = (0.9659258, 0.0, -0.258819, 0.1830127, 0.7071068, 0.6830127)
+
+
+@pytest.mark.parametrize("iop", [(1, 0, 0, 0, 1, 0), (0, 1, 0, 0, 0, -1), OBLIQUE],
+                         ids=["axial", "sagittal", "oblique"])
+def test_series_matches_simpleitk(tmp_path, iop):
+    d, img, aff = _series(tmp_path, iop=iop)
+    vol = medproc.load(d)
+    assert vol.meta["warnings"] == []
+    np.testing.assert_allclose(vol.affine, aff, atol=1e-5)  # our generator's truth
+    arr, A = _sitk_series(d)
+    assert_same_world(vol.array, vol.affine, arr, A, atol_mm=1e-4)
+
+
+def test_series_matches_dcm2niix(tmp_path, sample_data):
+    exe = shutil.which("dcm2niix")
+    if exe is None:
+        pytest.skip("dcm2niix not installed (pip install dcm2niix)")
+    src = os.path.join(sample_data, "dicom", "ct_oblique")
+    subprocess.run([exe, "-z", "n", "-b", "n", "-o", str(tmp_path), "-f", "ref", src], check=True,
+                   capture_output=True)
+    img = nib.load(str(tmp_path / "ref.nii"))
+    ref = np.asarray(img.dataobj).transpose(2, 1, 0)
+    ref_aff = img.affine[:, [2, 1, 0, 3]]
+    vol = medproc.load(src)
+    assert_same_world(vol.array, vol.affine, ref.astype(vol.array.dtype), ref_aff, atol_mm=1e-3)
+
+
+def test_order_ignores_names_and_instance_numbers(tmp_path):
+    d, img, aff = _series(tmp_path, shuffle_names=True)
+    vol = medproc.load(d)
+    np.testing.assert_array_equal(vol.array, img)
+
+
+def test_gantry_tilt_keeps_voxels_in_place(tmp_path):
+    d, img, aff = _series(tmp_path, tilt=12.0)
+    with pytest.warns(medproc.GeometryWarning, match=r"gantry tilt of 12\.0"):
+        vol = medproc.load(d)
+    np.testing.assert_array_equal(vol.array, img)
+    # every slice's ImagePositionPatient is where the affine puts voxel (k, 0, 0)
+    for f in os.listdir(d):
+        ds = pydicom.dcmread(os.path.join(d, f), stop_before_pixels=True)
+        ipp = np.array(ds.ImagePositionPatient, float) * [-1, -1, 1]
+        k = np.argmin([np.abs(vol.voxel_to_world([k, 0, 0]) - ipp).max() for k in range(vol.shape[0])])
+        np.testing.assert_allclose(vol.voxel_to_world([k, 0, 0]), ipp, atol=1e-4)
+
+
+def _move_slice(d, fraction_of_step, step=2.5, which=5):
+    files = sorted(os.listdir(d))
+    dss = [pydicom.dcmread(os.path.join(d, f)) for f in files]
+    dss.sort(key=lambda ds: float(ds.ImagePositionPatient[2]))
+    ds = dss[which]
+    ipp = [float(x) for x in ds.ImagePositionPatient]
+    ipp[2] += fraction_of_step * step
+    ds.ImagePositionPatient = [f"{x:.6f}" for x in ipp]
+    ds.save_as(ds.filename)
+
+
+def test_uneven_spacing_warns_with_numbers(tmp_path):
+    d, *_ = _series(tmp_path, shuffle_names=False)
+    _move_slice(d, 0.04)
+    with pytest.warns(medproc.GeometryWarning, match=r"uneven slice spacing: steps from 2\.4 to 2\.6 mm"):
+        vol = medproc.load(d)
+    assert abs(vol.spacing[0] - 2.5) < 0.01
+
+
+def test_badly_uneven_spacing_is_an_error(tmp_path):
+    d, *_ = _series(tmp_path, shuffle_names=False)
+    _move_slice(d, 0.45)
+    with pytest.raises(medproc.GeometryError, match="uneven slice spacing"):
+        medproc.load(d)
+
+
+def test_broken_series_errors_name_the_problem(broken_dataset, quiet):
+    with pytest.raises(medproc.GeometryError, match=r"missing slices: a gap of 5\.000 mm.*IM00004\.dcm and IM00006\.dcm"):
+        medproc.load(broken_dataset["missing_slice"])
+    with pytest.raises(medproc.GeometryError, match="share a slice position.*IM_dup.dcm"):
+        medproc.load(broken_dataset["duplicate_slice"])
+    with pytest.raises(medproc.ReadError, match=r"IM00002\.dcm.*(truncated|less than expected|cannot be)"):
+        medproc.load(broken_dataset["truncated"])
+    with pytest.raises(medproc.ReadError, match="not_dicom.dcm.*not a DICOM"):
+        medproc.load(broken_dataset["not_dicom"])
+
+
+def test_missing_pixel_data(tmp_path):
+    d, *_ = _series(tmp_path, shape=(3, 8, 8))
+    f = os.path.join(d, sorted(os.listdir(d))[0])
+    ds = pydicom.dcmread(f)
+    del ds.PixelData
+    ds.save_as(f)
+    with pytest.raises(medproc.ReadError, match=f"{os.path.basename(f)}.*no pixel data"):
+        medproc.load(d)
+
+
+def test_varying_rescale_slopes_give_float(tmp_path):
+    d, img, _ = _series(tmp_path, shuffle_names=False)
+    f = os.path.join(d, sorted(os.listdir(d))[3])
+    ds = pydicom.dcmread(f)
+    ds.RescaleSlope = "0.5"
+    ds.save_as(f)
+    vol = medproc.load(d)
+    assert vol.array.dtype == np.float32
+    ref = pydicom.dcmread(f)
+    k = int(np.argmin([abs(vol.voxel_to_world([k, 0, 0])[2] - float(ref.ImagePositionPatient[2])) for k in range(vol.shape[0])]))
+    np.testing.assert_array_equal(vol.array[k], ref.pixel_array * 0.5 - 1024)
+    others = [i for i in range(vol.shape[0]) if i != k]
+    np.testing.assert_array_equal(vol.array[others], img[others])
+
+
+@pytest.mark.parametrize("ts", [pydicom.uid.RLELossless, pydicom.uid.JPEG2000Lossless],
+                         ids=["rle", "j2k-lossless"])
+def test_compressed_series_decode_exactly(tmp_path, ts):
+    try:
+        d, img, _ = _series(tmp_path, shape=(6, 32, 32), transfer_syntax=ts)
+    except (RuntimeError, NotImplementedError) as e:  # the encoder plugins are dependencies
+        pytest.fail(f"no encoder here for {ts.name}: {e}")
+    vol = medproc.load(d)
+    assert vol.meta["transfer_syntax"] == ts.name
+    np.testing.assert_array_equal(vol.array, img)
+
+
+def test_folder_with_several_series(tmp_path):
+    _series(tmp_path, "a", series_number=4, description="T1 axial")
+    _series(tmp_path, "b", shape=(10, 32, 32), series_number=7, description="CT lung")
+    with pytest.raises(medproc.SeriesError, match=r"(?s)holds 2 series.*T1 axial.*CT lung"):
+        medproc.load(tmp_path)
+    assert medproc.load(tmp_path, series=7).shape == (10, 32, 32)
+    assert medproc.load(tmp_path, series="lung").shape == (10, 32, 32)
+    uid = medproc.load(tmp_path, series="T1").meta["series_uid"]
+    assert medproc.load(tmp_path, series=uid).shape == (16, 48, 40)
+    with pytest.raises(medproc.SeriesError, match="matches none"):
+        medproc.load(tmp_path, series="brain")
+
+
+def test_series_uid_split_by_geometry_and_stray_files(tmp_path):
+    """One SeriesInstanceUID holding two image sizes (e.g. a localizer) is split into parts;
+    stray non-DICOM files are ignored."""
+    d, *_ = _series(tmp_path, "x", shape=(5, 16, 16))
+    aff = grid_affine((1, 20, 20), (1, 1, 1), (0, 0, 0), iop=(0, 1, 0, 0, 0, -1))
+    img, _ = ct_phantom((1, 20, 20), aff, [])
+    uid = pydicom.dcmread(os.path.join(d, os.listdir(d)[0])).SeriesInstanceUID
+    write_dicom_series(os.path.join(d, "loc"), medproc.Volume(img, aff), uid)
+    (tmp_path / "x" / "notes.txt").write_text("hello")
+    (tmp_path / "x" / "README").write_text("not dicom")
+    from medproc.io.dicom_scan import find_series
+
+    found, skipped = find_series(d)
+    assert sorted(len(s.frames) for s in found) == [1, 5]
+    assert {s.key for s in found} == {f"{uid}.part1", f"{uid}.part2"}
+    assert [os.path.basename(p) for p, _ in skipped] == ["README"]

@@ -1,0 +1,114 @@
+"""NIfTI (nibabel test data) and NRRD (pyradiomics 3.0.1 data) against independent references."""
+
+import glob
+import os
+import re
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+import medproc
+from medproc.sample_data import grid_affine
+from world import assert_same_world
+
+
+def test_nibabel_oblique_example4d():
+    from nibabel.testing import data_path
+
+    path = os.path.join(data_path, "example4d.nii.gz")
+    img = nib.load(path)
+    vol = medproc.load(path)
+    data = np.asanyarray(img.dataobj)
+    assert vol.array.shape == data.shape[:3][::-1] + data.shape[3:]
+    # the voxel nibabel calls (i, j, k) is ours at [k, j, i], at the same world position
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        i, j, k = (rng.integers(0, n) for n in data.shape[:3])
+        np.testing.assert_array_equal(vol.array[k, j, i], data[i, j, k])
+        np.testing.assert_allclose(vol.voxel_to_world([k, j, i]), nib.affines.apply_affine(img.affine, [i, j, k]), atol=1e-9)
+
+
+def _nrrd_header_affine(path):
+    """Parse the NRRD text header ourselves: index (x, y, z) -> world in the header's space."""
+    hdr = {}
+    with open(path, "rb") as f:
+        for raw in f:
+            line = raw.decode("latin-1").strip()
+            if not line:
+                break
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                hdr[k.strip()] = v.strip().lstrip("=").strip()
+    vecs = [list(map(float, t.split(","))) for t in re.findall(r"\(([^)]*)\)", hdr["space directions"])]
+    origin = list(map(float, re.findall(r"\(([^)]*)\)", hdr["space origin"])[0].split(",")))
+    a = np.eye(4)
+    a[:3, :3] = np.array(vecs).T
+    a[:3, 3] = origin
+    space = hdr["space"].lower()
+    assert space in ("left-posterior-superior", "lps", "right-anterior-superior", "ras"), space
+    if space in ("left-posterior-superior", "lps"):
+        a = np.diag([-1, -1, 1, 1]) @ a
+    sizes = tuple(int(s) for s in hdr["sizes"].split())
+    return a, sizes
+
+
+def test_pyradiomics_nrrd_geometry(pyradiomics_data):
+    files = sorted(glob.glob(os.path.join(pyradiomics_data, "*.nrrd")))
+    assert len(files) >= 10
+    for f in files:
+        vol = medproc.load(f)
+        aff_xyz, sizes = _nrrd_header_affine(f)
+        assert vol.shape == sizes[::-1], f
+        np.testing.assert_allclose(vol.affine, aff_xyz[:, [2, 1, 0, 3]], atol=1e-6, err_msg=f)
+
+
+def test_pyradiomics_label_lines_up_with_image(pyradiomics_data):
+    img = medproc.load(os.path.join(pyradiomics_data, "lung1_image.nrrd"))
+    lab = medproc.load(os.path.join(pyradiomics_data, "lung1_label.nrrd"))
+    centroid_world = lab.voxel_to_world(np.argwhere(lab.array > 0).mean(0))
+    inside = np.round(img.world_to_voxel(centroid_world)).astype(int)
+    assert np.all(inside >= 0) and np.all(inside < img.shape)
+    # the tumour is soft tissue (CT), not air
+    k, j, i = inside
+    assert img.array[k, j, i] > -300
+
+
+@pytest.mark.parametrize("ext", [".nii.gz", ".nii", ".nrrd", ".mha"])
+def test_save_load_roundtrip(tmp_path, ext):
+    c, s = np.cos(0.3), np.sin(0.3)
+    aff = grid_affine((7, 9, 11), (2.5, 0.8, 0.9), (10, -20, 5), iop=(c, s, 0, -s, c, 0))
+    arr = np.random.default_rng(0).integers(-1000, 1000, (7, 9, 11)).astype(np.int16)
+    out = medproc.save(medproc.Volume(arr, aff), tmp_path / f"v{ext}")
+    back = medproc.load(out)
+    assert_same_world(back.array, back.affine, arr, aff, atol_mm=1e-4)
+    assert sorted(os.listdir(tmp_path)) == [f"v{ext}"]  # no temporary left behind
+
+
+def test_sheared_affine_saves_as_nifti_sform_only(tmp_path):
+    aff = grid_affine((4, 5, 6), (2.0, 1.0, 1.0), (0, 0, 0), tilt_deg=15)
+    vol = medproc.Volume(np.zeros((4, 5, 6), np.int16), aff)
+    back = medproc.load(medproc.save(vol, tmp_path / "t.nii.gz"))
+    np.testing.assert_allclose(back.affine, aff, atol=1e-5)
+    with pytest.raises(medproc.MedprocError, match="sheared"):
+        medproc.save(vol, tmp_path / "t.nrrd")
+
+
+def test_nan_nifti_is_refused(broken_dataset):
+    with pytest.raises(medproc.ReadError, match=r"nan\.nii\.gz.*NaN"):
+        medproc.load(broken_dataset["nan"])
+
+
+def test_unreadable_and_missing_files(tmp_path):
+    p = tmp_path / "bad.nii.gz"
+    p.write_bytes(b"\x1f\x8b garbage")
+    with pytest.raises(medproc.ReadError, match="bad.nii.gz.*cannot be read as NIfTI"):
+        medproc.load(p)
+    q = tmp_path / "bad.nrrd"
+    q.write_text("NRRD0004\ntype: short\n")
+    with pytest.raises(medproc.ReadError, match="bad.nrrd.*SimpleITK cannot read"):
+        medproc.load(q)
+    with pytest.raises(medproc.ReadError, match="no such file"):
+        medproc.load(tmp_path / "nope.nii.gz")
+    with pytest.raises(ValueError, match="use a .nii.gz"):
+        medproc.save(medproc.Volume(np.zeros((2, 2, 2)), np.eye(4)), tmp_path / "x.png")

@@ -1,0 +1,49 @@
+"""The bundled sample data is what the generator makes, and its lesions sit where the CSV says."""
+
+import csv
+import os
+
+import numpy as np
+
+import medproc
+from medproc.sample_data import make_bundled, make_dataset
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_bundled_lesions_at_label_centroids(sample_data):
+    rows = [r for r in _rows(os.path.join(sample_data, "lesions.csv")) if r["seriesuid"].startswith("case")]
+    assert len(rows) == 4
+    for name in ("case001", "case002"):
+        lab = medproc.load(os.path.join(sample_data, "nifti", "labels", f"{name}.nii.gz"))
+        mine = [r for r in rows if r["seriesuid"] == name]
+        for n, r in enumerate(mine, 1):
+            lps = np.array([float(r["coordX"]), float(r["coordY"]), float(r["coordZ"])])
+            centroid = lab.voxel_to_world(np.argwhere(lab.array == n).mean(0))
+            # a sphere's voxel centroid is within a fraction of a voxel of its centre
+            assert np.abs(centroid - lps * [-1, -1, 1]).max() < 0.5 * lab.spacing.max()
+
+
+def test_bundled_is_reproducible(tmp_path, sample_data):
+    make_bundled(str(tmp_path))
+    for rel in ("lesions.csv", "nifti/labels/case001.nii.gz"):
+        a = open(os.path.join(sample_data, rel), "rb").read()
+        b = open(os.path.join(tmp_path, rel), "rb").read()
+        if rel.endswith(".gz"):
+            np.testing.assert_array_equal(medproc.load(os.path.join(sample_data, rel)).array,
+                                          medproc.load(os.path.join(tmp_path, rel)).array)
+        else:
+            assert a == b
+
+
+def test_generator_cases_and_lesion_hu(tmp_path):
+    info = make_dataset(str(tmp_path), cases=2, size=64, slices=(20, 24), nifti=True)
+    for case in info["cases"]:
+        vol = medproc.load(os.path.join(tmp_path, "dicom", case["name"]))
+        assert vol.shape == case["shape"] and vol.meta["series_uid"] == case["series_uid"]
+        for les in case["lesions"]:
+            k, j, i = np.round(vol.world_to_voxel(np.array(les.center_lps) * [-1, -1, 1])).astype(int)
+            assert abs(vol.array[k, j, i] - les.hu) < 60  # lesion HU plus noise, not lung
