@@ -6,6 +6,9 @@ import logging
 
 from .errors import GeometryError, GeometryWarning, MedprocError, ReadError, SeriesError
 from .io import load, save
+from .plan import Plan, make_plan
+from .resample import resample, resample_batch
+from .spec import Intensity, Spec
 from .volume import Volume
 
 __version__ = "0.1.0"
@@ -14,6 +17,12 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "GeometryError",
+    "Intensity",
+    "Plan",
+    "Spec",
+    "make_plan",
+    "resample",
+    "resample_batch",
     "GeometryWarning",
     "MedprocError",
     "ReadError",

@@ -81,7 +81,7 @@ def _header_entry(path: str) -> Entry:
         return e
     e.shape = tuple(int(s) for s in shp)
     e.spacing = tuple(float(x) for x in np.round(spacing_of(aff), 4))
-    e.orientation = axcodes(aff)
+    e.orientation = axcodes(aff)[::-1]
     return e
 
 
@@ -116,7 +116,7 @@ def inspect_paths(paths) -> list[Entry]:
         try:
             g = series_geometry(s)
             e.spacing = tuple(float(x) for x in np.round(spacing_of(g.affine), 4))
-            e.orientation = axcodes(g.affine)
+            e.orientation = axcodes(g.affine)[::-1]
             e.warnings = list(g.warnings)
         except MedprocError as ex:
             e.error = ex.message

@@ -31,7 +31,7 @@ class Volume:
     --------
     >>> v = Volume(np.zeros((4, 5, 6), np.int16), np.diag([3.0, 2.0, 1.0, 1.0]))
     >>> v.spacing.tolist(), v.orientation
-    ([3.0, 2.0, 1.0], 'RAS')
+    ([3.0, 2.0, 1.0], 'SAR')
     >>> v.voxel_to_world([1, 1, 1]).tolist()
     [3.0, 2.0, 1.0]
     """
@@ -74,8 +74,10 @@ class Volume:
 
     @property
     def orientation(self) -> str:
-        """Orientation codes of the array axes, e.g. ``"SPL"`` for a DICOM axial series."""
-        return axcodes(self.affine)
+        """Orientation codes as nibabel/NIfTI name them: axes ``(i, j, k)`` = array axes
+        ``(2, 1, 0)``. A DICOM axial series is ``"LPS"`` (column -> Left, row -> Posterior,
+        slice -> Superior); ``medproc.resample(v, orientation="RAS")`` gives ``"RAS"``."""
+        return axcodes(self.affine)[::-1]
 
     def voxel_to_world(self, index) -> np.ndarray:
         """RAS mm of (fractional) array indices, shape ``(..., 3)``."""

@@ -1,0 +1,142 @@
+"""Plan a resample on the CPU, in float64: output grid, output affine, and the one matrix.
+
+Orientation change + respacing + crop/pad compose into one matrix ``M`` that maps an output
+index to an input index (``in = M @ out``, homogeneous 4x4); the executor (a DALI pipeline, or
+any reference resampler) only has to sample the input at ``M @ out``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
+
+from .geometry import apply_affine, spacing_of
+from .spec import Spec
+
+__all__ = ["Plan", "make_plan", "intensity_params"]
+
+
+@dataclass
+class Plan:
+    """A per-volume plan. Shapes are array-order ``(n0, n1, n2)``."""
+
+    in_shape: tuple[int, int, int]
+    in_affine: np.ndarray
+    out_shape: tuple[int, int, int]
+    out_affine: np.ndarray
+    matrix: np.ndarray  # 4x4, output index -> input index
+    intensity: tuple[float, float, float, float] | None = None  # lo, hi, a, b: clip then a*x+b
+
+    @property
+    def axis_aligned(self) -> bool:
+        """True when output axis a samples only input axis a (scale/flip/shift: separable)."""
+        m = self.matrix[:3, :3]
+        return bool(np.all(np.abs(m - np.diag(np.diag(m))) < 1e-9) and np.all(np.diag(m) != 0))
+
+    @property
+    def identity(self) -> bool:
+        return self.in_shape == self.out_shape and np.allclose(self.matrix, np.eye(4), atol=1e-9)
+
+    def map_points(self, ijk_in) -> np.ndarray:
+        """Input array indices -> output array indices (for annotations)."""
+        return apply_affine(np.linalg.inv(self.matrix), ijk_in)
+
+
+def _round_half_up(x):
+    return np.floor(np.asarray(x) + 0.5).astype(int)
+
+
+def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Plan:
+    """Plan the resample of a volume of ``shape`` (array order) on ``affine`` to ``spec``.
+
+    ``array`` is needed only for ``crop_foreground`` and the intensity statistics
+    (percentiles, z-score, scale without a window).
+    """
+    shape = tuple(int(s) for s in shape[:3])
+    A = np.asarray(affine, dtype=np.float64)
+    s_in = spacing_of(A)
+    dirs = A[:3, :3] / s_in  # unit column per array axis
+    # 1) orientation: which input axis (and sign) feeds each output axis
+    src = np.arange(3)
+    sign = np.ones(3)
+    if spec.orientation:
+        target = axcodes2ornt(tuple(spec.orientation[::-1]))  # array axes = (i, j, k) reversed
+        t = ornt_transform(io_orientation(A), target)  # per input axis: (output axis, flip)
+        for i in range(3):
+            src[int(t[i, 0])] = i
+            sign[int(t[i, 0])] = t[i, 1]
+    n_in = np.array(shape, dtype=np.float64)[src]
+    s_src = s_in[src]
+    # 2) spacing / shape: spec axes are (i, j, k) = array axes reversed
+    if spec.shape is not None:
+        n_out = np.array(spec.shape[::-1], dtype=int)
+        s_out = n_in * s_src / n_out
+    elif spec.spacing is not None:
+        s_out = np.array(spec.spacing[::-1], dtype=np.float64)
+        n_out = np.maximum(1, _round_half_up(n_in * s_src / s_out))
+    else:
+        s_out, n_out = s_src.copy(), n_in.astype(int)
+    out = np.eye(4)
+    out[:3, :3] = dirs[:, src] * sign * s_out
+    centre = apply_affine(A, (np.array(shape) - 1) / 2.0)
+    out[:3, 3] = centre - out[:3, :3] @ ((n_out - 1) / 2.0)
+    # 3) crop / pad on the output grid
+    start = np.zeros(3, dtype=int)
+    size = n_out.copy()
+    if spec.crop_foreground is not None:
+        if array is None:
+            raise ValueError("crop_foreground needs the array to find the foreground")
+        fg = np.argwhere(np.asarray(array)[..., 0] > spec.crop_foreground if np.ndim(array) == 4
+                         else np.asarray(array) > spec.crop_foreground)
+        if fg.size:
+            lo, hi = fg.min(0), fg.max(0)
+            corners = np.array([[a, b, c] for a in (lo[0], hi[0]) for b in (lo[1], hi[1])
+                                for c in (lo[2], hi[2])], dtype=np.float64)
+            m_in2out = np.linalg.inv(out) @ A
+            oc = apply_affine(m_in2out, corners)
+            margin = spec.margin / s_out
+            start = np.maximum(0, np.floor(oc.min(0) - margin).astype(int))
+            stop = np.minimum(n_out - 1, np.ceil(oc.max(0) + margin).astype(int))
+            size = stop - start + 1
+    if spec.crop is not None:
+        want = np.array(spec.crop[::-1], dtype=int)
+        start = start + (size - want) // 2
+        size = want
+    out[:3, 3] = out[:3, 3] + out[:3, :3] @ start
+    matrix = np.linalg.inv(A) @ out
+    plan = Plan(shape, A.copy(), tuple(int(x) for x in size), out, matrix)
+    if spec.intensity.active:
+        plan.intensity = intensity_params(spec, array)
+    return plan
+
+
+def _sample(array: np.ndarray, max_voxels: int = 4_000_000) -> np.ndarray:
+    a = np.asarray(array)
+    step = max(1, int(np.ceil((a.size / max_voxels) ** (1 / 3))))
+    return a[::step, ::step, ::step]
+
+
+def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
+    """(lo, hi, a, b): the executor computes ``a * clamp(x, lo, hi) + b``."""
+    it = spec.intensity
+    lo, hi = -np.inf, np.inf
+    needs_stats = it.percentiles or it.zscore or (it.scale and not it.clip)
+    if needs_stats and array is None:
+        raise ValueError("percentile clipping, z-score and scale without clip need the array")
+    sample = _sample(array).astype(np.float64) if needs_stats else None
+    if it.clip:
+        lo, hi = it.clip
+    elif it.percentiles:
+        lo, hi = (float(x) for x in np.percentile(sample, it.percentiles))
+    a, b = 1.0, 0.0
+    if it.zscore:
+        clipped = np.clip(sample, lo, hi)
+        mean, std = float(clipped.mean()), float(clipped.std())
+        a, b = 1.0 / max(std, 1e-8), -mean / max(std, 1e-8)
+    elif it.scale:
+        wlo, whi = (lo, hi) if np.isfinite(lo) else (float(sample.min()), float(sample.max()))
+        a = (it.scale[1] - it.scale[0]) / max(whi - wlo, 1e-8)
+        b = it.scale[0] - a * wlo
+    return float(lo), float(hi), float(a), float(b)

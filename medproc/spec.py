@@ -1,0 +1,156 @@
+"""The declarative preprocessing spec: what the output should look like, not how to get there.
+
+Axis order convention: ``spacing``, ``shape`` and ``crop`` are given in NIfTI order
+``(i, j, k)`` of the *output* (like MONAI's ``pixdim``), i.e. for the array axes ``(2, 1, 0)``;
+orientation codes likewise name axes ``(i, j, k)`` (``"RAS"``: i -> Right, j -> Anterior, k ->
+Superior), as nibabel, MONAI and ITK-SNAP users read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+__all__ = ["Intensity", "Spec", "INTERPOLATIONS"]
+
+INTERPOLATIONS = ("linear", "cubic", "nearest")
+_VALID_CODES = set("RLAPSI")
+
+
+def _triple(value, name: str, positive: bool = True, integer: bool = False):
+    if value is None:
+        return None
+    v = np.atleast_1d(np.asarray(value, dtype=np.float64))
+    if v.size == 1:
+        v = np.repeat(v, 3)
+    if v.shape != (3,) or not np.all(np.isfinite(v)):
+        raise ValueError(f"{name} must be one number or three (i, j, k), got {value!r}")
+    if positive and np.any(v <= 0):
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    if integer:
+        if np.any(v != np.round(v)):
+            raise ValueError(f"{name} must be whole numbers of voxels, got {value!r}")
+        return tuple(int(x) for x in v)
+    return tuple(float(x) for x in v)
+
+
+@dataclass(frozen=True)
+class Intensity:
+    """Intensity steps, applied in this order after resampling.
+
+    Parameters
+    ----------
+    clip : (lo, hi), optional
+        Fixed window, e.g. ``(-1000, 400)`` HU.
+    percentiles : (lo, hi), optional
+        nnU-Net style: clip to these percentiles of the volume's intensities (e.g.
+        ``(0.5, 99.5)``), computed per volume on the CPU (on at most ~4M voxels, strided).
+    scale : (lo, hi), optional
+        Map the clip window (or the volume's min/max when nothing clips) linearly to this range.
+    zscore : bool
+        Subtract the mean and divide by the standard deviation (of the clipped volume).
+    """
+
+    clip: tuple[float, float] | None = None
+    percentiles: tuple[float, float] | None = None
+    scale: tuple[float, float] | None = None
+    zscore: bool = False
+
+    def __post_init__(self):
+        for name in ("clip", "percentiles", "scale"):
+            v = getattr(self, name)
+            if v is not None:
+                v = tuple(float(x) for x in v)
+                if len(v) != 2 or not v[0] < v[1]:
+                    raise ValueError(f"Intensity.{name} must be (lo, hi) with lo < hi, got {v!r}")
+                object.__setattr__(self, name, v)
+        if self.clip and self.percentiles:
+            raise ValueError("Intensity: give clip or percentiles, not both")
+        if self.scale and self.zscore:
+            raise ValueError("Intensity: give scale or zscore, not both")
+        if self.percentiles and not (0 <= self.percentiles[0] and self.percentiles[1] <= 100):
+            raise ValueError(f"Intensity.percentiles must lie in [0, 100], got {self.percentiles}")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.clip or self.percentiles or self.scale or self.zscore)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the output should look like.
+
+    Parameters
+    ----------
+    spacing : float or (si, sj, sk), optional
+        Target voxel spacing in mm. ``None`` keeps the input spacing.
+    shape : (ni, nj, nk), optional
+        Target grid size instead of a spacing (the field of view is kept exactly).
+    orientation : str, optional
+        Target axis codes such as ``"RAS"`` or ``"LPS"``; the axes are permuted/flipped to the
+        closest match (an oblique volume stays oblique, as in MONAI's Orientation). ``None`` keeps.
+    interp : {"linear", "cubic", "nearest"}
+        Image interpolation. Labels always use nearest neighbour and are never antialiased.
+    antialias : bool
+        Low-pass filter images when downsampling (needs an axis-aligned plan).
+    crop : (ni, nj, nk), optional
+        Crop/pad the output grid to this size, centred.
+    crop_foreground : float, optional
+        Crop the output grid to the bounding box of input voxels above this value.
+    margin : float
+        Margin in mm around the foreground box.
+    intensity : Intensity
+        Clip / percentile clip / scale / z-score.
+    dtype : str
+        Output dtype of images (labels keep theirs).
+    fill : float, optional
+        Value outside the input grid; ``None`` repeats the border voxel.
+
+    Notes
+    -----
+    medproc's output grid rule, held exactly: along each output axis
+    ``n_out = max(1, floor(n_in * s_in / s_out + 1/2))`` and the output grid is centred on the
+    input grid's centre (the field-of-view centre is preserved, so the rule is symmetric under
+    flips). With ``shape`` the spacing is ``n_in * s_in / n_out`` and the field of view is
+    identical (the ``align_corners=False`` convention of torch's interpolate).
+    """
+
+    spacing: tuple[float, float, float] | None = None
+    shape: tuple[int, int, int] | None = None
+    orientation: str | None = None
+    interp: str = "linear"
+    antialias: bool = False
+    crop: tuple[int, int, int] | None = None
+    crop_foreground: float | None = None
+    margin: float = 0.0
+    intensity: Intensity = field(default_factory=Intensity)
+    dtype: str = "float32"
+    fill: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "spacing", _triple(self.spacing, "spacing"))
+        object.__setattr__(self, "shape", _triple(self.shape, "shape", integer=True))
+        object.__setattr__(self, "crop", _triple(self.crop, "crop", integer=True))
+        if self.spacing and self.shape:
+            raise ValueError("Spec: give spacing or shape, not both")
+        if self.orientation is not None:
+            o = self.orientation.upper()
+            pairs = [{"R", "L"}, {"A", "P"}, {"S", "I"}]
+            if len(o) != 3 or set(o) - _VALID_CODES or any(len(p & set(o)) != 1 for p in pairs):
+                raise ValueError(
+                    f"orientation must be three codes, one of R/L, A/P and S/I each (e.g. 'RAS'), "
+                    f"got {self.orientation!r}"
+                )
+            object.__setattr__(self, "orientation", o)
+        if self.interp not in INTERPOLATIONS:
+            raise ValueError(f"interp must be one of {INTERPOLATIONS}, got {self.interp!r}")
+        try:
+            np.dtype(self.dtype)
+        except TypeError:
+            raise ValueError(f"dtype {self.dtype!r} is not a numpy dtype") from None
+        if isinstance(self.intensity, dict):
+            object.__setattr__(self, "intensity", Intensity(**self.intensity))
+
+    def replace(self, **kw) -> Spec:
+        return replace(self, **kw)
