@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 
-from .geometry import apply_affine, spacing_of
+from .geometry import apply_affine, is_orthogonal, spacing_of
 from .spec import Spec
 
 __all__ = ["Plan", "make_plan", "intensity_params"]
@@ -44,6 +44,17 @@ class Plan:
         return apply_affine(np.linalg.inv(self.matrix), ijk_in)
 
 
+def _orthonormalise(dirs: np.ndarray) -> np.ndarray:
+    """Gram-Schmidt in axis order 2, 1, 0, each axis keeping its side."""
+    out = np.empty_like(dirs)
+    out[:, 2] = dirs[:, 2] / np.linalg.norm(dirs[:, 2])
+    v = dirs[:, 1] - (dirs[:, 1] @ out[:, 2]) * out[:, 2]
+    out[:, 1] = v / np.linalg.norm(v)
+    n = np.cross(out[:, 1], out[:, 2])
+    out[:, 0] = n if n @ dirs[:, 0] > 0 else -n
+    return out
+
+
 def _round_half_up(x):
     return np.floor(np.asarray(x) + 0.5).astype(int)
 
@@ -58,6 +69,11 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
     A = np.asarray(affine, dtype=np.float64)
     s_in = spacing_of(A)
     dirs = A[:3, :3] / s_in  # unit column per array axis
+    if not is_orthogonal(A):
+        # a sheared input (gantry tilt): the output is an orthogonal grid. Axes 2 and 1 (a DICOM
+        # slice's columns and rows) keep their directions; axis 0 becomes their normal.
+        dirs = _orthonormalise(dirs)
+        s_in = np.abs(np.linalg.det(A[:3, :3])) / np.prod(s_in[1:]) * np.array([1, 0, 0]) + s_in * [0, 1, 1]
     # 1) orientation: which input axis (and sign) feeds each output axis
     src = np.arange(3)
     sign = np.ones(3)

@@ -16,8 +16,10 @@ __all__ = ["resample", "resample_batch", "get_resampler"]
 
 @functools.lru_cache(maxsize=16)
 def get_resampler(device: str, interp: str, antialias: bool, dtype: str, fill, with_label: bool,
-                  batch_size: int):
-    """A cached :class:`~medproc.pipeline.Resampler` (building a DALI pipeline costs ~0.1 s)."""
+                  batch_size: int, in_dtypes: tuple = ()):
+    """A cached :class:`~medproc.pipeline.Resampler` (building a DALI pipeline costs ~0.1 s).
+
+    ``in_dtypes`` is part of the key: a DALI external source keeps one input dtype."""
     from .pipeline import Resampler
 
     return Resampler(device=device, batch_size=batch_size, interp=interp, antialias=antialias,
@@ -46,17 +48,20 @@ def resample_batch(volumes: Sequence[Volume], spec: Spec, device: str = "cpu",
                     f"({lb.shape} vs {v.shape}); resample it onto the image first"
                 )
     bs = max(1, min(batch_size, len(vols)))
+    img_dt = np.result_type(*[v.array.dtype for v in vols])
+    lab_dt = np.result_type(*[lb.array.dtype for lb in labs]) if labs else None
+    if lab_dt == np.bool_:
+        lab_dt = np.dtype(np.uint8)
     r = get_resampler(device, spec.interp, spec.antialias, str(np.dtype(spec.dtype)), spec.fill,
-                      labs is not None, bs)
+                      labs is not None, bs, (str(img_dt), str(lab_dt)))
     plans = [make_plan(v.shape, v.affine, spec, v.array) for v in vols]
     batches = []
     for s in range(0, len(vols), bs):
         sl = slice(s, s + bs)
         lab_arrays = None
         if labs is not None:
-            lab_arrays = [lb.array.astype(np.uint8) if lb.array.dtype == bool else lb.array
-                          for lb in labs[sl]]
-        batches.append(([v.array for v in vols[sl]], plans[sl], lab_arrays))
+            lab_arrays = [np.asarray(lb.array, dtype=lab_dt) for lb in labs[sl]]
+        batches.append(([np.asarray(v.array, dtype=img_dt) for v in vols[sl]], plans[sl], lab_arrays))
     out = []
     i = 0
     for res in r.run_batches(batches):

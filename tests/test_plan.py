@@ -1,0 +1,86 @@
+"""Plans: the output grid rule and the output affine, exact in float64."""
+
+import numpy as np
+import pytest
+
+import medproc
+from medproc import Spec, make_plan
+from medproc.geometry import apply_affine, axcodes, spacing_of
+from medproc.sample_data import grid_affine
+
+OBLIQUE = grid_affine((40, 64, 50), (2.5, 0.7, 0.9), (10.0, -30.0, 55.0),
+                      iop=(0.9659258, 0.0, -0.258819, 0.1830127, 0.7071068, 0.6830127))
+
+
+@pytest.mark.parametrize("orientation", [None, "RAS", "LPS", "PIR", "SAL"])
+@pytest.mark.parametrize("spacing", [1.5, (1.0, 2.0, 3.0), (0.5, 0.7, 4.0)])
+def test_grid_rule_and_exact_affine(orientation, spacing):
+    shape, A = (40, 64, 50), OBLIQUE
+    p = make_plan(shape, A, Spec(spacing=spacing, orientation=orientation))
+    sp = np.broadcast_to(np.asarray(spacing, float), (3,))[::-1]  # array order
+    np.testing.assert_allclose(spacing_of(p.out_affine), sp, atol=1e-12)
+    # the one matrix: A_in @ M == A_out exactly (1e-6 mm at the far corner)
+    corner = np.array(p.out_shape, float) - 1
+    np.testing.assert_allclose(apply_affine(A @ p.matrix, corner), apply_affine(p.out_affine, corner), atol=1e-6)
+    # centre of the field of view preserved
+    c_in = apply_affine(A, (np.array(shape) - 1) / 2)
+    c_out = apply_affine(p.out_affine, (np.array(p.out_shape) - 1) / 2)
+    np.testing.assert_allclose(c_out, c_in, atol=1e-9)
+    # n_out = floor(n_in * s_in / s_out + 1/2) along the source axis of each output axis
+    src = np.argmax(np.abs(p.matrix[:3, :3]), axis=0)
+    expect = np.floor(np.array(shape)[src] * spacing_of(A)[src] / sp + 0.5)
+    np.testing.assert_array_equal(p.out_shape, expect)
+    if orientation:
+        # closest axes: the obliquity is kept, so the codes are those asked for
+        assert axcodes(p.out_affine)[::-1] == orientation
+    # directions are the input's (possibly permuted/flipped): still the same oblique frame
+    d_in = A[:3, :3] / spacing_of(A)
+    d_out = p.out_affine[:3, :3] / spacing_of(p.out_affine)
+    assert np.allclose(np.abs(d_in.T @ d_out).max(0), 1)
+
+
+def test_shape_keeps_field_of_view_exactly():
+    A = np.diag([2.0, 1.0, 0.5, 1])
+    p = make_plan((10, 20, 40), A, Spec(shape=(7, 13, 3)))
+    assert p.out_shape == (3, 13, 7)
+    fov_in = np.array([10, 20, 40]) * [2.0, 1.0, 0.5]
+    np.testing.assert_allclose(np.array(p.out_shape) * spacing_of(p.out_affine), fov_in, atol=1e-12)
+
+
+def test_crop_and_pad_are_centred():
+    A = np.eye(4)
+    p = make_plan((10, 10, 10), A, Spec(crop=(4, 14, 10)))
+    assert p.out_shape == (10, 14, 4)
+    np.testing.assert_allclose(p.matrix[:3, 3], [0, -2, 3])
+
+
+def test_crop_foreground_box():
+    arr = np.zeros((20, 30, 40), np.int16)
+    arr[5:9, 10:20, 3:7] = 100
+    p = make_plan(arr.shape, np.eye(4), Spec(crop_foreground=50), arr)
+    assert p.out_shape == (4, 10, 4)
+    np.testing.assert_allclose(p.matrix[:3, 3], [5, 10, 3])
+    pm = make_plan(arr.shape, np.diag([2.0, 2, 2, 1]), Spec(crop_foreground=50, margin=4.0), arr)
+    assert pm.out_shape == (8, 14, 8)
+
+
+def test_intensity_params():
+    arr = np.arange(1000, dtype=np.float32).reshape(10, 10, 10)
+    p = make_plan(arr.shape, np.eye(4), Spec(intensity=medproc.Intensity(clip=(100, 300), scale=(0, 1))), arr)
+    lo, hi, a, b = p.intensity
+    assert (lo, hi) == (100, 300) and a * 100 + b == 0 and abs(a * 300 + b - 1) < 1e-12
+    p = make_plan(arr.shape, np.eye(4), Spec(intensity=medproc.Intensity(percentiles=(1, 99), zscore=True)), arr)
+    lo, hi, a, b = p.intensity
+    np.testing.assert_allclose([lo, hi], np.percentile(arr, [1, 99]))
+    z = np.clip(arr, lo, hi) * a + b
+    assert abs(z.mean()) < 1e-6 and abs(z.std() - 1) < 1e-6
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"spacing": 0}, "> 0"), ({"spacing": (1, 2)}, "three"), ({"orientation": "RAR"}, "one of"),
+    ({"interp": "bilinear"}, "interp"), ({"spacing": 1, "shape": (2, 2, 2)}, "not both"),
+    ({"crop": (1.5, 2, 2)}, "whole numbers"),
+])
+def test_spec_validation(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Spec(**kw)
