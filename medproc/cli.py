@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--max-skipped", type=int, default=20, help="skipped files to list")
     i.add_argument("--width", type=int, default=None, help="table width (default: terminal)")
     i.set_defaults(func=_cmd_inspect)
+    from .convert_cli import add_convert_parser
+
+    add_convert_parser(sub)
     return p
 
 

@@ -46,7 +46,7 @@ def _image_files(paths):
             for root, dirs, files in os.walk(p):
                 dirs.sort()
                 for n in sorted(files):
-                    if n.lower().endswith(_IMAGE_EXT):
+                    if n.lower().endswith(_IMAGE_EXT) and not n.startswith("."):
                         yield os.path.join(root, n)
         elif p.lower().endswith(_IMAGE_EXT):
             yield p

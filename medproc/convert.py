@@ -1,0 +1,267 @@
+"""Batch conversion: find cases, resample each with one spec, write outputs and a manifest.
+
+Guarantees: inputs are only read; every output (and the manifest) is written to a temporary
+name and renamed, so a crash or kill -9 never leaves a half-written file under its final name;
+a rerun skips cases whose output exists (``force`` redoes them); a failing case is recorded in
+the manifest with its reason and the batch goes on.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import logging
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+
+import numpy as np
+
+from .errors import MedprocError
+from .io import atomic_path
+from .spec import Spec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Case", "find_cases", "convert", "MANIFEST_FIELDS", "DEFAULT_NAME"]
+
+#: default output name: no patient identifiers (file stem, or a hash of the series UID)
+DEFAULT_NAME = "{name}"
+MANIFEST_FIELDS = ["case", "source", "output", "label_output", "status", "error", "series_uid",
+                   "in_shape", "in_spacing", "out_shape", "out_spacing", "seconds"]
+_IMAGE_EXT = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
+
+
+@dataclass
+class Case:
+    """One input volume to convert (a DICOM series or an image file) and its optional label."""
+
+    source: str
+    series: str | None = None  # DICOM series key when source is a folder
+    label: str | None = None
+    fields: dict = field(default_factory=dict)  # naming template fields
+
+    def name(self, template: str) -> str:
+        try:
+            out = template.format(**self.fields)
+        except KeyError as e:
+            raise ValueError(f"naming template {template!r} uses unknown field {e}; fields: "
+                             f"{sorted(self.fields)}") from None
+        return out.replace(os.sep, "_")
+
+
+def _stem(path: str) -> str:
+    b = os.path.basename(path.rstrip(os.sep))
+    for ext in _IMAGE_EXT:
+        if b.lower().endswith(ext):
+            return b[: -len(ext)]
+    return b
+
+
+def _uid_hash(uid: str) -> str:
+    return hashlib.sha1(uid.encode()).hexdigest()[:12]
+
+
+def find_cases(inputs, labels_dir: str | None = None) -> tuple[list[Case], list[tuple[str, str]]]:
+    """Cases under ``inputs`` (folders scanned recursively, files, or CSV lists).
+
+    A CSV has a header with ``image`` (and optionally ``label`` and ``name``) columns; relative
+    paths are relative to the CSV. With ``labels_dir``, an image file's label is the file of the
+    same name there. Returns (cases, skipped files with reasons).
+    """
+    from .io.dicom_scan import find_series
+
+    cases: list[Case] = []
+    skipped: list[tuple[str, str]] = []
+    dicom_roots = []
+    for inp in [os.fspath(p) for p in inputs]:
+        if inp.lower().endswith(".csv"):
+            cases += _cases_from_csv(inp)
+        elif os.path.isdir(inp):
+            for root, dirs, files in os.walk(inp):
+                dirs.sort()
+                for n in sorted(files):
+                    if n.lower().endswith(_IMAGE_EXT) and not n.startswith("."):
+                        p = os.path.join(root, n)
+                        cases.append(Case(p, fields={"name": _stem(p), "stem": _stem(p)}))
+            dicom_roots.append(inp)
+        elif os.path.exists(inp):
+            if inp.lower().endswith(_IMAGE_EXT):
+                cases.append(Case(inp, fields={"name": _stem(inp), "stem": _stem(inp)}))
+            else:
+                dicom_roots.append(inp)
+        else:
+            skipped.append((inp, "no such file or folder"))
+    if labels_dir:
+        if os.path.abspath(labels_dir) in {os.path.abspath(r) for r in dicom_roots}:
+            raise ValueError("the labels folder must not be one of the inputs")
+        cases = [c for c in cases if not os.path.abspath(c.source).startswith(os.path.abspath(labels_dir) + os.sep)]
+        for c in cases:
+            cand = os.path.join(labels_dir, os.path.basename(c.source))
+            if os.path.exists(cand):
+                c.label = cand
+    if dicom_roots:
+        series, sk = find_series(dicom_roots)
+        skipped += [(p, r) for p, r in sk if not p.lower().endswith(_IMAGE_EXT)]
+        for s in series:
+            files = s.files
+            src = files[0] if len(files) == 1 else os.path.commonpath(files)
+            cases.append(Case(src, series=s.key, fields={
+                "name": f"series-{_uid_hash(s.key)}", "uid_hash": _uid_hash(s.key),
+                "series_number": s.info.get("SeriesNumber") or 0,
+                "modality": s.info.get("Modality") or "", "stem": _stem(src)}))
+    for c in cases:
+        c.fields.setdefault("uid_hash", _uid_hash(c.source))
+        c.fields.setdefault("series_number", 0)
+        c.fields.setdefault("modality", "")
+    return cases, skipped
+
+
+def _cases_from_csv(path: str) -> list[Case]:
+    base = os.path.dirname(os.path.abspath(path))
+    out = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames or "image" not in reader.fieldnames:
+            raise MedprocError(f"a case list needs an 'image' column, found {reader.fieldnames}", path)
+        for line, row in enumerate(reader, 2):
+            img = (row.get("image") or "").strip()
+            if not img:
+                raise MedprocError(f"line {line}: empty 'image'", path)
+            img = img if os.path.isabs(img) else os.path.join(base, img)
+            lab = (row.get("label") or "").strip() or None
+            if lab and not os.path.isabs(lab):
+                lab = os.path.join(base, lab)
+            name = (row.get("name") or "").strip() or _stem(img)
+            out.append(Case(img, label=lab, fields={"name": name, "stem": _stem(img)}))
+    return out
+
+
+def _fmt(v) -> str:
+    return "x".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in v)
+
+
+def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, device: str) -> dict:
+    """Load, resample, write one case (runs in a worker process)."""
+    import medproc
+
+    t = time.perf_counter()
+    vol = medproc.load(case.source, series=case.series)
+    lab = medproc.load(case.label) if case.label else None
+    res = medproc.resample(vol, spec=spec, device=device, label=lab)
+    out, out_lab = res if lab is not None else (res, None)
+    from .io.writers import write_volume
+
+    write_volume(out, out_path)
+    if out_lab is not None:
+        write_volume(out_lab, label_path)
+    return {"series_uid": vol.meta.get("series_uid", ""), "in_shape": _fmt(vol.shape),
+            "in_spacing": _fmt([float(x) for x in vol.spacing]), "out_shape": _fmt(out.shape),
+            "out_spacing": _fmt([float(x) for x in out.spacing]),
+            "seconds": f"{time.perf_counter() - t:.3f}"}
+
+
+def _worker(args):
+    case, out_path, label_path, spec, device = args
+    try:
+        return case, "ok", _convert_one(case, out_path, label_path, spec, device), ""
+    except MedprocError as e:
+        return case, "failed", {}, str(e)
+    except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
+        return case, "failed", {}, f"{case.source}: {type(e).__name__}: {e}"
+
+
+def _write_manifest(path: str, rows: list[dict]) -> None:
+    tmp = atomic_path(path)
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=MANIFEST_FIELDS)
+        w.writeheader()
+        for r in sorted(rows, key=lambda r: r["case"]):
+            w.writerow({k: r.get(k, "") for k in MANIFEST_FIELDS})
+    os.replace(tmp, path)
+
+
+def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir: str | None = None,
+            name: str = DEFAULT_NAME, device: str = "cpu", workers: int = 1, force: bool = False,
+            progress=None) -> list[dict]:
+    """Convert every case under ``inputs`` into ``outdir``; returns the manifest rows.
+
+    ``progress(row)`` is called after each case (the CLI draws its bar with it).
+    """
+    from .io.writers import FORMATS
+
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    cases, skipped = find_cases(inputs, labels_dir)
+    os.makedirs(outdir, exist_ok=True)
+    manifest = os.path.join(outdir, "manifest.csv")
+    prior = _read_manifest(manifest)
+    rows: list[dict] = []
+    todo = []
+    seen: dict[str, str] = {}
+    for c in cases:
+        nm = c.name(name)
+        if nm in seen:
+            nm = f"{nm}-{c.fields['uid_hash']}"
+        seen[nm] = c.source
+        out_path = os.path.join(outdir, f"{nm}.{fmt}")
+        label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
+        row = {"case": nm, "source": c.source, "output": out_path, "label_output": label_path or ""}
+        if os.path.abspath(out_path) == os.path.abspath(c.source):
+            row.update(status="failed", error="output would overwrite the input; choose another -o")
+            rows.append(row)
+            continue
+        done = os.path.exists(out_path) and (label_path is None or os.path.exists(label_path))
+        if done and not force:
+            old = prior.get(nm, {})
+            row = {**old, **row, "status": "skipped", "error": "output exists (use --force to redo)"}
+            rows.append(row)
+            if progress:
+                progress(row)
+            continue
+        todo.append((c, out_path, label_path, spec, device, row))
+    this_run = {r["case"] for r in rows} | {t[-1]["case"] for t in todo}
+    kept = [r for c, r in prior.items() if c not in this_run]  # cases of earlier runs stay listed
+    rows = kept + rows
+    _write_manifest(manifest, rows)
+
+    def finish(res, row):
+        case, status, info, err = res
+        row.update(info, status=status, error=err)
+        rows.append(row)
+        _write_manifest(manifest, rows)  # atomically, after every case: resumable at any point
+        if progress:
+            progress(row)
+
+    if workers <= 1:
+        for c, o, lp, s, d, row in todo:
+            finish(_worker((c, o, lp, s, d)), row)
+    else:
+        ctx = get_context("spawn")  # DALI and CUDA do not survive fork
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+            futs = {ex.submit(_worker, (c, o, lp, s, d)): row for c, o, lp, s, d, row in todo}
+            for fut in as_completed(futs):
+                finish(fut.result(), futs[fut])
+    for p, reason in skipped:
+        log.info("skipped %s: %s", p, reason)
+    return sorted([r for r in rows if r["case"] in this_run], key=lambda r: r["case"])
+
+
+def _read_manifest(path: str) -> dict[str, dict]:
+    if not os.path.exists(path):
+        return {}
+    with open(path, newline="") as f:
+        return {r["case"]: r for r in csv.DictReader(f)}
+
+
+def summary(rows: list[dict]) -> dict:
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "skipped", "failed")}
+    counts["total"] = len(rows)
+    secs = [float(r["seconds"]) for r in rows if r.get("seconds")]
+    counts["mean_seconds"] = float(np.mean(secs)) if secs else 0.0
+    return counts
+
+
+__all__ += ["summary"]
