@@ -25,6 +25,8 @@ def load_nifti(path: str) -> Volume:
         data = np.asanyarray(img.dataobj)  # applies scl_slope/scl_inter like every reader
     except Exception as e:
         raise ReadError(f"cannot be read as NIfTI: {type(e).__name__}: {e}", path) from None
+    if not hasattr(img, "get_sform"):
+        raise ReadError(f"is a {type(img).__name__} (e.g. CIFTI), not a volume on a voxel grid", path)
     if data.ndim == 2:
         data = data[:, :, None]
     if data.ndim > 4:
