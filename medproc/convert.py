@@ -30,7 +30,7 @@ __all__ = ["Case", "find_cases", "convert", "MANIFEST_FIELDS", "DEFAULT_NAME"]
 #: default output name: no patient identifiers (file stem, or a hash of the series UID)
 DEFAULT_NAME = "{name}"
 MANIFEST_FIELDS = ["case", "source", "output", "label_output", "status", "error", "series_uid",
-                   "in_shape", "in_spacing", "out_shape", "out_spacing", "seconds"]
+                   "in_shape", "in_spacing", "out_shape", "out_spacing", "seconds", "worker"]
 _IMAGE_EXT = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
 
 
@@ -42,6 +42,7 @@ class Case:
     series: str | None = None  # DICOM series key when source is a folder
     label: str | None = None
     fields: dict = field(default_factory=dict)  # naming template fields
+    dicom: object | None = None  # the scanned DicomSeries: workers read it without a re-scan
 
     def name(self, template: str) -> str:
         try:
@@ -64,7 +65,7 @@ def _uid_hash(uid: str) -> str:
     return hashlib.sha1(uid.encode()).hexdigest()[:12]
 
 
-def find_cases(inputs, labels_dir: str | None = None) -> tuple[list[Case], list[tuple[str, str]]]:
+def find_cases(inputs, labels_dir: str | None = None, executor=None) -> tuple[list[Case], list[tuple[str, str]]]:
     """Cases under ``inputs`` (folders scanned recursively, files, or CSV lists).
 
     A CSV has a header with ``image`` (and optionally ``label`` and ``name``) columns; relative
@@ -103,12 +104,12 @@ def find_cases(inputs, labels_dir: str | None = None) -> tuple[list[Case], list[
             if os.path.exists(cand):
                 c.label = cand
     if dicom_roots:
-        series, sk = find_series(dicom_roots)
+        series, sk = find_series(dicom_roots, executor=executor)
         skipped += [(p, r) for p, r in sk if not p.lower().endswith(_IMAGE_EXT)]
         for s in series:
             files = s.files
             src = files[0] if len(files) == 1 else os.path.commonpath(files)
-            cases.append(Case(src, series=s.key, fields={
+            cases.append(Case(src, series=s.key, dicom=s, fields={
                 "name": f"series-{_uid_hash(s.key)}", "uid_hash": _uid_hash(s.key),
                 "series_number": s.info.get("SeriesNumber") or 0,
                 "modality": s.info.get("Modality") or "", "stem": _stem(src)}))
@@ -143,34 +144,51 @@ def _fmt(v) -> str:
     return "x".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in v)
 
 
-def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, device: str) -> dict:
+def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, device: str,
+                 qc_path: str | None = None, dali_threads: int | None = None) -> dict:
     """Load, resample, write one case (runs in a worker process)."""
     import medproc
 
     t = time.perf_counter()
-    vol = medproc.load(case.source, series=case.series)
+    if case.dicom is not None:
+        from .io.dicom_read import read_series
+
+        vol = read_series(case.dicom)
+    else:
+        vol = medproc.load(case.source, series=case.series)
     lab = medproc.load(case.label) if case.label else None
-    res = medproc.resample(vol, spec=spec, device=device, label=lab)
+    (res,) = medproc.resample_batch([vol], spec, device=device, labels=None if lab is None else [lab],
+                                    num_threads=dali_threads)
     out, out_lab = res if lab is not None else (res, None)
     from .io.writers import write_volume
 
     write_volume(out, out_path)
     if out_lab is not None:
         write_volume(out_lab, label_path)
+    if qc_path:
+        from .qc import qc_figure
+
+        qc_figure(vol, out, qc_path, lab, out_lab, title=os.path.basename(out_path))
     return {"series_uid": vol.meta.get("series_uid", ""), "in_shape": _fmt(vol.shape),
             "in_spacing": _fmt([float(x) for x in vol.spacing]), "out_shape": _fmt(out.shape),
             "out_spacing": _fmt([float(x) for x in out.spacing]),
-            "seconds": f"{time.perf_counter() - t:.3f}"}
+            "seconds": f"{time.perf_counter() - t:.3f}", "worker": _worker_id()}
+
+
+def _worker_id() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _worker(args):
-    case, out_path, label_path, spec, device = args
+    case, out_path, label_path, spec, device, qc_path, threads = args
     try:
-        return case, "ok", _convert_one(case, out_path, label_path, spec, device), ""
+        return case, "ok", _convert_one(case, out_path, label_path, spec, device, qc_path, threads), ""
     except MedprocError as e:
-        return case, "failed", {}, str(e)
+        return case, "failed", {"worker": _worker_id()}, str(e)
     except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
-        return case, "failed", {}, f"{case.source}: {type(e).__name__}: {e}"
+        return case, "failed", {"worker": _worker_id()}, f"{case.source}: {type(e).__name__}: {e}"
 
 
 def _write_manifest(path: str, rows: list[dict]) -> None:
@@ -185,16 +203,57 @@ def _write_manifest(path: str, rows: list[dict]) -> None:
 
 def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir: str | None = None,
             name: str = DEFAULT_NAME, device: str = "cpu", workers: int = 1, force: bool = False,
-            progress=None) -> list[dict]:
-    """Convert every case under ``inputs`` into ``outdir``; returns the manifest rows.
+            qc: bool = False, dask: str | None = None, progress=None) -> list[dict]:
+    """Convert every case under ``inputs`` into ``outdir``; returns this run's manifest rows.
 
-    ``progress(row)`` is called after each case (the CLI draws its bar with it).
+    Parameters
+    ----------
+    workers : int
+        Worker processes (cases run in parallel; each worker's DALI pipeline gets one thread).
+    qc : bool
+        Also write ``OUTDIR/qc/<name>.png``: mid-slices before/after with labels overlaid.
+    dask : str, optional
+        Run the cases on dask.distributed: a scheduler address (``tcp://host:8786``), or
+        ``"local"`` / ``"local:N"`` for a LocalCluster of ``N`` (default ``workers``) processes.
+        Workers must have medproc installed and see the input and output paths.
+    progress : callable, optional
+        Called with each manifest row as its case finishes (the CLI draws its bar with it).
     """
     from .io.writers import FORMATS
 
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
-    cases, skipped = find_cases(inputs, labels_dir)
+    closers = []
+    ex = None
+    if dask:
+        ex, closers = _dask_executor(dask, workers)
+    elif workers > 1:
+        ex = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+        closers = [ex.shutdown]
+    threads = 1 if ex is not None and device == "cpu" else None
+    try:
+        return _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc, threads)
+    finally:
+        for close in closers:
+            close()
+
+
+def _dask_executor(address: str, workers: int):
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ImportError("--dask needs dask.distributed: pip install 'dask[distributed]'") from None
+    if address.startswith("local"):
+        n = int(address.split(":", 1)[1]) if ":" in address else max(1, workers)
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+        return client.get_executor(), [client.close, cluster.close]
+    client = Client(address)
+    return client.get_executor(), [client.close]
+
+
+def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc, threads):
+    cases, skipped = find_cases(inputs, labels_dir, executor=ex)  # headers read by the pool too
     os.makedirs(outdir, exist_ok=True)
     manifest = os.path.join(outdir, "manifest.csv")
     prior = _read_manifest(manifest)
@@ -221,7 +280,10 @@ def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir:
             if progress:
                 progress(row)
             continue
-        todo.append((c, out_path, label_path, spec, device, row))
+        qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
+        if qc_path:
+            os.makedirs(os.path.dirname(qc_path), exist_ok=True)
+        todo.append(((c, out_path, label_path, spec, device, qc_path, threads), row))
     this_run = {r["case"] for r in rows} | {t[-1]["case"] for t in todo}
     kept = [r for c, r in prior.items() if c not in this_run]  # cases of earlier runs stay listed
     rows = kept + rows
@@ -235,15 +297,13 @@ def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir:
         if progress:
             progress(row)
 
-    if workers <= 1:
-        for c, o, lp, s, d, row in todo:
-            finish(_worker((c, o, lp, s, d)), row)
-    else:
-        ctx = get_context("spawn")  # DALI and CUDA do not survive fork
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
-            futs = {ex.submit(_worker, (c, o, lp, s, d)): row for c, o, lp, s, d, row in todo}
-            for fut in as_completed(futs):
-                finish(fut.result(), futs[fut])
+    if ex is None:
+        for args, row in todo:
+            finish(_worker(args), row)
+    else:  # spawned processes (DALI and CUDA do not survive fork) or dask workers
+        futs = {ex.submit(_worker, args): row for args, row in todo}
+        for fut in as_completed(futs):
+            finish(fut.result(), futs[fut])
     for p, reason in skipped:
         log.info("skipped %s: %s", p, reason)
     return sorted([r for r in rows if r["case"] in this_run], key=lambda r: r["case"])

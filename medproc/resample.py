@@ -16,14 +16,14 @@ __all__ = ["resample", "resample_batch", "get_resampler"]
 
 @functools.lru_cache(maxsize=16)
 def get_resampler(device: str, interp: str, antialias: bool, dtype: str, fill, with_label: bool,
-                  batch_size: int, in_dtypes: tuple = ()):
+                  batch_size: int, in_dtypes: tuple = (), num_threads: int | None = None):
     """A cached :class:`~medproc.pipeline.Resampler` (building a DALI pipeline costs ~0.1 s).
 
     ``in_dtypes`` is part of the key: a DALI external source keeps one input dtype."""
     from .pipeline import Resampler
 
     return Resampler(device=device, batch_size=batch_size, interp=interp, antialias=antialias,
-                     dtype=dtype, fill=fill, with_label=with_label)
+                     dtype=dtype, fill=fill, with_label=with_label, num_threads=num_threads)
 
 
 def _spec(spec: Spec | None, **kw) -> Spec:
@@ -32,8 +32,11 @@ def _spec(spec: Spec | None, **kw) -> Spec:
 
 
 def resample_batch(volumes: Sequence[Volume], spec: Spec, device: str = "cpu",
-                   labels: Sequence[Volume] | None = None, batch_size: int = 8):
+                   labels: Sequence[Volume] | None = None, batch_size: int = 8,
+                   num_threads: int | None = None):
     """Resample many volumes with one spec, batched through one DALI pipeline.
+
+    ``num_threads`` sets DALI's CPU threads (default: all cores; 1 in batch workers).
 
     Returns a list of Volumes, or of ``(image, label)`` pairs when ``labels`` is given (each
     label on its image's grid; nearest neighbour, dtype kept).
@@ -53,7 +56,7 @@ def resample_batch(volumes: Sequence[Volume], spec: Spec, device: str = "cpu",
     if lab_dt == np.bool_:
         lab_dt = np.dtype(np.uint8)
     r = get_resampler(device, spec.interp, spec.antialias, str(np.dtype(spec.dtype)), spec.fill,
-                      labs is not None, bs, (str(img_dt), str(lab_dt)))
+                      labs is not None, bs, (str(img_dt), str(lab_dt)), num_threads)
     plans = [make_plan(v.shape, v.affine, spec, v.array) for v in vols]
     batches = []
     for s in range(0, len(vols), bs):

@@ -144,3 +144,37 @@ def test_kill_dash_nine_then_resume(tmp_path):
 def test_parallel_workers(sample_data, tmp_path):
     assert main(["convert", os.path.join(sample_data, "dicom"), "-o", str(tmp_path), "--spacing", "2", "-j", "2"]) == 0
     assert {r["status"] for r in _manifest(tmp_path).values()} == {"ok"}
+
+
+def test_qc_pictures(sample_data, tmp_path):
+    out = tmp_path / "o"
+    assert main(["convert", os.path.join(sample_data, "nifti", "images"), "--labels",
+                 os.path.join(sample_data, "nifti", "labels"), "-o", str(out), "--spacing", "2",
+                 "--qc", "-j", "1"]) == 0
+    pngs = sorted(os.listdir(out / "qc"))
+    assert pngs == ["case001.png", "case002.png"]
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(out / "qc" / "case001.png")
+    assert img.shape[0] > 300 and img.shape[1] > 600
+    # the label contour is drawn in lime: some pixels are green-dominant
+    rgb = img[..., :3]
+    assert ((rgb[..., 1] > 0.7) & (rgb[..., 0] < 0.5) & (rgb[..., 2] < 0.5)).sum() > 10
+
+
+def test_dask_local_cluster(sample_data, tmp_path):
+    """The same conversion on dask.distributed workers (a LocalCluster of 2 processes)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        pids = set(client.run(os.getpid).values())
+        out = tmp_path / "o"
+        assert main(["convert", os.path.join(sample_data, "dicom"), "-o", str(out), "--spacing", "2",
+                     "--dask", cluster.scheduler_address]) == 0
+    m = _manifest(out)
+    assert {r["status"] for r in m.values()} == {"ok"} and len(m) == 2
+    ran_on = {int(r["worker"].rsplit(":", 1)[1]) for r in m.values()}
+    assert ran_on <= pids and os.getpid() not in ran_on
+    ref = medproc.resample(medproc.load(os.path.join(sample_data, "dicom", "ct_axial")), spacing=2)
+    row = next(r for r in m.values() if r["source"].endswith("ct_axial"))
+    np.testing.assert_allclose(medproc.load(row["output"]).array, ref.array, atol=1e-3)

@@ -47,22 +47,64 @@ def _decode(path: str) -> np.ndarray:
         ) from None
 
 
+def _read_native(path: str, offset: int, dtype: str, rows: int, cols: int, bits_stored: int):
+    """Pixels of a native little-endian single-frame file, read at the offset the header scan
+    found (no second parse). None when the file needs pydicom after all."""
+    dt = np.dtype(dtype)
+    want = rows * cols * dt.itemsize
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            head = f.read(8)
+            if len(head) < 8 or head[:4] != b"\xe0\x7f\x10\x00":
+                return None
+            if head[4:6] in (b"OW", b"OB"):  # explicit VR: 2 reserved bytes, 4-byte length
+                length = int.from_bytes(f.read(4), "little")
+            else:  # implicit VR: 4-byte length right after the tag
+                length = int.from_bytes(head[4:8], "little")
+            if length == 0xFFFFFFFF:
+                return None
+            if length < want:
+                raise ReadError(f"PixelData holds {length} bytes, {want} expected for {rows}x{cols} "
+                                f"{dt.name} (truncated or damaged file?)", path)
+            buf = f.read(want)
+    except OSError as e:
+        raise ReadError(f"cannot be read: {e}", path) from None
+    if len(buf) < want:
+        raise ReadError(f"truncated: the file ends {want - len(buf)} bytes into its pixel data", path)
+    px = np.frombuffer(buf, dtype=dt).reshape(rows, cols)
+    if dt.kind == "u" and bits_stored < dt.itemsize * 8 and px.max() >> bits_stored:
+        return None  # bits above BitsStored are set: let pydicom decide what they mean
+    return px
+
+
 def _rescaled(stored: np.ndarray, slopes: np.ndarray, intercepts: np.ndarray) -> np.ndarray:
-    """Apply RescaleSlope/Intercept per slice; integer output when the result is integral."""
+    """Apply RescaleSlope/Intercept per slice; integer output when the result is integral.
+
+    ``stored`` is owned by the caller and may be reused in place (no copy of a whole series
+    when, e.g., 12-bit unsigned CT becomes int16 HU)."""
     if np.all(slopes == 1) and np.all(intercepts == 0):
         return stored
     shape = (-1,) + (1,) * (stored.ndim - 1)
     if stored.dtype.kind in "iu" and np.all(slopes == slopes[0]) and float(slopes[0]).is_integer() \
             and np.all(np.mod(intercepts, 1) == 0):
-        lo = int(stored.min()) * int(slopes[0]) + int(intercepts.min())
-        hi = int(stored.max()) * int(slopes[0]) + int(intercepts.max())
+        smin, smax = int(stored.min()), int(stored.max())
+        m = int(slopes[0])
+        lo = min(smin * m, smax * m) + int(intercepts.min())
+        hi = max(smin * m, smax * m) + int(intercepts.max())
         for dt in (np.int16, np.int32, np.int64):
             info = np.iinfo(dt)
-            if info.min <= min(lo, hi) and max(lo, hi) <= info.max:
-                out = stored.astype(dt)
-                if slopes[0] != 1:
-                    out *= dt(slopes[0])
-                out += intercepts.astype(dt).reshape(shape)
+            if info.min <= lo and hi <= info.max:
+                if np.dtype(dt).itemsize == stored.dtype.itemsize and smin >= info.min and smax <= info.max:
+                    out = stored.view(dt)  # same bits, same values: reinterpret, no copy
+                else:
+                    out = stored.astype(dt)
+                if m != 1:
+                    out *= dt(m)
+                if np.all(intercepts == intercepts[0]):
+                    out += dt(intercepts[0])
+                else:
+                    out += intercepts.astype(dt).reshape(shape)
                 return out
     out = stored.astype(np.float32)
     out *= slopes.astype(np.float32).reshape(shape)
@@ -80,8 +122,14 @@ def read_series(series: DicomSeries) -> Volume:
     rows, cols = int(series.info["Rows"]), int(series.info["Columns"])
     spp = int(series.info.get("SamplesPerPixel") or 1)
     stored = None
+    bits_stored = int(series.info.get("BitsStored") or series.info.get("BitsAllocated") or 16)
     for path, slots in slot_of.items():
-        px = _decode(path)
+        px = None
+        fast = frames[slots[0][0]].fast if len(slots) == 1 else None
+        if fast is not None:
+            px = _read_native(path, fast[0], fast[1], rows, cols, bits_stored)
+        if px is None:
+            px = _decode(path)
         expect = (rows, cols) if spp == 1 else (rows, cols, spp)
         if px.ndim == len(expect):  # a single frame (pydicom drops the frame axis)
             px = px[None]

@@ -40,6 +40,9 @@ class Frame:
     slope: float = 1.0
     intercept: float = 0.0
     instance: int | None = None
+    #: (byte offset of the PixelData element, numpy dtype) when the pixels are native
+    #: little-endian and can be read without parsing the file again (see dicom_read)
+    fast: tuple[int, str] | None = None
 
 
 @dataclass
@@ -100,9 +103,35 @@ def is_dicom_file(path: str) -> bool:
     return len(head) == 132 and head[128:132] == b"DICM"
 
 
-def read_header(path: str, force: bool = False) -> pydicom.Dataset:
-    """Read a DICOM header without pixel data, raising :class:`ReadError` naming the file."""
+_NATIVE_LE = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1"}  # implicit / explicit VR little endian
+
+
+def _fast_pixels(ds: pydicom.Dataset, offset: int) -> tuple[int, str] | None:
+    """Where the raw pixels start, if they can be read straight from the file."""
+    ts = str(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", "") or "")
     try:
+        bits, stored = int(ds.BitsAllocated), int(ds.get("BitsStored") or ds.BitsAllocated)
+        signed, spp = int(ds.get("PixelRepresentation") or 0), int(ds.get("SamplesPerPixel") or 1)
+        nframes = int(ds.get("NumberOfFrames") or 1)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if ts not in _NATIVE_LE or spp != 1 or nframes != 1 or bits not in (8, 16, 32):
+        return None
+    if signed and stored != bits:
+        return None  # needs sign correction: leave it to pydicom
+    return offset, f"<{'i' if signed else 'u'}{bits // 8}"
+
+
+def read_header(path: str, force: bool = False, with_offset: bool = False):
+    """Read a DICOM header without pixel data, raising :class:`ReadError` naming the file.
+
+    With ``with_offset`` returns ``(dataset, offset)``: the byte offset where pydicom stopped
+    (the PixelData element, when the file has one)."""
+    try:
+        if with_offset:
+            with open(path, "rb") as fp:
+                ds = pydicom.dcmread(fp, stop_before_pixels=True, force=force)
+                return ds, fp.tell()
         return pydicom.dcmread(path, stop_before_pixels=True, force=force)
     except InvalidDicomError as e:
         raise ReadError(f"not a DICOM file ({e})", path) from None
@@ -110,9 +139,40 @@ def read_header(path: str, force: bool = False) -> pydicom.Dataset:
         raise ReadError(f"the DICOM header cannot be parsed: {type(e).__name__}: {e}", path) from None
 
 
+_STRING_VRS = {"DS", "IS", "CS", "UI", "LO", "SH", "PN", "DA", "TM", "ST", "LT"}
+_TAGS: dict[str, int] = {}
+
+
+def _val(ds: pydicom.Dataset, keyword: str):
+    """``ds.get(keyword)``, but string attributes are read from the raw bytes without pydicom's
+    (slow) value conversion: a str, a list of str for multi-valued ones, or None."""
+    tag = _TAGS.get(keyword)
+    if tag is None:
+        from pydicom.datadict import tag_for_keyword
+
+        tag = _TAGS[keyword] = tag_for_keyword(keyword)
+    if tag not in ds:
+        return None
+    elem = ds.get_item(tag)
+    raw_vr = getattr(elem, "VR", None)
+    vr = raw_vr or pydicom.datadict.dictionary_VR(tag)
+    if isinstance(elem, pydicom.dataelem.RawDataElement) and vr in _STRING_VRS:
+        v = elem.value
+        if not v:
+            return None
+        txt = v.decode("latin-1").strip(" \x00")
+        if not txt:
+            return None
+        parts = [t.strip(" \x00") for t in txt.split("\\")]
+        return parts if len(parts) > 1 else parts[0]
+    return ds.get(keyword)
+
+
 def _floats(value, n: int) -> np.ndarray | None:
     if value is None:
         return None
+    if isinstance(value, str):
+        value = [value]
     try:
         arr = np.array([float(v) for v in value], dtype=np.float64)
     except (TypeError, ValueError):
@@ -155,19 +215,19 @@ def _frame_attrs(groups) -> dict:
 
 def frames_of(ds: pydicom.Dataset, path: str) -> tuple[list[Frame], dict]:
     """Split a header into frames. Returns (frames, extra series-level info)."""
-    nframes = int(ds.get("NumberOfFrames") or 1)
-    ps = _floats(ds.get("PixelSpacing") or ds.get("ImagerPixelSpacing"), 2)
+    nframes = int(_val(ds, "NumberOfFrames") or 1)
+    ps = _floats(_val(ds, "PixelSpacing") or _val(ds, "ImagerPixelSpacing"), 2)
     base = {
-        "position": _floats(ds.get("ImagePositionPatient"), 3),
-        "orientation": _floats(ds.get("ImageOrientationPatient"), 6),
+        "position": _floats(_val(ds, "ImagePositionPatient"), 3),
+        "orientation": _floats(_val(ds, "ImageOrientationPatient"), 6),
         "pixel_spacing": None if ps is None else (ps[0], ps[1]),
-        "slope": float(ds.get("RescaleSlope") or ds.get("DoseGridScaling") or 1.0),
-        "intercept": float(ds.get("RescaleIntercept") or 0.0),
+        "slope": float(_val(ds, "RescaleSlope") or _val(ds, "DoseGridScaling") or 1.0),
+        "intercept": float(_val(ds, "RescaleIntercept") or 0.0),
     }
     extra: dict = {}
-    inst = ds.get("InstanceNumber")
+    inst = _val(ds, "InstanceNumber")
     inst = int(inst) if inst not in (None, "") else None
-    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence") if "PerFrameFunctionalGroupsSequence" in ds else None
     if per_frame:
         shared = _frame_attrs(_first(ds, "SharedFunctionalGroupsSequence"))
         frames = []
@@ -215,7 +275,57 @@ def _iter_files(paths: Iterable[str]) -> Iterable[str]:
             yield p
 
 
-def find_series(paths, strict: bool = False) -> tuple[list[DicomSeries], list[tuple[str, str]]]:
+def _scan_files(files: list[str], strict: bool = False) -> list[tuple]:
+    """Read the headers of ``files``: ("skip", path, reason) or ("ok", key, frames, info)."""
+    return [_scan_file(p, strict) for p in files]
+
+
+def _scan_file(path: str, strict: bool) -> tuple:
+    try:
+        ds, offset = read_header(path, force=not os.path.basename(path).upper().startswith("DICOMDIR"),
+                                 with_offset=True)
+    except ReadError as e:
+        if strict:
+            raise
+        return ("skip", path, e.message)
+    if "SOPClassUID" not in ds and "Rows" not in ds:
+        reason = "not a DICOM file (no DICOM attributes found)"
+        if strict:
+            raise ReadError(reason, path)
+        return ("skip", path, reason)
+    if "Rows" not in ds or _val(ds, "Modality") in _NON_IMAGE_MODALITIES:
+        sop = ds.get("SOPClassUID")
+        return ("skip", path, f"no image in it (SOP class {getattr(sop, 'name', sop)})")
+    try:
+        frames, extra = frames_of(ds, path)
+        rows, cols = int(ds.Rows), int(ds.Columns)
+    except (ValueError, TypeError, AttributeError, IndexError) as e:
+        return ("skip", path, f"malformed geometry attributes: {e}")
+    if len(frames) == 1 and frames[0].index is None:
+        frames[0].fast = _fast_pixels(ds, offset)
+    image_type = _val(ds, "ImageType") or []
+    image_type = [image_type] if isinstance(image_type, str) else image_type
+    localizer = "LOCALIZER" in [str(t).upper() for t in image_type]
+    uid = str(_val(ds, "SeriesInstanceUID") or f"nouid:{path}")
+    key = [uid, rows, cols, int(ds.get("SamplesPerPixel") or 1), localizer]
+    if len(frames) > 1 or "PerFrameFunctionalGroupsSequence" in ds:
+        key.append(("file", path))  # a multi-frame file is a volume of its own
+    info = {k: _val(ds, k) for k in _INFO_KEYS}
+    for k in ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "BitsStored", "PixelRepresentation"):
+        info[k] = ds.get(k)
+    for k in ("SeriesNumber", "NumberOfFrames"):
+        try:
+            info[k] = int(info[k]) if info[k] not in (None, "") else None
+        except (TypeError, ValueError):
+            info[k] = None
+    sop = ds.get("SOPClassUID")
+    info["SOPClassUID"] = sop
+    info.update(extra)
+    info["TransferSyntaxUID"] = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    return ("ok", key, frames, info)
+
+
+def find_series(paths, strict: bool = False, executor=None) -> tuple[list[DicomSeries], list[tuple[str, str]]]:
     """Group the DICOM files under ``paths`` into volumes.
 
     Parameters
@@ -224,6 +334,8 @@ def find_series(paths, strict: bool = False) -> tuple[list[DicomSeries], list[tu
         Files and/or folders (searched recursively).
     strict : bool
         Raise on the first unreadable file instead of listing it in ``skipped``.
+    executor : concurrent.futures.Executor, optional
+        Read headers in parallel (chunks of 64 files), e.g. the process pool of a batch run.
 
     Returns
     -------
@@ -234,41 +346,21 @@ def find_series(paths, strict: bool = False) -> tuple[list[DicomSeries], list[tu
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    files = list(_iter_files(paths))
+    if executor is not None and len(files) > 64:
+        chunks = [files[i:i + 64] for i in range(0, len(files), 64)]
+        records = [r for part in executor.map(_scan_files, chunks, [strict] * len(chunks)) for r in part]
+    else:
+        records = _scan_files(files, strict)
     groups: dict[tuple, DicomSeries] = {}
     skipped: list[tuple[str, str]] = []
-    for path in _iter_files(paths):
-        try:
-            ds = read_header(path, force=not os.path.basename(path).upper().startswith("DICOMDIR"))
-        except ReadError as e:
-            if strict:
-                raise
-            skipped.append((path, e.message))
+    for rec in records:
+        if rec[0] == "skip":
+            skipped.append((rec[1], rec[2]))
             continue
-        if "SOPClassUID" not in ds and "Rows" not in ds:
-            reason = "not a DICOM file (no DICOM attributes found)"
-            if strict:
-                raise ReadError(reason, path)
-            skipped.append((path, reason))
-            continue
-        if "Rows" not in ds or ds.get("Modality") in _NON_IMAGE_MODALITIES:
-            sop = ds.get("SOPClassUID")
-            skipped.append((path, f"no image in it (SOP class {getattr(sop, 'name', sop)})"))
-            continue
-        try:
-            frames, extra = frames_of(ds, path)
-        except (ValueError, TypeError, AttributeError, IndexError) as e:
-            skipped.append((path, f"malformed geometry attributes: {e}"))
-            continue
-        info = {k: ds.get(k) for k in _INFO_KEYS}
-        info.update(extra)
-        info["TransferSyntaxUID"] = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
-        image_type = [str(t).upper() for t in (ds.get("ImageType") or [])]
-        localizer = "LOCALIZER" in image_type
-        uid = str(ds.get("SeriesInstanceUID") or f"nouid:{path}")
+        _, key, frames, info = rec
+        uid = key[0]
         ori = frames[0].orientation
-        key = [uid, int(ds.Rows), int(ds.Columns), int(ds.get("SamplesPerPixel") or 1), localizer]
-        if len(frames) > 1 or "PerFrameFunctionalGroupsSequence" in ds:
-            key.append(("file", path))  # a multi-frame file is a volume of its own
         # orientation: cluster within 1e-4 instead of rounding (no split at rounding borders)
         matched = None
         for k, s in groups.items():

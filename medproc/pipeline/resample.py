@@ -115,14 +115,14 @@ class Resampler:
         self.dtype = np.dtype(dtype)
         self.fill = fill
         self.with_label = with_label
-        self.num_threads = num_threads or min(os.cpu_count() or 1, 16)
+        self.num_threads = num_threads or int(os.environ.get("MEDPROC_DALI_THREADS", 0)) or min(os.cpu_count() or 1, 16)
         self.device_id = device_id
         self._pipes: dict[str, object] = {}
         self._stream = None
         self._pinned: list = []
 
     # graph -------------------------------------------------------------------------------
-    def _build(self, mode: str):
+    def _build(self, mode: str, intensity: bool):
         from nvidia.dali import fn, math, pipeline_def, types
 
         from . import _dtypes
@@ -135,7 +135,6 @@ class Resampler:
                       exec_dynamic=True, prefetch_queue_depth=1)
         def graph():
             img = fn.external_source(name="img", device=feed_dev, layout="DHWC")
-            inten = fn.external_source(name="inten", device="cpu", dtype=types.FLOAT)
             size = fn.external_source(name="size", device="cpu", dtype=types.FLOAT)
             labs = []
             if self.with_label:
@@ -150,28 +149,32 @@ class Resampler:
             else:
                 r0 = fn.external_source(name="roi_start", device="cpu", dtype=types.FLOAT)
                 r1 = fn.external_source(name="roi_end", device="cpu", dtype=types.FLOAT)
-                x = fn.resize(fn.cast(img, dtype=types.FLOAT), size=size, roi_start=r0, roi_end=r1,
+                x = fn.resize(img, size=size, roi_start=r0, roi_end=r1,
                               roi_relative=False, interp_type=_interp(self.interp),
                               antialias=self.antialias, dtype=types.FLOAT)
                 labs = [fn.resize(lb, size=size, roi_start=r0, roi_end=r1, roi_relative=False,
                                   interp_type=types.INTERP_NN, antialias=False) for lb in labs]
                 if self.fill is not None:
                     pass  # resize clamps at the border; plans with fill use the warp graph
-            lo, hi, a, b = inten[0], inten[1], inten[2], inten[3]
-            if self.device == "gpu":
-                lo, hi, a, b = lo.gpu(), hi.gpu(), a.gpu(), b.gpu()
-            x = math.clamp(x, lo, hi) * a + b
-            x = fn.cast(x, dtype=out_type)
+            if intensity:
+                inten = fn.external_source(name="inten", device="cpu", dtype=types.FLOAT)
+                lo, hi, a, b = inten[0], inten[1], inten[2], inten[3]
+                if self.device == "gpu":
+                    lo, hi, a, b = lo.gpu(), hi.gpu(), a.gpu(), b.gpu()
+                x = math.clamp(x, lo, hi) * a + b
+            if out_type != types.FLOAT:
+                x = fn.cast(x, dtype=out_type)
             return (x, *labs)
 
         pipe = graph()
         pipe.build()
         return pipe
 
-    def _pipe(self, mode: str):
-        if mode not in self._pipes:
-            self._pipes[mode] = self._build(mode)
-        return self._pipes[mode]
+    def _pipe(self, mode: str, intensity: bool):
+        key = (mode, intensity)
+        if key not in self._pipes:
+            self._pipes[key] = self._build(mode, intensity)
+        return self._pipes[key]
 
     def mode_for(self, plans: Sequence[Plan]) -> str:
         aligned = all(p.axis_aligned for p in plans)
@@ -207,7 +210,7 @@ class Resampler:
                 out.append(t.to(f"cuda:{self.device_id}", non_blocking=True))
         return out
 
-    def _feed(self, pipe, mode, images, plans, labels):
+    def _feed(self, pipe, mode, intensity, images, plans, labels):
         f32 = np.float32
         if self.device == "gpu":
             dev_imgs = self._to_device(images)
@@ -221,8 +224,9 @@ class Resampler:
                                     for a in images], layout="DHWC")
             if self.with_label:
                 pipe.feed_input("lab", [np.asarray(a)[..., None] for a in labels], layout="DHWC")
-        inten = [np.array(p.intensity if p.intensity else (-np.inf, np.inf, 1.0, 0.0), f32) for p in plans]
-        pipe.feed_input("inten", inten)
+        if intensity:
+            inten = [np.array(p.intensity if p.intensity else (-np.inf, np.inf, 1.0, 0.0), f32) for p in plans]
+            pipe.feed_input("inten", inten)
         pipe.feed_input("size", [np.array(p.out_shape, f32) for p in plans])
         if mode == "warp":
             pipe.feed_input("mat", [dali_matrix(p) for p in plans])
@@ -270,8 +274,9 @@ class Resampler:
                 raise ValueError(f"image shape {tuple(img.shape)} does not match its plan's input "
                                  f"shape {p.in_shape}")
         mode = self.mode_for(plans)
-        pipe = self._pipe(mode)
-        self._feed(pipe, mode, images, plans, labels)
+        intensity = any(p.intensity is not None for p in plans)
+        pipe = self._pipe(mode, intensity)
+        self._feed(pipe, mode, intensity, images, plans, labels)
         pipe.schedule_run()
         return pipe, len(images)
 
