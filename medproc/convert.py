@@ -30,7 +30,7 @@ __all__ = ["Case", "find_cases", "convert", "MANIFEST_FIELDS", "DEFAULT_NAME"]
 #: default output name: no patient identifiers (file stem, or a hash of the series UID)
 DEFAULT_NAME = "{name}"
 MANIFEST_FIELDS = ["case", "source", "output", "label_output", "status", "error", "series_uid",
-                   "in_shape", "in_spacing", "out_shape", "out_spacing", "seconds", "worker"]
+                   "in_shape", "in_spacing", "out_shape", "out_spacing", "lesions", "seconds", "worker"]
 _IMAGE_EXT = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
 
 
@@ -145,7 +145,8 @@ def _fmt(v) -> str:
 
 
 def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, device: str,
-                 qc_path: str | None = None, dali_threads: int | None = None) -> dict:
+                 qc_path: str | None = None, dali_threads: int | None = None,
+                 lesions=None) -> dict:
     """Load, resample, write one case (runs in a worker process)."""
     import medproc
 
@@ -165,14 +166,46 @@ def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, 
     write_volume(out, out_path)
     if out_lab is not None:
         write_volume(out_lab, label_path)
+    n_les = ""
+    if lesions is not None:
+        _write_annotations(out_path, out, lesions)
+        n_les = str(len(lesions))
     if qc_path:
         from .qc import qc_figure
 
-        qc_figure(vol, out, qc_path, lab, out_lab, title=os.path.basename(out_path))
+        shown = [(c, d) for c, d in zip(lesions.centers, lesions.diameters)] if lesions is not None else []
+        qc_figure(vol, out, qc_path, lab, out_lab, lesions=shown, title=os.path.basename(out_path))
     return {"series_uid": vol.meta.get("series_uid", ""), "in_shape": _fmt(vol.shape),
             "in_spacing": _fmt([float(x) for x in vol.spacing]), "out_shape": _fmt(out.shape),
             "out_spacing": _fmt([float(x) for x in out.spacing]),
-            "seconds": f"{time.perf_counter() - t:.3f}", "worker": _worker_id()}
+            "seconds": f"{time.perf_counter() - t:.3f}", "worker": _worker_id(), "lesions": n_les}
+
+
+def annotations_path(out_path: str) -> str:
+    """``<output name>.annotations.json`` beside an output volume."""
+    for ext in (".nii.gz", ".nii", ".npy"):
+        if out_path.endswith(ext):
+            return out_path[: -len(ext)] + ".annotations.json"
+    return out_path + ".annotations.json"
+
+
+def _write_annotations(out_path: str, out, lesions) -> None:
+    import json
+
+    doc = {
+        "image": os.path.basename(out_path),
+        "coordinate_system": "RAS",
+        "center_voxel_convention": "index (i, j, k) into the array nibabel loads from the image",
+        "center_index_convention": "index (a0, a1, a2) into medproc's array (= center_voxel reversed)",
+        "affine": out.affine.tolist(),
+        "shape_ijk": list(out.shape[::-1]),
+        "lesions": lesions.on_grid(out.affine, out.shape),
+    }
+    path = annotations_path(out_path)
+    tmp = atomic_path(path)
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
 
 
 def _worker_id() -> str:
@@ -182,9 +215,10 @@ def _worker_id() -> str:
 
 
 def _worker(args):
-    case, out_path, label_path, spec, device, qc_path, threads = args
+    case, out_path, label_path, spec, device, qc_path, threads, lesions = args
     try:
-        return case, "ok", _convert_one(case, out_path, label_path, spec, device, qc_path, threads), ""
+        return case, "ok", _convert_one(case, out_path, label_path, spec, device, qc_path, threads,
+                                        lesions), ""
     except MedprocError as e:
         return case, "failed", {"worker": _worker_id()}, str(e)
     except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
@@ -203,7 +237,8 @@ def _write_manifest(path: str, rows: list[dict]) -> None:
 
 def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir: str | None = None,
             name: str = DEFAULT_NAME, device: str = "cpu", workers: int = 1, force: bool = False,
-            qc: bool = False, dask: str | None = None, progress=None) -> list[dict]:
+            qc: bool = False, dask: str | None = None, annotations: str | None = None,
+            progress=None) -> list[dict]:
     """Convert every case under ``inputs`` into ``outdir``; returns this run's manifest rows.
 
     Parameters
@@ -216,6 +251,9 @@ def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir:
         Run the cases on dask.distributed: a scheduler address (``tcp://host:8786``), or
         ``"local"`` / ``"local:N"`` for a LocalCluster of ``N`` (default ``workers``) processes.
         Workers must have medproc installed and see the input and output paths.
+    annotations : str, optional
+        A lesion file (LUNA16-style CSV or medproc JSON); each case's lesions (matched by
+        SeriesInstanceUID or file stem) are written to ``<output name>.annotations.json``.
     progress : callable, optional
         Called with each manifest row as its case finishes (the CLI draws its bar with it).
     """
@@ -231,8 +269,10 @@ def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir:
         ex = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
         closers = [ex.shutdown]
     threads = 1 if ex is not None and device == "cpu" else None
+    table = _read_annotations(annotations) if annotations else None
     try:
-        return _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc, threads)
+        return _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc,
+                        threads, table)
     finally:
         for close in closers:
             close()
@@ -252,7 +292,27 @@ def _dask_executor(address: str, workers: int):
     return client.get_executor(), [client.close]
 
 
-def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc, threads):
+def _read_annotations(path: str) -> dict:
+    from .annotations import read_json, read_luna_csv
+
+    return read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
+
+
+def _lesions_for(case: Case, table: dict | None):
+    if table is None:
+        return None
+    from .annotations import Lesions
+
+    keys = [case.dicom.uid] if case.dicom is not None else []
+    keys += [case.fields.get("stem"), case.fields.get("name")]
+    for k in keys:
+        if k in table:
+            return table[k]
+    return Lesions.empty()
+
+
+def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc, threads,
+             table=None):
     cases, skipped = find_cases(inputs, labels_dir, executor=ex)  # headers read by the pool too
     os.makedirs(outdir, exist_ok=True)
     manifest = os.path.join(outdir, "manifest.csv")
@@ -272,7 +332,8 @@ def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, pro
             row.update(status="failed", error="output would overwrite the input; choose another -o")
             rows.append(row)
             continue
-        done = os.path.exists(out_path) and (label_path is None or os.path.exists(label_path))
+        done = os.path.exists(out_path) and (label_path is None or os.path.exists(label_path)) and (
+            table is None or os.path.exists(annotations_path(out_path)))
         if done and not force:
             old = prior.get(nm, {})
             row = {**old, **row, "status": "skipped", "error": "output exists (use --force to redo)"}
@@ -283,7 +344,7 @@ def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, pro
         qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
         if qc_path:
             os.makedirs(os.path.dirname(qc_path), exist_ok=True)
-        todo.append(((c, out_path, label_path, spec, device, qc_path, threads), row))
+        todo.append(((c, out_path, label_path, spec, device, qc_path, threads, _lesions_for(c, table)), row))
     this_run = {r["case"] for r in rows} | {t[-1]["case"] for t in todo}
     kept = [r for c, r in prior.items() if c not in this_run]  # cases of earlier runs stay listed
     rows = kept + rows

@@ -34,6 +34,9 @@ def add_convert_parser(sub) -> None:
     c.add_argument("--force", action="store_true", help="redo cases whose output exists")
     c.add_argument("--qc", action="store_true",
                    help="write OUTDIR/qc/<name>.png: mid-slices before/after, labels overlaid")
+    c.add_argument("--annotations", default=None, metavar="FILE",
+                   help="lesion CSV (LUNA16: seriesuid,coordX,coordY,coordZ,diameter_mm, LPS) or JSON; "
+                   "writes <output name>.annotations.json per case")
     c.add_argument("--dask", default=None, metavar="ADDRESS",
                    help="run on dask.distributed: a scheduler address, or local[:N] for a LocalCluster")
     c.set_defaults(func=_cmd_convert)
@@ -68,7 +71,7 @@ def _cmd_convert(a) -> int:
                 bar.console.print(f"[red]failed[/red] {row['source']}: {row['error']}", highlight=False)
 
         rows = convert(a.inputs, a.outdir, spec, fmt=a.format, labels_dir=a.labels, name=a.name,
-                       device=a.device, workers=a.workers, force=a.force, qc=a.qc, dask=a.dask,
+                       device=a.device, workers=a.workers, force=a.force, qc=a.qc, dask=a.dask, annotations=a.annotations,
                        progress=progress)
     s = summary(rows)
     con.print(f"{s['ok']} converted, {s['skipped']} skipped (already done), {s['failed']} failed, "

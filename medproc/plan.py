@@ -7,7 +7,7 @@ any reference resampler) only has to sample the input at ``M @ out``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
@@ -15,7 +15,43 @@ from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 from .geometry import apply_affine, is_orthogonal, spacing_of
 from .spec import Spec
 
-__all__ = ["Plan", "make_plan", "intensity_params"]
+__all__ = ["Plan", "make_plan", "intensity_params", "flip_map", "affine_map"]
+
+
+def flip_map(shape, axes) -> np.ndarray:
+    """Index map of a flip of array ``axes`` on a grid of ``shape`` (i -> n - 1 - i)."""
+    t = np.eye(4)
+    for a in np.atleast_1d(axes):
+        t[a, a] = -1.0
+        t[a, 3] = shape[a] - 1
+    return t
+
+
+def affine_map(shape, spacing, rotate_deg=(0.0, 0.0, 0.0), scale=(1.0, 1.0, 1.0),
+               translate_mm=(0.0, 0.0, 0.0)) -> np.ndarray:
+    """Index map of a rotation (degrees about array axes 0, 1, 2, applied in that order),
+    scaling and translation of the content about the grid centre, in millimetres.
+
+    The content moves by ``R @ S`` (then ``translate_mm``); the returned map is its inverse in
+    index space: output index -> where to sample the un-augmented output.
+    """
+    sp = np.asarray(spacing, dtype=np.float64)
+    c = (np.asarray(shape[:3], dtype=np.float64) - 1) / 2
+    r = np.eye(3)
+    for axis, ang in enumerate(np.radians(rotate_deg)):
+        if ang:
+            a, b = [x for x in range(3) if x != axis]
+            g = np.eye(3)
+            g[a, a] = g[b, b] = np.cos(ang)
+            g[a, b], g[b, a] = -np.sin(ang), np.sin(ang)
+            r = g @ r
+    fwd = np.eye(4)  # content motion in mm about the centre
+    fwd[:3, :3] = r @ np.diag(np.asarray(scale, dtype=np.float64))
+    fwd[:3, 3] = translate_mm
+    to_mm = np.eye(4)
+    to_mm[:3, :3] = np.diag(sp)
+    to_mm[:3, 3] = -sp * c
+    return np.linalg.inv(to_mm) @ np.linalg.inv(fwd) @ to_mm
 
 
 @dataclass
@@ -28,6 +64,26 @@ class Plan:
     out_affine: np.ndarray
     matrix: np.ndarray  # 4x4, output index -> input index
     intensity: tuple[float, float, float, float] | None = None  # lo, hi, a, b: clip then a*x+b
+    #: world-space motion of the content by augmentation (identity for plain resampling):
+    #: annotations move by it, exactly as the voxels do
+    motion: np.ndarray = field(default_factory=lambda: np.eye(4))
+
+    def augmented(self, index_map: np.ndarray) -> Plan:
+        """This plan followed by an augmentation on its output grid.
+
+        ``index_map`` (4x4) maps an output index to the index the un-augmented output would be
+        sampled at (see :func:`flip_map`, :func:`affine_map`). The composed plan still samples
+        the input once (``matrix @ index_map``), keeps the output grid and affine, and records
+        the content's world motion so that annotations follow it.
+        """
+        t = np.asarray(index_map, dtype=np.float64)
+        world = self.out_affine @ np.linalg.inv(t) @ np.linalg.inv(self.out_affine)
+        return replace(self, matrix=self.matrix @ t, motion=world @ self.motion)
+
+    def lesions_on_grid(self, lesions) -> list[dict]:
+        """Where ``lesions`` (world RAS) land in this plan's output (see Lesions.on_grid)."""
+        moved = lesions if np.allclose(self.motion, np.eye(4)) else lesions.transformed(self.motion)
+        return moved.on_grid(self.out_affine, self.out_shape)
 
     @property
     def axis_aligned(self) -> bool:

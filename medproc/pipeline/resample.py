@@ -101,7 +101,8 @@ class Resampler:
     """
 
     def __init__(self, device="cpu", batch_size=4, interp="linear", antialias=False,
-                 dtype="float32", fill=None, with_label=False, num_threads=None, device_id=0):
+                 dtype="float32", fill=None, with_label=False, num_threads=None, device_id=0,
+                 host_feed=False, channels_first=False, prefetch=1):
         if not dali_available():
             raise ImportError(f"medproc's pipelines need NVIDIA DALI: {_INSTALL}")
         if device not in ("cpu", "gpu"):
@@ -117,6 +118,11 @@ class Resampler:
         self.with_label = with_label
         self.num_threads = num_threads or int(os.environ.get("MEDPROC_DALI_THREADS", 0)) or min(os.cpu_count() or 1, 16)
         self.device_id = device_id
+        #: external sources take host arrays even on the GPU (DALI Proxy feeds from workers)
+        self.host_feed = host_feed
+        #: outputs (C, D, H, W) instead of (D, H, W, C)
+        self.channels_first = channels_first
+        self.prefetch = prefetch
         self._pipes: dict[str, object] = {}
         self._stream = None
         self._pinned: list = []
@@ -127,18 +133,22 @@ class Resampler:
 
         from . import _dtypes
 
-        feed_dev = "gpu" if self.device == "gpu" else "cpu"
+        feed_dev = "gpu" if self.device == "gpu" and not self.host_feed else "cpu"
         out_type = _dtypes.to_dali(self.dtype)
 
         @pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads,
                       device_id=self.device_id if self.device == "gpu" else None,
-                      exec_dynamic=True, prefetch_queue_depth=1)
+                      exec_dynamic=True, prefetch_queue_depth=self.prefetch)
         def graph():
             img = fn.external_source(name="img", device=feed_dev, layout="DHWC")
+            if self.device == "gpu" and feed_dev == "cpu":
+                img = img.gpu()
             size = fn.external_source(name="size", device="cpu", dtype=types.FLOAT)
             labs = []
             if self.with_label:
                 labs = [fn.external_source(name="lab", device=feed_dev, layout="DHWC")]
+                if self.device == "gpu" and feed_dev == "cpu":
+                    labs = [labs[0].gpu()]
             if mode == "warp":
                 mat = fn.external_source(name="mat", device="cpu", dtype=types.FLOAT)
                 kw = {} if self.fill is None else {"fill_value": float(self.fill)}
@@ -164,11 +174,18 @@ class Resampler:
                 x = math.clamp(x, lo, hi) * a + b
             if out_type != types.FLOAT:
                 x = fn.cast(x, dtype=out_type)
+            if self.channels_first:
+                x = fn.transpose(x, perm=[3, 0, 1, 2])
+                labs = [fn.transpose(lb, perm=[3, 0, 1, 2]) for lb in labs]
             return (x, *labs)
 
         pipe = graph()
         pipe.build()
         return pipe
+
+    def pipeline(self, mode: str = "warp", intensity: bool = False):
+        """The built DALI pipeline of ``mode`` (for DALI Proxy's server, which feeds it)."""
+        return self._pipe(mode, intensity)
 
     def _pipe(self, mode: str, intensity: bool):
         key = (mode, intensity)
@@ -284,7 +301,8 @@ class Resampler:
         res = []
         for i in range(n):
             arrs = [self._out(o[i], as_torch) for o in outs]
-            arrs = [a[..., 0] if a.shape[-1] == 1 else a for a in arrs]
+            if not self.channels_first:
+                arrs = [a[..., 0] if a.shape[-1] == 1 else a for a in arrs]
             res.append(arrs[0] if len(arrs) == 1 else tuple(arrs))
         return res
 

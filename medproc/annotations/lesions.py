@@ -1,0 +1,109 @@
+"""``Lesions``: points (centre + diameter) and boxes, in world RAS mm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..geometry import apply_affine
+
+__all__ = ["Lesions"]
+
+
+@dataclass
+class Lesions:
+    """Lesions of one image: centres, sizes and kinds, in world RAS mm.
+
+    Attributes
+    ----------
+    centers : (N, 3) float64
+        Lesion centres, RAS mm.
+    sizes : (N, 3) float64
+        Extent along the world R, A, S axes in mm (a point's diameter three times; a box's
+        width, height, depth).
+    kinds : list of {"point", "box"}
+    labels : (N,) int
+        Class label per lesion (0 when the format has none).
+    ids : list of str
+        Where each lesion came from (file:line), for messages.
+    """
+
+    centers: np.ndarray
+    sizes: np.ndarray
+    kinds: list[str] = field(default_factory=list)
+    labels: np.ndarray | None = None
+    ids: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.centers = np.asarray(self.centers, dtype=np.float64).reshape(-1, 3)
+        self.sizes = np.asarray(self.sizes, dtype=np.float64).reshape(-1, 3)
+        n = len(self.centers)
+        if len(self.sizes) != n:
+            raise ValueError(f"Lesions: {n} centres but {len(self.sizes)} sizes")
+        self.kinds = list(self.kinds) or ["point"] * n
+        self.labels = np.zeros(n, int) if self.labels is None else np.asarray(self.labels, int)
+        self.ids = list(self.ids) or [str(i) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.centers)
+
+    @classmethod
+    def empty(cls) -> Lesions:
+        return cls(np.zeros((0, 3)), np.zeros((0, 3)))
+
+    @property
+    def diameters(self) -> np.ndarray:
+        """Equivalent diameter (mm): the largest extent."""
+        return self.sizes.max(axis=1) if len(self) else np.zeros(0)
+
+    def transformed(self, world: np.ndarray) -> Lesions:
+        """The lesions moved by a world-space 4x4 matrix (an augmentation moved the content).
+
+        Centres map exactly; a box becomes the world-axis-aligned box around its 8 moved
+        corners; a point keeps its diameter scaled by the matrix's mean scale."""
+        world = np.asarray(world, dtype=np.float64)
+        c = apply_affine(world, self.centers)
+        sizes = self.sizes.copy()
+        scale = abs(np.linalg.det(world[:3, :3])) ** (1 / 3)
+        for n, kind in enumerate(self.kinds):
+            if kind == "box":
+                h = self.sizes[n] / 2
+                corners = np.array([[x, y, z] for x in (-h[0], h[0]) for y in (-h[1], h[1]) for z in (-h[2], h[2])])
+                moved = corners @ world[:3, :3].T
+                sizes[n] = moved.max(0) - moved.min(0)
+            else:
+                sizes[n] = self.sizes[n] * scale
+        return Lesions(c, sizes, self.kinds, self.labels.copy(), self.ids)
+
+    def on_grid(self, affine: np.ndarray, shape) -> list[dict]:
+        """Where each lesion sits on a grid: one dict per lesion.
+
+        ``center_index`` indexes a medproc array ``[a0, a1, a2]``; ``center_voxel`` is the same
+        point as an index into the array nibabel loads from the saved NIfTI ``(i, j, k)``;
+        ``inside`` says whether the centre lies in the grid (a lesion that left a crop is
+        flagged, never dropped); ``size_voxels`` is the extent along each array axis.
+        """
+        inv = np.linalg.inv(np.asarray(affine, dtype=np.float64))
+        idx = apply_affine(inv, self.centers) if len(self) else np.zeros((0, 3))
+        shape = np.asarray(shape[:3])
+        sp = np.sqrt((np.asarray(affine)[:3, :3] ** 2).sum(0))
+        out = []
+        for n in range(len(self)):
+            inside = bool(np.all(idx[n] >= -0.5) and np.all(idx[n] <= shape - 0.5))
+            # extent along array axes: project the world box onto each axis direction
+            dirs = np.asarray(affine)[:3, :3] / sp
+            ext = np.abs(dirs.T) @ self.sizes[n] if self.kinds[n] == "box" else np.full(3, self.diameters[n])
+            out.append({
+                "id": self.ids[n],
+                "kind": self.kinds[n],
+                "label": int(self.labels[n]),
+                "center_world_ras": [round(float(x), 4) for x in self.centers[n]],
+                "center_index": [round(float(x), 4) for x in idx[n]],
+                "center_voxel": [round(float(x), 4) for x in idx[n][::-1]],
+                "size_mm": [round(float(x), 4) for x in self.sizes[n]],
+                "diameter_mm": round(float(self.diameters[n]), 4),
+                "size_voxels": [round(float(x), 4) for x in ext / sp],
+                "inside": inside,
+            })
+        return out

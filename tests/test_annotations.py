@@ -1,0 +1,205 @@
+"""Lesion annotations: readers (clear errors for malformed files), geometry through resampling,
+crop, flip and rotation, SEG and RTSTRUCT, and convert --annotations."""
+
+import json
+import os
+
+import nibabel as nib
+import numpy as np
+import pydicom
+import pytest
+
+import medproc
+from medproc import Spec, make_plan
+from medproc.annotations import Lesions, read_json, read_luna_csv, read_rtstruct, read_seg
+from medproc.cli import main
+from medproc.plan import affine_map, flip_map
+from medproc.sample_data import Lesion, ct_phantom, grid_affine, write_dicom_series
+
+OBLIQUE = (0.9659258, 0.0, -0.258819, 0.1830127, 0.7071068, 0.6830127)
+
+
+def oblique_case(shape=(30, 60, 50), spacing=(2.0, 1.0, 1.2), n=2):
+    """An oblique, anisotropic CT with spherical lesions at known world positions."""
+    aff = grid_affine(shape, spacing, (0.0, 0.0, 0.0), iop=OBLIQUE)
+    centre = medproc.Volume(np.zeros(shape), aff).voxel_to_world((np.array(shape) - 1) / 2)
+    target = np.array([70.0, 5.0, 0.0])  # RAS: the phantom's left lung, so lesions sit in air
+    aff[:3, 3] += target - centre
+    centre = target
+    les = [Lesion(tuple((centre + [dx, dy, 0]) * [-1, -1, 1]), 20.0, 80.0)
+           for dx, dy in [(-10, -12), (8, 14)][:n]]
+    img, lab = ct_phantom(shape, aff, les)
+    lesions = Lesions([np.array(x.center_lps) * [-1, -1, 1] for x in les], [[x.diameter_mm] * 3 for x in les])
+    return medproc.Volume(img, aff), medproc.Volume(lab, aff), lesions
+
+
+def sphere_mask(out_affine, out_shape, motion, lesions, n):
+    """Ground truth: voxels of the output grid whose (un-moved) world point is in lesion n."""
+    idx = np.indices(out_shape).reshape(3, -1).T.astype(float)
+    world = nib.affines.apply_affine(np.linalg.inv(motion) @ out_affine, idx)
+    r = lesions.diameters[n] / 2
+    return (((world - lesions.centers[n]) ** 2).sum(1) <= r * r).reshape(out_shape)
+
+
+def dice(a, b):
+    return 2 * (a & b).sum() / (a.sum() + b.sum())
+
+
+AUGMENTS = {
+    "resample": lambda shape: np.eye(4),
+    "flip": lambda shape: flip_map(shape, [0, 2]),
+    "rotate": lambda shape: affine_map(shape, [1.5] * 3, rotate_deg=(0, 12, -20)),
+    "flip+rotate+scale": lambda shape: flip_map(shape, [1]) @ affine_map(shape, [1.5] * 3, rotate_deg=(15, 0, 5), scale=(1.1, 0.95, 1.0)),
+}
+
+
+@pytest.mark.parametrize("aug", list(AUGMENTS))
+def test_lesions_stay_on_their_lesions(aug):
+    img, lab, lesions = oblique_case()
+    plan = make_plan(img.shape, img.affine, Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40)))
+    plan = plan.augmented(AUGMENTS[aug](plan.out_shape))
+    from medproc.pipeline import Resampler
+
+    r = Resampler("cpu", with_label=True)
+    out_img, out_lab = r.run([img.array], [plan], [lab.array])[0]
+    placed = plan.lesions_on_grid(lesions)
+    for n, p in enumerate(placed):
+        assert p["inside"]
+        centroid = np.argwhere(out_lab == n + 1).mean(0)
+        assert np.abs(np.array(p["center_index"]) - centroid).max() <= 0.5, (p, centroid)
+        # the mask overlaps the lesion as the resampled image shows it (lesion 80 HU in lung at
+        # -820 HU: half-way threshold, near the lesion) with Dice >= 0.95 ...
+        near = sphere_mask(plan.out_affine, plan.out_shape, plan.motion,
+                           Lesions(lesions.centers, lesions.sizes + 8.0), n)
+        in_image = (out_img > -370) & near
+        assert dice(out_lab == n + 1, in_image) >= 0.95
+        # ... and the true sphere within the source's voxel size (2 mm slices)
+        truth = sphere_mask(plan.out_affine, plan.out_shape, plan.motion, lesions, n)
+        assert dice(out_lab == n + 1, truth) >= 0.9
+        # the lesion is bright tissue in the resampled image too
+        k, j, i = np.round(p["center_index"]).astype(int)
+        assert out_img[k, j, i] > 0
+
+
+def test_lesion_leaving_a_crop_is_flagged_not_dropped():
+    img, lab, lesions = oblique_case()
+    plan = make_plan(img.shape, img.affine, Spec(spacing=1.5, orientation="RAS", crop=(8, 8, 8)))
+    placed = plan.lesions_on_grid(lesions)
+    assert len(placed) == 2 and not any(p["inside"] for p in placed)
+
+
+def test_boxes_transform_as_boxes():
+    les = Lesions([[0, 0, 0]], [[10, 20, 30]], kinds=["box"])
+    rot = np.eye(4)
+    rot[:2, :2] = [[0, -1], [1, 0]]  # 90 degrees about S
+    moved = les.transformed(rot)
+    np.testing.assert_allclose(moved.sizes[0], [20, 10, 30])
+
+
+def test_luna_csv_is_lps_and_errors_name_the_line(tmp_path, sample_data):
+    table = read_luna_csv(os.path.join(sample_data, "lesions.csv"))
+    les = table["1.2.826.0.1.3680043.8.498.2026.1.1"]
+    np.testing.assert_allclose(les.centers[0], [62.0, 10.0, 5.0])  # LPS (-62, -10, 5) -> RAS
+    bad = tmp_path / "bad.csv"
+    bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm\nA,1,2,3,4\nB,1,x,3,4\n")
+    with pytest.raises(medproc.ReadError, match=r"bad.csv: line 3: coordinates and diameter must be numbers"):
+        read_luna_csv(bad)
+    bad.write_text("uid,x,y,z\n")
+    with pytest.raises(medproc.ReadError, match=r"line 1: missing column"):
+        read_luna_csv(bad)
+    bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm\nA,1,2,3,-4\n")
+    with pytest.raises(medproc.ReadError, match=r"line 2: .*diameter > 0"):
+        read_luna_csv(bad)
+
+
+def test_json_boxes_and_points(tmp_path):
+    doc = {"coordinate_system": "LPS", "box_mode": "xyzxyz",
+           "cases": [{"image": "case7.nii.gz", "boxes": [[-10, -20, 0, 10, 20, 6]], "labels": [2],
+                      "points": [[1, 2, 3, 8]]}]}
+    p = tmp_path / "l.json"
+    p.write_text(json.dumps(doc))
+    les = read_json(p, image="/data/case7.nii.gz")
+    assert les.kinds == ["box", "point"] and les.labels.tolist() == [2, 0]
+    np.testing.assert_allclose(les.centers, [[0, 0, 3], [-1, -2, 3]])
+    np.testing.assert_allclose(les.sizes[0], [20, 40, 6])
+    # MONAI's detection datalist layout (world, cccwhd)
+    p.write_text(json.dumps({"training": [{"image": "a.nii.gz", "box": [[1, 2, 3, 4, 5, 6]], "label": [1]}]}))
+    np.testing.assert_allclose(read_json(p)["a"].sizes, [[4, 5, 6]])
+    p.write_text('{"cases": [{"image": "a", "boxes": [[1, 2, 3]]}]}')
+    with pytest.raises(medproc.ReadError, match=r"cases\[0\].boxes\[0\]: expected 6"):
+        read_json(p)
+    p.write_text('{"cases": [\n{"image": "a",,}]}')
+    with pytest.raises(medproc.ReadError, match=r"l.json: line 2: not valid JSON"):
+        read_json(p)
+
+
+def test_dicom_seg_lines_up(quiet):
+    from pydicom.data import get_testdata_file
+
+    path = get_testdata_file("liver.dcm")
+    seg = read_seg(path)
+    vol = medproc.load(path)  # the same frames through the image reader
+    np.testing.assert_allclose(seg.affine, vol.affine, atol=1e-6)
+    assert seg.meta["segments"] == {1: "Liver"}
+    np.testing.assert_array_equal(seg.array, vol.array * 1)
+    ds = pydicom.dcmread(path)
+    assert int(seg.array.sum()) == int(ds.pixel_array.sum())
+
+
+def test_rtstruct_contours_rasterise_onto_the_lesion(tmp_path):
+    shape, sp = (24, 64, 64), (2.0, 1.0, 1.0)
+    aff = grid_affine(shape, sp, (-32.0, -32.0, -24.0))
+    les = Lesion((0.0, 0.0, 0.0), 24.0, 80.0)
+    img, lab = ct_phantom(shape, aff, [les])
+    vol = medproc.Volume(img, aff)
+    ds = pydicom.Dataset()
+    ds.Modality = "RTSTRUCT"
+    roi = pydicom.Dataset()
+    roi.ROINumber, roi.ROIName = 3, "GTV"
+    ds.StructureSetROISequence = [roi]
+    rc = pydicom.Dataset()
+    rc.ReferencedROINumber = 3
+    contours = []
+    for k in range(shape[0]):
+        z = vol.voxel_to_world([k, 0, 0])[2]
+        if abs(z) >= 12:
+            continue
+        r = np.sqrt(144 - z * z)
+        t = np.linspace(0, 2 * np.pi, 72, endpoint=False)
+        pts = np.stack([r * np.cos(t), r * np.sin(t), np.full_like(t, z)], 1)  # LPS (centre 0)
+        c = pydicom.Dataset()
+        c.ContourGeometricType = "CLOSED_PLANAR"
+        c.NumberOfContourPoints = len(pts)
+        c.ContourData = [f"{v:.3f}" for v in pts.ravel()]
+        contours.append(c)
+    rc.ContourSequence = contours
+    ds.ROIContourSequence = [rc]
+    ds.file_meta = pydicom.dataset.FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    p = tmp_path / "rt.dcm"
+    ds.save_as(p, enforce_file_format=False)
+    mask = read_rtstruct(p, vol, roi="gtv")
+    assert set(np.unique(mask.array)) == {0, 3}
+    assert dice(mask.array > 0, lab > 0) >= 0.9
+    with pytest.raises(medproc.MedprocError, match="no ROI named 'liver'.*GTV"):
+        read_rtstruct(p, vol, roi="liver")
+
+
+def test_convert_writes_annotations_next_to_outputs(sample_data, tmp_path):
+    out = tmp_path / "o"
+    assert main(["convert", os.path.join(sample_data, "dicom"), os.path.join(sample_data, "nifti", "images"),
+                 "-o", str(out), "--spacing", "1.5", "--orientation", "RAS",
+                 "--annotations", os.path.join(sample_data, "lesions.csv"), "-j", "1"]) == 0
+    for name in ("case001", "case002"):
+        doc = json.load(open(out / f"{name}.annotations.json"))
+        assert len(doc["lesions"]) == 2
+        label = medproc.load(os.path.join(sample_data, "nifti", "labels", f"{name}.nii.gz"))
+        img = nib.load(str(out / f"{name}.nii.gz"))
+        for n, les in enumerate(doc["lesions"], 1):
+            i, j, k = np.round(les["center_voxel"]).astype(int)  # index into nibabel's array
+            world = nib.affines.apply_affine(img.affine, [i, j, k])
+            src = np.round(label.world_to_voxel(world)).astype(int)
+            assert label.array[tuple(src)] == n  # the centre voxel is on the labelled lesion
+            assert np.asarray(img.dataobj)[i, j, k] > 0  # and bright in the output image
+    doc = json.load(open(out / "series-fbcae63ddf02.annotations.json"))
+    assert len(doc["lesions"]) == 2 and all(x["inside"] for x in doc["lesions"])
