@@ -70,13 +70,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root", help="folder with one subfolder per DICOM series")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
-    ap.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
+    ap.add_argument("--device", default=["cpu"], nargs="+", choices=["cpu", "gpu"],
+                    help="medproc backends to measure (each a separate run)")
     ap.add_argument("--skip", nargs="*", default=[])
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     series = _series_dirs(a.root)
     n = len(series)
-    res = {"cases": n, "workers": a.workers, "device": a.device, "cpus": os.cpu_count(), "methods": {}}
+    res = {"cases": n, "workers": a.workers, "devices": a.device, "cpus": os.cpu_count(), "methods": {}}
     tmp = tempfile.mkdtemp(prefix="bench_convert_")
 
     def record(name, seconds, note=""):
@@ -86,14 +87,14 @@ def main(argv=None):
     import medproc
     from medproc.convert import convert
 
-    # warm-up (imports, DALI pipeline build) outside the timed region, for every method alike
-    convert([series[0]], os.path.join(tmp, "warm"), medproc.Spec(spacing=1.5), workers=1, device=a.device)
-    out = os.path.join(tmp, "medproc")
-    os.environ["MEDPROC_DALI_THREADS"] = "1" if a.workers > 1 and a.device == "cpu" else ""
-    t = time.perf_counter()
-    rows = convert([a.root], out, medproc.Spec(spacing=1.5), workers=a.workers, device=a.device, force=True)
-    record(f"medproc convert ({a.workers} workers, {a.device})", time.perf_counter() - t)
-    assert all(r["status"] == "ok" for r in rows), rows
+    for dev in a.device:
+        # warm-up (imports, DALI pipeline build) outside the timed region, for every method alike
+        convert([series[0]], os.path.join(tmp, "warm"), medproc.Spec(spacing=1.5), workers=1, device=dev, force=True)
+        out = os.path.join(tmp, f"medproc_{dev}")
+        t = time.perf_counter()
+        rows = convert([a.root], out, medproc.Spec(spacing=1.5), workers=a.workers, device=dev, force=True)
+        record(f"medproc convert ({a.workers} workers, {dev})", time.perf_counter() - t)
+        assert all(r["status"] == "ok" for r in rows), rows
     if "simpleitk" not in a.skip:
         sitk_one((series[0], os.path.join(tmp, "warm.nii.gz")))
         jobs = [(s, os.path.join(tmp, f"sitk_{i}.nii.gz")) for i, s in enumerate(series)]
@@ -124,7 +125,7 @@ def main(argv=None):
             subprocess.run([exe, "-z", "y", "-b", "n", "-o", dd, "-f", f"c{i}", s], check=True, capture_output=True)
         record("dcm2niix (1 process, no resampling)", time.perf_counter() - t, "int16, no resampling")
     m = res["methods"]
-    base = next(k for k in m if k.startswith("medproc"))
+    base = min((k for k in m if k.startswith("medproc")), key=lambda k: m[k]["seconds"])
     for k in m:
         m[k]["medproc_speedup"] = m[k]["seconds"] / m[base]["seconds"]
     print({k: round(v["medproc_speedup"], 2) for k, v in m.items()})

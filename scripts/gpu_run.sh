@@ -1,9 +1,41 @@
 #!/usr/bin/env bash
 # On the H200 (after .gpu-stage/install.sh): GPU tests and benchmarks, results under $OUT.
+#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [convert]   (default: all)
 set -uo pipefail
-export PYTHONPATH=/tmp/site:/tmp/sitk:$PWD MEDPROC_OFFLINE=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:/tmp/sitk:$PWD MEDPROC_OFFLINE=1 PYTHONUNBUFFERED=1 PATH=/tmp/sitk/bin:$PATH
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+want() { [ $# -eq 0 ] || [[ " $ALL " == *" $1 "* ]]; }
+ALL="$*"
+[ -z "$ALL" ] && ALL="tests resample proxy loader convert"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-python -m pytest -m gpu -q -p no:cacheprovider tests/ "$@" 2>&1 | tee "$OUT/gpu_tests.log"
-python bench/resample.py --device gpu --n 8 --slices 300 --batch 4 --out "$OUT/resample_gpu.json" 2>&1 | tee "$OUT/bench_resample.log"
+if want tests; then
+  python -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+fi
+if want resample; then
+  python bench/resample.py --device gpu --n 8 --slices 300 --batch 4 --out "$OUT/resample_h200.json" > "$OUT/bench_resample.log" 2>&1
+  tail -12 "$OUT/bench_resample.log"
+fi
+if want proxy; then
+  timeout 240 python bench/proxy.py --workers 8 --samples 64 --batch 4 --out "$OUT/proxy_h200.json" > "$OUT/bench_proxy.log" 2>&1
+  tail -8 "$OUT/bench_proxy.log"
+fi
+if want loader; then
+  timeout 420 python bench/loader.py --cases 24 --workers 12 --batches 60 --out "$OUT/loader_h200.json" > "$OUT/bench_loader.log" 2>&1
+  grep -E "^(medproc|monai|data)" "$OUT/bench_loader.log"; tail -3 "$OUT/bench_loader.log"
+fi
+if want convert; then
+  python - <<'PY'
+import os
+from concurrent.futures import ProcessPoolExecutor
+from medproc.sample_data import make_dataset
+def one(i):
+    make_dataset(f"/tmp/conv/p{i:02d}", cases=1, size=512, slices=(150, 250), seed=200 + i)
+    os.makedirs("/tmp/conv_all", exist_ok=True)
+    os.rename(f"/tmp/conv/p{i:02d}/dicom/case000", f"/tmp/conv_all/case{i:02d}")
+with ProcessPoolExecutor(16) as ex:
+    list(ex.map(one, range(16)))
+PY
+  timeout 400 python bench/convert.py /tmp/conv_all --workers 16 --device cpu gpu --out "$OUT/convert_h200.json" > "$OUT/bench_convert.log" 2>&1
+  grep -E "s/volume|\{" "$OUT/bench_convert.log"
+fi

@@ -125,7 +125,8 @@ class Resampler:
         self.prefetch = prefetch
         self._pipes: dict[str, object] = {}
         self._stream = None
-        self._pinned: list = []
+        self._pinned: list[list] = [[], [], []]  # a ring of staging buffers, one set per batch
+        self._ring = 0
 
     # graph -------------------------------------------------------------------------------
     def _build(self, mode: str, intensity: bool):
@@ -210,31 +211,45 @@ class Resampler:
         return "warp"
 
     # feeding -----------------------------------------------------------------------------
-    def _to_device(self, arrays: list[np.ndarray]) -> list:
+    def _to_device(self, arrays: list[np.ndarray], ring: list | None = None, offset: int = 0) -> list:
         """Host arrays -> CUDA tensors: staged in pinned memory, copied on a side stream."""
         import torch
 
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device_id)
+        # staging buffers are reused every third batch: by then the copy that read them is done
+        # (run_batches waits for batch i's outputs before it feeds batch i + 2)
+        if ring is None:
+            ring = self._next_ring()
         out = []
         with torch.cuda.stream(self._stream):
-            for a in arrays:
+            for n, a in enumerate(arrays, offset):
                 t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
                 if t.device.type == "cpu" and not t.is_pinned():
-                    pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                    pinned.copy_(t)
-                    t = pinned
+                    nbytes = t.numel() * t.element_size()
+                    if n >= len(ring) or ring[n].numel() < nbytes:
+                        buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=True)
+                        ring[n:n + 1] = [buf]
+                    staged = ring[n][:nbytes].view(t.dtype).view(t.shape)
+                    staged.copy_(t)
+                    t = staged
                 out.append(t.to(f"cuda:{self.device_id}", non_blocking=True))
         return out
+
+    def _next_ring(self) -> list:
+        ring = self._pinned[self._ring]
+        self._ring = (self._ring + 1) % len(self._pinned)
+        return ring
 
     def _feed(self, pipe, mode, intensity, images, plans, labels):
         f32 = np.float32
         if self.device == "gpu":
-            dev_imgs = self._to_device(images)
+            ring = self._next_ring()  # one staging set per batch, images then labels
+            dev_imgs = self._to_device(images, ring)
             imgs = [t.unsqueeze(-1) if t.dim() == 3 else t for t in dev_imgs]
             pipe.feed_input("img", imgs, layout="DHWC", cuda_stream=self._stream.cuda_stream)
             if self.with_label:
-                labs = [t.unsqueeze(-1) for t in self._to_device(labels)]
+                labs = [t.unsqueeze(-1) for t in self._to_device(labels, ring, len(images))]
                 pipe.feed_input("lab", labs, layout="DHWC", cuda_stream=self._stream.cuda_stream)
         else:
             pipe.feed_input("img", [np.asarray(a)[..., None] if np.ndim(a) == 3 else np.asarray(a)
