@@ -80,6 +80,26 @@ class Plan:
         world = self.out_affine @ np.linalg.inv(t) @ np.linalg.inv(self.out_affine)
         return replace(self, matrix=self.matrix @ t, motion=world @ self.motion)
 
+    def input_region(self, margin: int = 1) -> tuple[tuple[slice, slice, slice], Plan]:
+        """The part of the input this plan reads, and the plan re-based onto that part.
+
+        Move only the bytes you need: a crop (or patch) of a big volume touches a small box of
+        the input; slicing the input to ``region`` and executing the returned plan gives the same
+        output. ``margin`` voxels are kept around the box for interpolation.
+        """
+        o = np.array(self.out_shape, dtype=np.float64) - 1
+        corners = np.array([[a, b, c, 1.0] for a in (0, o[0]) for b in (0, o[1]) for c in (0, o[2])])
+        src = (self.matrix @ corners.T).T[:, :3]
+        n = np.array(self.in_shape)
+        lo = np.clip(np.floor(src.min(0)).astype(int) - margin, 0, n - 1)
+        hi = np.clip(np.ceil(src.max(0)).astype(int) + margin + 1, lo + 1, n)
+        shift = np.eye(4)
+        shift[:3, 3] = -lo
+        region_affine = self.in_affine @ np.linalg.inv(shift)
+        plan = replace(self, in_shape=tuple(int(x) for x in hi - lo), in_affine=region_affine,
+                       matrix=shift @ self.matrix)
+        return tuple(slice(int(a), int(b)) for a, b in zip(lo, hi)), plan
+
     def lesions_on_grid(self, lesions) -> list[dict]:
         """Where ``lesions`` (world RAS) land in this plan's output (see Lesions.on_grid)."""
         moved = lesions if np.allclose(self.motion, np.eye(4)) else lesions.transformed(self.motion)

@@ -88,27 +88,29 @@ class ProxyTransform:
 
         img = sample["image"]
         lab = sample.get("label")
-        plan = self.plan(sample)
+        full_plan = self.plan(sample)
+        # ship only the input box the output touches (a crop of a big volume is a small box)
+        region, plan = full_plan.input_region()
         out = {k: v for k, v in sample.items() if k not in ("image", "label", "lesions")}
-        arr = np.ascontiguousarray(img.array)[..., None]
+        arr = np.ascontiguousarray(img.array[region])[..., None]
         if self.proxy is not None:
             kw = {"img": arr, "mat": dali_matrix(plan), "size": np.array(plan.out_shape, np.float32)}
             if lab is not None:
-                kw["lab"] = np.ascontiguousarray(lab.array)[..., None]
+                kw["lab"] = np.ascontiguousarray(lab.array[region])[..., None]
             refs = self.proxy(**kw)
             refs = refs if isinstance(refs, tuple) else (refs,)
             out["image"] = refs[0]
             if lab is not None:
                 out["label"] = refs[1]
         else:
-            out["image"] = _Pending(img.array, plan, "image")
+            out["image"] = _Pending(arr[..., 0], plan, "image")
             if lab is not None:
-                out["label"] = _Pending(lab.array, plan, "label")
+                out["label"] = _Pending(np.ascontiguousarray(lab.array[region]), plan, "label")
         out["affine"] = torch.as_tensor(plan.out_affine)
         lesions = sample.get("lesions")
         out["lesions"] = plan.lesions_on_grid(lesions) if lesions is not None else []
         out["meta"] = {"source": img.meta.get("source"), "in_shape": img.shape,
-                       "in_affine": img.affine, "out_shape": plan.out_shape}
+                       "in_affine": img.affine, "out_shape": plan.out_shape, "region": region}
         return out
 
 
