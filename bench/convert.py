@@ -88,13 +88,19 @@ def main(argv=None):
     from medproc.convert import convert
 
     for dev in a.device:
-        # warm-up (imports, DALI pipeline build) outside the timed region, for every method alike
-        convert([series[0]], os.path.join(tmp, "warm"), medproc.Spec(spacing=1.5), workers=1, device=dev, force=True)
+        # warm-up outside the timed region, as for SimpleITK's pool below: start the worker
+        # processes (imports, DALI pipeline build) on as many cases as there are workers
+        ex = ProcessPoolExecutor(a.workers, mp_context=get_context("spawn")) if a.workers > 1 else None
+        convert(series[:max(1, a.workers)], os.path.join(tmp, "warm"), medproc.Spec(spacing=1.5),
+                workers=a.workers, device=dev, force=True, executor=ex)
         out = os.path.join(tmp, f"medproc_{dev}")
         t = time.perf_counter()
-        rows = convert([a.root], out, medproc.Spec(spacing=1.5), workers=a.workers, device=dev, force=True)
+        rows = convert([a.root], out, medproc.Spec(spacing=1.5), workers=a.workers, device=dev, force=True,
+                       executor=ex)
         record(f"medproc convert ({a.workers} workers, {dev})", time.perf_counter() - t)
         assert all(r["status"] == "ok" for r in rows), rows
+        if ex is not None:
+            ex.shutdown()
     if "simpleitk" not in a.skip:
         sitk_one((series[0], os.path.join(tmp, "warm.nii.gz")))
         jobs = [(s, os.path.join(tmp, f"sitk_{i}.nii.gz")) for i, s in enumerate(series)]

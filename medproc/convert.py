@@ -238,7 +238,7 @@ def _write_manifest(path: str, rows: list[dict]) -> None:
 def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir: str | None = None,
             name: str = DEFAULT_NAME, device: str = "cpu", workers: int = 1, force: bool = False,
             qc: bool = False, dask: str | None = None, annotations: str | None = None,
-            progress=None) -> list[dict]:
+            progress=None, executor=None) -> list[dict]:
     """Convert every case under ``inputs`` into ``outdir``; returns this run's manifest rows.
 
     Parameters
@@ -256,14 +256,18 @@ def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir:
         SeriesInstanceUID or file stem) are written to ``<output name>.annotations.json``.
     progress : callable, optional
         Called with each manifest row as its case finishes (the CLI draws its bar with it).
+    executor : concurrent.futures.Executor, optional
+        A pool to run on (kept open: reuse it across calls; its processes must be spawned).
     """
     from .io.writers import FORMATS
 
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     closers = []
-    ex = None
-    if dask:
+    ex = executor
+    if ex is not None:
+        pass
+    elif dask:
         ex, closers = _dask_executor(dask, workers)
     elif workers > 1:
         ex = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
