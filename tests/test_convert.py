@@ -178,3 +178,14 @@ def test_dask_local_cluster(sample_data, tmp_path):
     ref = medproc.resample(medproc.load(os.path.join(sample_data, "dicom", "ct_axial")), spacing=2)
     row = next(r for r in m.values() if r["source"].endswith("ct_axial"))
     np.testing.assert_allclose(medproc.load(row["output"]).array, ref.array, atol=1e-3)
+
+
+def test_outputs_have_ordinary_permissions(sample_data, tmp_path):
+    import stat
+
+    out = tmp_path / "o"
+    assert main(["convert", os.path.join(sample_data, "dicom", "ct_axial"), "-o", str(out), "--spacing", "3"]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in os.listdir(out):
+        assert stat.S_IMODE(os.stat(out / f).st_mode) == 0o666 & ~umask, f

@@ -78,12 +78,20 @@ def load(path, series=None) -> Volume:
     raise ReadError("unknown format", p)  # pragma: no cover
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def atomic_path(path: str) -> str:
-    """A temporary name beside ``path`` (same folder, same extension) for an atomic write."""
+    """A temporary name beside ``path`` (same folder, same extension) for an atomic write.
+
+    The file gets the usual permissions (0666 less the umask), not mkstemp's private 0600, so
+    the renamed output is readable like any other file the user writes."""
     d, name = os.path.split(os.path.abspath(path))
     ext = ".nii.gz" if name.lower().endswith(".nii.gz") else os.path.splitext(name)[1]
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".part{ext}", dir=d)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)
     return tmp
 
 
