@@ -68,27 +68,13 @@ class SitkTransform(ProxyTransform):
     def __call__(self, sample):
         import SimpleITK as sitk
 
-        from medproc.io.sitk_io import to_sitk
+        from medproc.io.sitk_io import resample_filter, to_sitk
 
         sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(1)
         plan = self.plan(sample)
         img = sample["image"]
         # the augmented plan is a general affine: SimpleITK's AffineTransform from output to input
-        ref = to_sitk(medproc.Volume(np.zeros((1, 1, 1), np.float32), plan.out_affine))
-        f = sitk.ResampleImageFilter()
-        f.SetOutputOrigin(ref.GetOrigin())
-        f.SetOutputSpacing(ref.GetSpacing())
-        f.SetOutputDirection(ref.GetDirection())
-        f.SetSize([int(x) for x in plan.out_shape[::-1]])
-        f.SetOutputPixelType(sitk.sitkFloat32)
-        if not np.allclose(plan.motion, np.eye(4)):
-            from medproc.geometry import LPS_TO_RAS
-
-            m = LPS_TO_RAS @ np.linalg.inv(plan.motion) @ LPS_TO_RAS  # output world -> input world, LPS
-            t = sitk.AffineTransform(3)
-            t.SetMatrix(m[:3, :3].ravel().tolist())
-            t.SetTranslation(m[:3, 3].tolist())
-            f.SetTransform(t)
+        f = resample_filter(plan.out_affine, plan.out_shape, motion=plan.motion)
         out = sitk.GetArrayFromImage(f.Execute(to_sitk(img)))
         return {"image": torch.from_numpy(out)[None], "affine": torch.as_tensor(plan.out_affine),
                 "lesions": plan.lesions_on_grid(sample["lesions"]), "index": sample["index"]}

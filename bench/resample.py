@@ -194,21 +194,13 @@ def main(argv=None):
         try:
             import SimpleITK as sitk
 
-            from medproc.io.sitk_io import to_sitk
+            from medproc.io.sitk_io import resample_filter, to_sitk
 
             imgs = [to_sitk(v) for v in vols]
-            refs = [to_sitk(medproc.Volume(np.zeros((1, 1, 1), np.float32), p.out_affine)) for p in plans]
 
             def run_sitk():
-                for im, p, rf in zip(imgs, plans, refs):
-                    f = sitk.ResampleImageFilter()
-                    f.SetOutputOrigin(rf.GetOrigin())
-                    f.SetOutputSpacing(rf.GetSpacing())
-                    f.SetOutputDirection(rf.GetDirection())
-                    f.SetSize([int(x) for x in p.out_shape[::-1]])
-                    f.SetInterpolator(sitk.sitkLinear)
-                    f.SetOutputPixelType(sitk.sitkFloat32)
-                    f.Execute(im)
+                for im, p in zip(imgs, plans):
+                    resample_filter(p.out_affine, p.out_shape).Execute(im)
 
             record(f"simpleitk ({sitk.ProcessObject.GetGlobalDefaultNumberOfThreads()} threads)", timeit(run_sitk, max(1, a.repeat - 2)))
         except ImportError:

@@ -16,7 +16,7 @@ import SimpleITK as sitk
 import medproc
 from medproc import Intensity, Spec, make_plan
 from medproc.geometry import apply_affine
-from medproc.io.sitk_io import to_sitk
+from medproc.io.sitk_io import resample_filter, to_sitk
 from medproc.sample_data import ct_phantom, grid_affine
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -24,11 +24,8 @@ DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 def sitk_reference(vol, out_affine, out_shape, interp):
     """SimpleITK's ResampleImageFilter of ``vol`` onto medproc's output grid."""
-    ref = to_sitk(medproc.Volume(np.zeros(out_shape, np.float32), out_affine))
-    f = sitk.ResampleImageFilter()
-    f.SetReferenceImage(ref)
-    f.SetInterpolator(sitk.sitkLinear if interp == "linear" else sitk.sitkNearestNeighbor)
-    f.SetOutputPixelType(sitk.sitkFloat64 if interp == "linear" else sitk.sitkUInt8)
+    f = resample_filter(out_affine, out_shape, interp,
+                        sitk.sitkFloat64 if interp == "linear" else sitk.sitkUInt8)
     src = to_sitk(vol.with_array(vol.array.astype(np.float64) if interp == "linear" else vol.array))
     return sitk.GetArrayFromImage(f.Execute(src))
 

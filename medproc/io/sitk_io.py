@@ -12,7 +12,7 @@ from ..errors import MedprocError, ReadError
 from ..geometry import is_orthogonal, lps_to_ras, spacing_of
 from ..volume import Volume
 
-__all__ = ["load_sitk", "save_sitk", "sitk_affine"]
+__all__ = ["load_sitk", "save_sitk", "sitk_affine", "to_sitk", "resample_filter"]
 
 
 def sitk_affine(img) -> np.ndarray:
@@ -70,3 +70,26 @@ def save_sitk(volume: Volume, path: str) -> None:
     import SimpleITK as sitk
 
     sitk.WriteImage(to_sitk(volume), str(path), useCompression=True)
+
+
+def resample_filter(out_affine, out_shape, interp: str = "linear", pixel=None, motion=None):
+    """A SimpleITK ``ResampleImageFilter`` onto a medproc output grid (the independent reference
+    the tests and benchmarks compare with). ``motion`` (a world 4x4, RAS) is an augmentation
+    that moved the content: the filter samples the input at ``inverse(motion)`` of each point."""
+    import SimpleITK as sitk
+
+    ref = to_sitk(Volume(np.zeros((1, 1, 1), np.float32), out_affine))
+    f = sitk.ResampleImageFilter()
+    f.SetOutputOrigin(ref.GetOrigin())
+    f.SetOutputSpacing(ref.GetSpacing())
+    f.SetOutputDirection(ref.GetDirection())
+    f.SetSize([int(x) for x in tuple(out_shape)[::-1]])
+    f.SetInterpolator(sitk.sitkLinear if interp == "linear" else sitk.sitkNearestNeighbor)
+    f.SetOutputPixelType(sitk.sitkFloat32 if pixel is None else pixel)
+    if motion is not None and not np.allclose(motion, np.eye(4)):
+        m = lps_to_ras(np.linalg.inv(motion)) @ np.diag([-1.0, -1.0, 1.0, 1.0])  # in LPS
+        t = sitk.AffineTransform(3)
+        t.SetMatrix(m[:3, :3].ravel().tolist())
+        t.SetTranslation(m[:3, 3].tolist())
+        f.SetTransform(t)
+    return f
