@@ -23,13 +23,13 @@ def _cmd_inspect(a) -> int:
     vols = [e for e in entries if e.kind != "skipped"]
     t = Table(title=f"{len(vols)} volume(s) found", show_lines=False)
     for col in ("#", "kind", "modality", "series / file", "description", "size", "spacing mm",
-                "orient", "files", "transfer syntax", "status"):
+                "orient", "files", "transfer syntax", "decode", "status"):
         t.add_column(col, overflow="fold")
     for n, e in enumerate(vols):
         status = f"[red]ERROR[/red]" if e.error else (f"[yellow]{len(e.warnings)} warning(s)[/yellow]" if e.warnings else "[green]ok[/green]")
         t.add_row(str(n), e.kind, e.modality, e.series or e.source, e.description,
                   "x".join(map(str, e.shape)), " x ".join(f"{s:g}" for s in e.spacing),
-                  e.orientation, str(e.files), e.transfer_syntax, status)
+                  e.orientation, str(e.files), e.transfer_syntax, e.decode, status)
     con.print(t)
     for n, e in enumerate(vols):
         for w in e.warnings:

@@ -30,7 +30,7 @@ __all__ = ["Case", "find_cases", "convert", "MANIFEST_FIELDS", "DEFAULT_NAME"]
 #: default output name: no patient identifiers (file stem, or a hash of the series UID)
 DEFAULT_NAME = "{name}"
 MANIFEST_FIELDS = ["case", "source", "output", "label_output", "status", "error", "series_uid",
-                   "in_shape", "in_spacing", "out_shape", "out_spacing", "lesions", "seconds", "worker"]
+                   "decode", "in_shape", "in_spacing", "out_shape", "out_spacing", "lesions", "seconds", "worker"]
 _IMAGE_EXT = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
 
 
@@ -151,16 +151,26 @@ def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, 
     import medproc
 
     t = time.perf_counter()
-    if case.dicom is not None:
-        from .io.dicom_read import read_series
-
-        vol = read_series(case.dicom)
-    else:
-        vol = medproc.load(case.source, series=case.series)
     lab = medproc.load(case.label) if case.label else None
-    (res,) = medproc.resample_batch([vol], spec, device=device, labels=None if lab is None else [lab],
-                                    num_threads=dali_threads)
-    out, out_lab = res if lab is not None else (res, None)
+    gpu_read = None
+    if case.dicom is not None and device == "gpu" and lab is None:
+        from .pipeline.decode import gpu_config
+
+        if gpu_config(case.dicom.info) is not None:
+            gpu_read = _resample_gpu_decoded(case.dicom, spec)
+    if gpu_read is not None:
+        vol, out = gpu_read
+        out_lab = None
+    else:
+        if case.dicom is not None:
+            from .io.dicom_read import read_series
+
+            vol = read_series(case.dicom)
+        else:
+            vol = medproc.load(case.source, series=case.series)
+        (res,) = medproc.resample_batch([vol], spec, device=device, labels=None if lab is None else [lab],
+                                        num_threads=dali_threads)
+        out, out_lab = res if lab is not None else (res, None)
     from .io.writers import write_volume
 
     write_volume(out, out_path)
@@ -175,10 +185,34 @@ def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, 
 
         shown = [(c, d) for c, d in zip(lesions.centers, lesions.diameters)] if lesions is not None else []
         qc_figure(vol, out, qc_path, lab, out_lab, lesions=shown, title=os.path.basename(out_path))
-    return {"series_uid": vol.meta.get("series_uid", ""), "in_shape": _fmt(vol.shape),
+    return {"series_uid": vol.meta.get("series_uid", ""), "decode": vol.meta.get("decode", ""),
+            "in_shape": _fmt(vol.shape),
             "in_spacing": _fmt([float(x) for x in vol.spacing]), "out_shape": _fmt(out.shape),
             "out_spacing": _fmt([float(x) for x in out.spacing]),
             "seconds": f"{time.perf_counter() - t:.3f}", "worker": _worker_id(), "lesions": n_les}
+
+
+def _resample_gpu_decoded(series, spec: Spec):
+    """GPU decode (proven syntaxes only) straight into the GPU resampler: no host round trip
+    between the compressed bytes and the resampled volume."""
+    from .plan import make_plan
+    from .resample import get_resampler
+    from .pipeline.decode import read_series_gpu
+    from .volume import Volume
+
+    tensor, affine, meta = read_series_gpu(series)
+    host = None
+    needs_array = spec.crop_foreground is not None or spec.intensity.percentiles or spec.intensity.zscore \
+        or (spec.intensity.scale and not spec.intensity.clip)
+    if needs_array:
+        host = tensor.cpu().numpy()  # statistics are computed on the CPU
+    plan = make_plan(tuple(tensor.shape), affine, spec, host)
+    r = get_resampler("gpu", spec.interp, spec.antialias, str(np.dtype(spec.dtype)), spec.fill, False, 1,
+                      (str(tensor.dtype).replace("torch.", ""), "None"))
+    out = r.run([tensor], [plan])[0]
+    src = Volume(tensor.cpu().numpy() if host is None else host, affine, {**series.info, **meta,
+                 "source": series.files[0], "modality": series.info.get("Modality")})
+    return src, Volume(out, plan.out_affine, {"decode": meta["decode"]})
 
 
 def annotations_path(out_path: str) -> str:

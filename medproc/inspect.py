@@ -89,6 +89,7 @@ def inspect_paths(paths) -> list[Entry]:
     """Entries for every DICOM series and image file under ``paths`` (files or folders)."""
     from .io.dicom_geometry import series_geometry
     from .io.dicom_scan import find_series
+    from .pipeline.decode import decode_path
 
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
@@ -111,7 +112,7 @@ def inspect_paths(paths) -> list[Entry]:
             shape=(len(s.frames), int(i["Rows"]), int(i["Columns"])) + ((spp,) if spp > 1 else ()),
             files=len(files),
             transfer_syntax=str(getattr(ts, "name", ts) or ""),
-            decode="cpu (pydicom)",
+            decode=decode_path(i),
         )
         try:
             g = series_geometry(s)

@@ -98,10 +98,12 @@ def write_dicom_series(
     gantry_tilt: float | None = None,
     transfer_syntax: str | None = None,
     seed: int = 0,
+    signed: bool = False,
 ) -> list[str]:
     """Write ``volume`` (int16 HU, array (slice, row, column)) as a CT DICOM series.
 
-    Stored values are unsigned (HU + 1024, RescaleIntercept -1024) as many scanners write them.
+    Stored values are unsigned (HU + 1024, RescaleIntercept -1024) as many scanners write them;
+    ``signed`` stores signed 16-bit HU instead (PixelRepresentation 1, intercept 0).
     File names are shuffled relative to slice order and InstanceNumber runs backwards, so a
     reader that sorts by name or instance number gets it wrong. ``transfer_syntax`` compresses
     with pydicom's encoders (e.g. ``pydicom.uid.JPEG2000Lossless``).
@@ -153,18 +155,51 @@ def write_dicom_series(
         ds.Rows, ds.Columns = volume.shape[1], volume.shape[2]
         ds.SamplesPerPixel = 1
         ds.PhotometricInterpretation = "MONOCHROME2"
-        ds.BitsAllocated, ds.BitsStored, ds.HighBit = 16, 12, 11
-        ds.PixelRepresentation = 0
-        ds.RescaleIntercept, ds.RescaleSlope, ds.RescaleType = "-1024", "1", "HU"
+        if signed:
+            ds.BitsAllocated, ds.BitsStored, ds.HighBit = 16, 16, 15
+            ds.PixelRepresentation = 1
+            ds.RescaleIntercept = "0"
+        else:
+            ds.BitsAllocated, ds.BitsStored, ds.HighBit = 16, 12, 11
+            ds.PixelRepresentation = 0
+            ds.RescaleIntercept = "-1024"
+        ds.RescaleSlope, ds.RescaleType = "1", "HU"
         ds.WindowCenter, ds.WindowWidth = "40", "400"
-        stored = (volume.array[k].astype(np.int32) + 1024).clip(0, 4095).astype(np.uint16)
+        if signed:
+            stored = volume.array[k].astype(np.int16)
+        else:
+            stored = (volume.array[k].astype(np.int32) + 1024).clip(0, 4095).astype(np.uint16)
         ds.PixelData = stored.tobytes()
         if transfer_syntax is not None:
-            ds.compress(transfer_syntax, stored)
+            _compress(ds, stored, transfer_syntax)
         path = os.path.join(folder, names[k])
         pydicom.dcmwrite(path, ds, enforce_file_format=True)
         paths.append(path)
     return paths
+
+
+#: encoders pydicom lacks, from imagecodecs (a test dependency): JPEG lossless SV1, HTJ2K lossless
+_IMAGECODECS = {"1.2.840.10008.1.2.4.70": "ljpeg", "1.2.840.10008.1.2.4.201": "htj2k"}
+
+
+def _compress(ds, stored: np.ndarray, transfer_syntax) -> None:
+    """Compress one frame: pydicom's encoders (RLE, JPEG 2000), or imagecodecs for the syntaxes
+    pydicom cannot encode (JPEG lossless process 14 SV1, HTJ2K lossless)."""
+    ts = str(transfer_syntax)
+    if ts not in _IMAGECODECS:
+        ds.compress(transfer_syntax, stored)
+        return
+    import imagecodecs
+    from pydicom.encaps import encapsulate
+    from pydicom.uid import UID
+
+    if _IMAGECODECS[ts] == "ljpeg":
+        frame = imagecodecs.ljpeg_encode(stored, bitspersample=int(ds.BitsStored))
+    else:
+        frame = imagecodecs.htj2k_encode(stored, level=0)  # level 0: reversible (lossless)
+    ds.PixelData = encapsulate([frame])
+    ds["PixelData"].VR = "OB"
+    ds.file_meta.TransferSyntaxUID = UID(ts)
 
 
 def _lesions_for(affine, shape, rng, count: int) -> list[Lesion]:

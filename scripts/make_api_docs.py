@@ -12,7 +12,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-MODULES = ["medproc", "medproc.spec", "medproc.plan", "medproc.io", "medproc.io.writers",
+MODULES = ["medproc", "medproc.spec", "medproc.plan", "medproc.io", "medproc.io.writers", "medproc.pipeline.decode",
            "medproc.annotations", "medproc.pipeline", "medproc.proxy", "medproc.convert",
            "medproc.monai", "medproc.qc", "medproc.sample_data", "medproc.inspect"]
 

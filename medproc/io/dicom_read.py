@@ -123,6 +123,7 @@ def read_series(series: DicomSeries) -> Volume:
     spp = int(series.info.get("SamplesPerPixel") or 1)
     stored = None
     bits_stored = int(series.info.get("BitsStored") or series.info.get("BitsAllocated") or 16)
+    used_pydicom = False
     for path, slots in slot_of.items():
         px = None
         fast = frames[slots[0][0]].fast if len(slots) == 1 else None
@@ -130,6 +131,7 @@ def read_series(series: DicomSeries) -> Volume:
             px = _read_native(path, fast[0], fast[1], rows, cols, bits_stored)
         if px is None:
             px = _decode(path)
+            used_pydicom = True
         expect = (rows, cols) if spp == 1 else (rows, cols, spp)
         if px.ndim == len(expect):  # a single frame (pydicom drops the frame axis)
             px = px[None]
@@ -158,7 +160,7 @@ def read_series(series: DicomSeries) -> Volume:
         "modality": i.get("Modality"),
         "transfer_syntax": str(getattr(i.get("TransferSyntaxUID"), "name", i.get("TransferSyntaxUID"))),
         "n_files": len(series.files),
-        "decode": "cpu (pydicom)",
+        "decode": "cpu (pydicom)" if used_pydicom else "cpu (native)",
         "warnings": list(geom.warnings),
     }
     return Volume(array, geom.affine, meta)

@@ -1,0 +1,108 @@
+"""Benchmark: decoding compressed CT series, GPU (DALI / nvImageCodec) against the CPU
+(pylibjpeg plugins through pydicom, in a pool over all cores), same frames.
+
+    python scripts/make_decode_data.py /tmp/dec --slices 100 --series 4 --only j2k jpegll
+    python bench/decode.py /tmp/dec --out results.json
+
+Both sides start from the encapsulated frames in memory (file reading is the same for both and
+left out). GPU: batches of 64 frames through the proven configuration of the support table;
+encodings without one are reported as "CPU fallback". CPU: pydicom's decoder (pylibjpeg-openjpeg
+for JPEG 2000, pylibjpeg-libjpeg for JPEG lossless) in a process pool of ``--workers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+
+def _load(path):
+    import pydicom
+    from pydicom.encaps import generate_frames
+
+    ds = pydicom.dcmread(path)
+    return list(generate_frames(ds.PixelData, number_of_frames=1))[0]
+
+
+def _cpu_decode(args):
+    ts, rows, cols, bits, signed, frames = args
+    from pydicom.encaps import encapsulate
+    from pydicom.pixels.decoders.base import get_decoder
+    from pydicom.uid import UID
+
+    dec = get_decoder(ts)
+    n = 0
+    for f in frames:
+        arr, _ = dec.as_array(encapsulate([f]), rows=rows, columns=cols, samples_per_pixel=1, bits_allocated=16,
+                              bits_stored=bits, pixel_representation=int(signed),
+                              photometric_interpretation="MONOCHROME2", number_of_frames=1,
+                              transfer_syntax_uid=UID(ts))
+        n += arr.size > 0
+    return n
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("root")
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    import pydicom
+
+    import medproc.pipeline.decode as dec
+
+    res = {"workers": a.workers, "syntaxes": {}}
+    for name in sorted(os.listdir(a.root)):
+        series = sorted(glob.glob(os.path.join(a.root, name, "*")))
+        paths = [p for s in series for p in sorted(glob.glob(os.path.join(s, "*.dcm")))]
+        ds = pydicom.dcmread(paths[0], stop_before_pixels=True)
+        info = {k: ds.get(k) for k in ("BitsAllocated", "BitsStored", "PixelRepresentation", "SamplesPerPixel",
+                                       "PhotometricInterpretation")}
+        info["TransferSyntaxUID"] = str(ds.file_meta.TransferSyntaxUID)
+        frames = [_load(p) for p in paths]
+        n = len(frames)
+        per_series = n / len(series)
+        row = {"transfer_syntax": ds.file_meta.TransferSyntaxUID.name, "frames": n, "rows": int(ds.Rows),
+               "compressed_MB": sum(len(f) for f in frames) / 1e6}
+        chunks = [frames[i::a.workers] for i in range(a.workers)]
+        args = [(info["TransferSyntaxUID"], int(ds.Rows), int(ds.Columns), int(ds.BitsStored),
+                 bool(int(ds.PixelRepresentation)), c) for c in chunks]
+        with ProcessPoolExecutor(a.workers) as ex:
+            list(ex.map(_cpu_decode, [(x[0], x[1], x[2], x[3], x[4], x[5][:1]) for x in args]))  # warm-up
+            t = time.perf_counter()
+            assert sum(ex.map(_cpu_decode, args)) == n
+            cpu = time.perf_counter() - t
+        row["cpu_slices_per_s"] = n / cpu
+        row["cpu_series_per_s"] = n / cpu / per_series
+        cfg = dec.gpu_config(info)
+        if cfg is None:
+            row["gpu"] = "not proven bit-exact: CPU fallback"
+        else:
+            import torch
+
+            dec.decode_frames_gpu(frames[:64], cfg, int(ds.BitsStored), bool(int(ds.PixelRepresentation)))
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = dec.decode_frames_gpu(frames, cfg, int(ds.BitsStored), bool(int(ds.PixelRepresentation)))
+            torch.cuda.synchronize()
+            gpu = time.perf_counter() - t
+            assert len(out) == n
+            row.update(gpu_slices_per_s=n / gpu, gpu_series_per_s=n / gpu / per_series, gpu_vs_cpu=cpu / gpu,
+                       gpu_config=cfg)
+        res["syntaxes"][name] = row
+        print(name, json.dumps(row), flush=True)
+    if a.out:
+        json.dump(res, open(a.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""GPU decoding of compressed DICOM frames in DALI (nvImageCodec), behind a proven support table.
+
+pydicom hands over each frame's encapsulated bytes without decoding them
+(``pydicom.encaps.generate_frames``); DALI's ``fn.decoders.image(device="mixed")`` decodes them
+on the GPU; a per-syntax *correction* (reinterpretation of the decoded bits) is applied on the
+GPU; the frames are stacked in slice order and rescaled there, ready for the resampler, with no
+host round trip.
+
+Only what was proven runs on the GPU. ``gpu_decode_support.json`` (beside this file) is written
+by ``scripts/probe_gpu_decode.py`` on a GPU machine: it decodes every compressed file of pydicom
+and pydicom-data and synthetic CT series with every decoder configuration, compares with
+pydicom's CPU decoders, and keeps, per (transfer syntax, bits allocated, bits stored, signedness,
+samples, photometric interpretation), the configuration that was bit-exact on every file of that
+kind. Everything else falls back to pydicom on the CPU, automatically.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import numpy as np
+
+__all__ = ["support_key", "support_table", "gpu_config", "decode_path", "decode_frames_gpu",
+           "read_series_gpu", "CONFIGS"]
+
+_TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_decode_support.json")
+
+#: decoder configurations the probe tries: DALI output dtype, then a correction of the bits
+CONFIGS = [
+    {"dtype": None, "fix": "none"},
+    {"dtype": "uint16", "fix": "none"},
+    {"dtype": "uint16", "fix": "as_signed"},
+    {"dtype": "uint16", "fix": "sign_extend"},
+    {"dtype": "uint16", "fix": "unscale"},
+    {"dtype": "uint16", "fix": "unscale_signed"},
+    {"dtype": "int16", "fix": "none"},
+    {"dtype": "uint8", "fix": "none"},
+    {"dtype": None, "fix": "as_signed"},
+]
+
+NATIVE = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.2", "1.2.840.10008.1.2.1.99"}
+
+
+def support_key(info: dict) -> str:
+    """The table key of a series' pixel encoding."""
+    ts = str(info.get("TransferSyntaxUID") or "")
+    return "|".join(str(x) for x in (
+        ts, int(info.get("BitsAllocated") or 0), int(info.get("BitsStored") or info.get("BitsAllocated") or 0),
+        int(info.get("PixelRepresentation") or 0), int(info.get("SamplesPerPixel") or 1),
+        str(info.get("PhotometricInterpretation") or "")))
+
+
+@functools.lru_cache(maxsize=1)
+def support_table() -> dict:
+    if not os.path.exists(_TABLE):
+        return {"entries": {}}
+    with open(_TABLE) as f:
+        return json.load(f)
+
+
+def gpu_config(info: dict) -> dict | None:
+    """The proven decoder configuration for this encoding, or None (CPU)."""
+    entry = support_table().get("entries", {}).get(support_key(info))
+    return entry["config"] if entry else None
+
+
+def decode_path(info: dict) -> str:
+    """What decodes a series with this encoding: shown by `medproc inspect` and the manifest."""
+    ts = str(info.get("TransferSyntaxUID") or "")
+    if ts in NATIVE:
+        return "cpu (native)"
+    if gpu_config(info) is not None:
+        return "gpu (nvImageCodec) when device=gpu"
+    return "cpu (pydicom)"
+
+
+@functools.lru_cache(maxsize=8)
+def _pipe(dtype: str | None, batch_size: int, device_id: int):
+    from nvidia.dali import fn, pipeline_def, types
+
+    kw = {}
+    if dtype is not None:
+        kw["dtype"] = {"uint8": types.UINT8, "uint16": types.UINT16, "int16": types.INT16}[dtype]
+
+    @pipeline_def(batch_size=batch_size, num_threads=4, device_id=device_id, exec_dynamic=True,
+                  prefetch_queue_depth=1)
+    def graph():
+        enc = fn.external_source(name="enc", device="cpu", dtype=types.UINT8)
+        return fn.decoders.image(enc, device="mixed", output_type=types.ANY_DATA, **kw)
+
+    p = graph()
+    p.build()
+    return p
+
+
+def _fix(t, fix: str, bits_stored: int, signed: bool):
+    import torch
+
+    if fix == "none":
+        return t
+    if fix == "as_signed":
+        return t.view(torch.int16) if t.dtype in (torch.uint16, torch.int16) else t
+    if fix == "sign_extend":
+        shift = 16 - bits_stored
+        x = t.view(torch.int16) if t.dtype == torch.uint16 else t
+        return (x << shift) >> shift if shift else x
+    if fix == "unscale":
+        shift = 16 - bits_stored
+        return (t.to(torch.int32) >> shift).to(t.dtype) if shift else t
+    if fix == "unscale_signed":
+        shift = 16 - bits_stored
+        x = t.view(torch.int16) if t.dtype == torch.uint16 else t
+        return x >> shift if shift else x
+    raise ValueError(f"unknown correction {fix!r}")
+
+
+def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, signed: bool = False,
+                      batch_size: int = 64, device_id: int = 0) -> list:
+    """Decode encapsulated frames on the GPU; returns CUDA torch tensors (rows, columns[, 3])."""
+    import torch
+    from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+    pipe = _pipe(config.get("dtype"), batch_size, device_id)
+    out = []
+    for s in range(0, len(frames), batch_size):
+        chunk = [np.frombuffer(f, np.uint8) for f in frames[s:s + batch_size]]
+        try:
+            pipe.feed_input("enc", chunk)
+            (res,) = pipe.run()
+        except Exception:
+            _pipe.cache_clear()  # a failed DALI pipeline cannot run again: build a new one next time
+            raise
+        for i in range(len(chunk)):
+            t = res[i]
+            dst = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=f"cuda:{device_id}")
+            feed_ndarray(t, dst, cuda_stream=torch.cuda.current_stream(device_id))
+            dst = dst[..., 0] if dst.shape[-1] == 1 else dst
+            out.append(_fix(dst, config["fix"], bits_stored, signed))
+    return out
+
+
+def read_series_gpu(series, device_id: int = 0):
+    """Decode a series on the GPU (its encoding must be in the support table).
+
+    Returns ``(tensor, affine, meta)``: a CUDA tensor (slices, rows, columns) in slice order,
+    rescaled like the CPU reader (integer when integral, else float32), the RAS affine and the
+    metadata. Feed it to :class:`~medproc.pipeline.Resampler` directly (no host round trip).
+    """
+    import pydicom
+    import torch
+    from pydicom.encaps import generate_frames
+
+    from ..io.dicom_geometry import series_geometry
+
+    config = gpu_config(series.info)
+    if config is None:
+        raise ValueError(f"{support_key(series.info)} is not proven for GPU decoding; use the CPU reader")
+    geom = series_geometry(series)
+    frames = [series.frames[i] for i in geom.order]
+    encoded: dict = {}
+    for path in {f.path for f in frames}:
+        ds = pydicom.dcmread(path)
+        nf = int(ds.get("NumberOfFrames") or 1)
+        encoded[path] = list(generate_frames(ds.PixelData, number_of_frames=nf))
+    data = [encoded[f.path][f.index or 0] for f in frames]
+    bits = int(series.info.get("BitsStored") or 16)
+    signed = bool(int(series.info.get("PixelRepresentation") or 0))
+    dec = decode_frames_gpu(data, config, bits, signed, device_id=device_id)
+    stack = torch.stack(dec)
+    slopes = torch.tensor([f.slope for f in frames], dtype=torch.float64)
+    inter = torch.tensor([f.intercept for f in frames], dtype=torch.float64)
+    if bool((slopes == 1).all()) and bool((inter == 0).all()):
+        out = stack
+    elif bool((slopes == slopes[0]).all()) and float(slopes[0]).is_integer() and bool((inter % 1 == 0).all()):
+        lo = int(stack.min()) * int(slopes[0]) + int(inter.min())
+        hi = int(stack.max()) * int(slopes[0]) + int(inter.max())
+        dt = torch.int16 if -32768 <= min(lo, hi) and max(lo, hi) <= 32767 else torch.int32
+        out = stack.to(dt) * int(slopes[0]) + inter.to(dt).to(stack.device).view(-1, 1, 1)
+    else:
+        out = stack.to(torch.float32) * slopes.to(torch.float32).to(stack.device).view(-1, 1, 1) \
+            + inter.to(torch.float32).to(stack.device).view(-1, 1, 1)
+    meta = {"decode": "gpu (nvImageCodec)", "series_uid": series.uid, "warnings": list(geom.warnings)}
+    return out, geom.affine, meta

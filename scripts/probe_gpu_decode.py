@@ -1,0 +1,119 @@
+"""On a GPU machine: prove, per pixel encoding, which GPU decoder configuration is bit-exact.
+
+    python scripts/probe_gpu_decode.py [EXTRA_DIR ...] [--out FILE]
+
+Decodes every compressed DICOM file of pydicom and pydicom-data (and of EXTRA_DIR, e.g. the
+synthetic series of scripts/make_decode_data.py) on the GPU with each configuration in
+medproc.pipeline.decode.CONFIGS, compares every frame with pydicom's CPU decoders, and writes
+medproc/pipeline/gpu_decode_support.json: for each encoding key, the first configuration that
+was exact on *every* file of that kind; the others, with the best difference or the error, under
+"unsupported".
+"""
+
+import glob
+import json
+import os
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+
+def files(extra):
+    import pydicom
+    from pydicom.data import get_testdata_file
+
+    base = os.path.join(os.path.dirname(pydicom.__file__), "data", "test_files")
+    out = sorted(glob.glob(os.path.join(base, "*.dcm")))
+    ext = get_testdata_file("693_J2KR.dcm")
+    if ext:
+        out += sorted(glob.glob(os.path.join(os.path.dirname(ext), "*.dcm")))
+    for d in extra:
+        out += sorted(glob.glob(os.path.join(d, "**", "*.dcm"), recursive=True))
+    return out
+
+
+def main(argv=None):
+    import pydicom
+    from pydicom.encaps import generate_frames
+
+    import medproc.pipeline.decode as dec
+
+    warnings.simplefilter("ignore")
+    argv = sys.argv[1:] if argv is None else argv
+    out_path = os.path.join(os.path.dirname(dec.__file__), "gpu_decode_support.json")
+    if "--out" in argv:
+        i = argv.index("--out")
+        out_path = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    results = {}
+    for path in files(argv):
+        try:
+            ds = pydicom.dcmread(path)
+            ts = str(ds.file_meta.TransferSyntaxUID)
+        except Exception:  # noqa: BLE001
+            continue
+        if ts in dec.NATIVE or "PixelData" not in ds or not ds.file_meta.TransferSyntaxUID.is_compressed:
+            continue
+        info = {k: ds.get(k) for k in ("BitsAllocated", "BitsStored", "PixelRepresentation", "SamplesPerPixel",
+                                       "PhotometricInterpretation")}
+        info["TransferSyntaxUID"] = ts
+        key = dec.support_key(info)
+        try:
+            ref = ds.pixel_array
+        except Exception as e:  # noqa: BLE001
+            results[path] = {"key": key, "reference": f"pydicom cannot decode: {e}"}
+            continue
+        nf = int(ds.get("NumberOfFrames") or 1)
+        spp = int(ds.get("SamplesPerPixel") or 1)
+        ref = ref[None] if ref.ndim == (2 if spp == 1 else 3) else ref
+        frames = list(generate_frames(ds.PixelData, number_of_frames=nf))
+        per = {}
+        for c, cfg in enumerate(dec.CONFIGS):
+            try:
+                got = dec.decode_frames_gpu(frames, cfg, int(ds.get("BitsStored") or 16),
+                                            bool(int(ds.get("PixelRepresentation") or 0)), batch_size=8)
+                diffs = []
+                for g, r in zip(got, ref):
+                    g = g.cpu().numpy()
+                    if g.shape != r.shape:
+                        diffs.append(f"shape {g.shape} vs {r.shape}")
+                        break
+                    diffs.append(int(np.abs(g.astype(np.int64) - r.astype(np.int64)).max()))
+                per[c] = 0 if all(d == 0 for d in diffs) else next((d for d in diffs if d != 0), diffs[-1])
+            except Exception as e:  # noqa: BLE001
+                per[c] = "error: " + str(e).strip().splitlines()[-1][:160]
+        results[path] = {"key": key, "configs": per}
+        print(os.path.basename(path), key, per, flush=True)
+    by_key = {}
+    for path, r in results.items():
+        by_key.setdefault(r["key"], []).append((path, r))
+    entries, unsupported = {}, {}
+    for key, items in sorted(by_key.items()):
+        ok = None
+        if all("configs" in r for _, r in items):
+            for c in range(len(dec.CONFIGS)):
+                if all(r["configs"].get(c) == 0 for _, r in items):
+                    ok = c
+                    break
+        names = [os.path.basename(p) for p, _ in items]
+        if ok is not None:
+            entries[key] = {"config": dec.CONFIGS[ok], "files": names}
+        else:
+            unsupported[key] = {os.path.basename(p): (r.get("configs") or r.get("reference")) for p, r in items}
+    import nvidia.dali
+
+    doc = {"note": "Written by scripts/probe_gpu_decode.py: GPU decoding is used only for these encodings, "
+                   "each bit-exact against pydicom on every listed file.",
+           "measured": time.strftime("%Y-%m-%d"), "dali": nvidia.dali.__version__,
+           "configs_tried": dec.CONFIGS, "entries": entries, "unsupported": unsupported}
+    with open(out_path, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    print(f"{len(entries)} encodings proven, {len(unsupported)} left to the CPU -> {out_path}")
+
+
+if __name__ == "__main__":
+    main()
