@@ -88,7 +88,11 @@ def _pipe(dtype: str | None, batch_size: int, device_id: int):
                   prefetch_queue_depth=1)
     def graph():
         enc = fn.external_source(name="enc", device="cpu", dtype=types.UINT8)
-        return fn.decoders.image(enc, device="mixed", output_type=types.ANY_DATA, **kw)
+        img = fn.decoders.image(enc, device="mixed", output_type=types.ANY_DATA, **kw)
+        if dtype == "uint16":
+            # torch (and DALI's torch bridge) has no uint16: widen exactly on the GPU
+            img = fn.cast(img, dtype=types.INT32)
+        return img
 
     p = graph()
     p.build()
@@ -96,23 +100,23 @@ def _pipe(dtype: str | None, batch_size: int, device_id: int):
 
 
 def _fix(t, fix: str, bits_stored: int, signed: bool):
+    """Reinterpret decoded values (uint16 decodes arrive widened to int32, exactly)."""
     import torch
 
     if fix == "none":
         return t
-    if fix == "as_signed":
-        return t.view(torch.int16) if t.dtype in (torch.uint16, torch.int16) else t
+    wide = t.to(torch.int32)
+    if fix in ("as_signed", "unscale_signed"):
+        if t.dtype == torch.int32:  # uint16 bits held in int32
+            wide = torch.where(wide >= 32768, wide - 65536, wide)
+        if fix == "unscale_signed":
+            wide = wide >> (16 - bits_stored)
+        return wide.to(torch.int16)
     if fix == "sign_extend":
-        shift = 16 - bits_stored
-        x = t.view(torch.int16) if t.dtype == torch.uint16 else t
-        return (x << shift) >> shift if shift else x
+        shift = 32 - bits_stored
+        return ((wide << shift) >> shift).to(torch.int16)
     if fix == "unscale":
-        shift = 16 - bits_stored
-        return (t.to(torch.int32) >> shift).to(t.dtype) if shift else t
-    if fix == "unscale_signed":
-        shift = 16 - bits_stored
-        x = t.view(torch.int16) if t.dtype == torch.uint16 else t
-        return x >> shift if shift else x
+        return wide >> (16 - bits_stored)
     raise ValueError(f"unknown correction {fix!r}")
 
 
