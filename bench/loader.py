@@ -26,7 +26,6 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

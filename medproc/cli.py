@@ -26,7 +26,7 @@ def _cmd_inspect(a) -> int:
                 "orient", "files", "transfer syntax", "decode", "status"):
         t.add_column(col, overflow="fold")
     for n, e in enumerate(vols):
-        status = f"[red]ERROR[/red]" if e.error else (f"[yellow]{len(e.warnings)} warning(s)[/yellow]" if e.warnings else "[green]ok[/green]")
+        status = "[red]ERROR[/red]" if e.error else (f"[yellow]{len(e.warnings)} warning(s)[/yellow]" if e.warnings else "[green]ok[/green]")
         t.add_row(str(n), e.kind, e.modality, e.series or e.source, e.description,
                   "x".join(map(str, e.shape)), " x ".join(f"{s:g}" for s in e.spacing),
                   e.orientation, str(e.files), e.transfer_syntax, e.decode, status)

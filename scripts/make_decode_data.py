@@ -12,7 +12,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 
 import medproc  # noqa: E402
 from medproc.sample_data import ct_phantom, grid_affine, write_dicom_series  # noqa: E402

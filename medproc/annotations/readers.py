@@ -9,7 +9,6 @@ import os
 import numpy as np
 
 from ..errors import MedprocError, ReadError
-from ..geometry import LPS_TO_RAS
 from ..volume import Volume
 from .lesions import Lesions
 

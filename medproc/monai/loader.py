@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from monai.data import MetaTensor
 
-from ..plan import Plan, affine_map, flip_map, make_plan
+from ..plan import Plan, affine_map, flip_map
 from ..spec import Spec
 
 __all__ = ["PatchLoader"]
