@@ -130,8 +130,7 @@ def main(argv=None):
               f"end to end at {in_bytes / t_e2e / 1e9:.1f} GB/s", flush=True)
         t_gpu = timeit(lambda: run_medproc(on_gpu), a.repeat, sync)
         record("medproc-gpu (GPU stage)", t_gpu)
-        r_warp = Resampler("gpu", batch_size=a.batch, interp="linear")
-        r_warp.mode_for = lambda plans: "warp"
+        r_warp = Resampler("gpu", batch_size=a.batch, interp="linear", mode="warp")
 
         def run_warp():
             for _ in r_warp.run_batches(batches(on_gpu), as_torch=True):

@@ -156,7 +156,7 @@ def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, 
     if case.dicom is not None and device == "gpu" and lab is None:
         from .pipeline.decode import gpu_config
 
-        if gpu_config(case.dicom.info) is not None:
+        if gpu_config(case.dicom.info) is not None and int(case.dicom.info.get("SamplesPerPixel") or 1) == 1:
             gpu_read = _resample_gpu_decoded(case.dicom, spec)
     if gpu_read is not None:
         vol, out = gpu_read

@@ -100,8 +100,7 @@ class PatchLoader:
 
         self._resampler = Resampler(device=device, batch_size=batch_size, interp="linear",
                                     with_label=True, channels_first=True, device_id=device_id,
-                                    num_threads=num_threads)
-        self._resampler.mode_for = lambda plans: "warp"  # one matrix: crop + augment + layout
+                                    num_threads=num_threads, mode="warp")  # crop + augment + layout: one matrix
         self.volumes = [self._cached(c) for c in self.cases]
 
     # cache ---------------------------------------------------------------------------------

@@ -96,13 +96,16 @@ class Resampler:
         Also resample a label map per sample (nearest neighbour, dtype kept).
     num_threads : int, optional
         DALI CPU threads (default: all cores).
+    mode : {"auto", "warp", "resize"}
+        Which graph executes the plans (auto: resize for axis-aligned plans on the CPU or for
+        cubic/antialias, warp otherwise).
     device_id : int
         GPU ordinal.
     """
 
     def __init__(self, device="cpu", batch_size=4, interp="linear", antialias=False,
                  dtype="float32", fill=None, with_label=False, num_threads=None, device_id=0,
-                 host_feed=False, channels_first=False, prefetch=1):
+                 host_feed=False, channels_first=False, prefetch=1, mode="auto"):
         if not dali_available():
             raise ImportError(f"medproc's pipelines need NVIDIA DALI: {_INSTALL}")
         if device not in ("cpu", "gpu"):
@@ -123,6 +126,10 @@ class Resampler:
         #: outputs (C, D, H, W) instead of (D, H, W, C)
         self.channels_first = channels_first
         self.prefetch = prefetch
+        if mode not in ("auto", "warp", "resize"):
+            raise ValueError(f"mode must be 'auto', 'warp' or 'resize', got {mode!r}")
+        #: "auto" picks per batch (see mode_for); "warp" forces the general graph
+        self.mode = mode
         self._pipes: dict[str, object] = {}
         self._stream = None
         self._pinned: list[list] = [[], [], []]  # a ring of staging buffers, one set per batch
@@ -196,6 +203,12 @@ class Resampler:
 
     def mode_for(self, plans: Sequence[Plan]) -> str:
         aligned = all(p.axis_aligned for p in plans)
+        if self.mode == "warp":
+            if self.interp == "cubic" or self.antialias:
+                raise ValueError("mode='warp' has no cubic interpolation or antialiasing")
+            return "warp"
+        if self.mode == "resize" and not aligned:
+            raise ValueError("mode='resize' needs axis-aligned plans")
         if self.interp == "cubic" and not aligned:
             raise ValueError(
                 "interp='cubic' needs axis-aligned plans (respacing, flips, crops); this batch "
