@@ -189,3 +189,24 @@ def test_outputs_have_ordinary_permissions(sample_data, tmp_path):
     os.umask(umask)
     for f in os.listdir(out):
         assert stat.S_IMODE(os.stat(out / f).st_mode) == 0o666 & ~umask, f
+
+
+def test_npy_cache_is_read_by_dalis_numpy_reader_with_a_roi(sample_data, tmp_path):
+    """The training cache: DALI's numpy reader reads just a region (roi_start/roi_end) of a
+    converted volume, equal to the same slice of the array."""
+    from nvidia.dali import fn, pipeline_def
+
+    assert main(["convert", os.path.join(sample_data, "dicom", "ct_axial"), "-o", str(tmp_path),
+                 "--spacing", "2", "--format", "npy", "-j", "1"]) == 0
+    (row,) = _manifest(tmp_path).values()
+    arr = np.load(row["output"])
+    start, end = [3, 10, 20], [11, 40, 60]
+
+    @pipeline_def(batch_size=1, num_threads=1, device_id=None)
+    def reader():
+        return fn.readers.numpy(files=[row["output"]], roi_start=start, roi_end=end)
+
+    p = reader()
+    p.build()
+    (out,) = p.run()
+    np.testing.assert_array_equal(np.array(out[0]), arr[3:11, 10:40, 20:60])
