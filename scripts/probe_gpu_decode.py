@@ -13,6 +13,7 @@ was exact on *every* file of that kind; the others, with the best difference or 
 import glob
 import json
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -36,9 +37,42 @@ def files(extra):
     return out
 
 
-def main(argv=None):
+def probe_one(path: str, configs: list[int]) -> None:
+    """Child process: try ``configs`` on ``path`` in order, stop at the first error."""
     import pydicom
     from pydicom.encaps import generate_frames
+
+    import medproc.pipeline.decode as dec
+
+    warnings.simplefilter("ignore")
+    ds = pydicom.dcmread(path)
+    nf = int(ds.get("NumberOfFrames") or 1)
+    spp = int(ds.get("SamplesPerPixel") or 1)
+    ref = ds.pixel_array
+    ref = ref[None] if ref.ndim == (2 if spp == 1 else 3) else ref
+    frames = list(generate_frames(ds.PixelData, number_of_frames=nf))
+    out = {}
+    for c in configs:
+        try:
+            got = dec.decode_frames_gpu(frames, dec.CONFIGS[c], int(ds.get("BitsStored") or 16),
+                                        bool(int(ds.get("PixelRepresentation") or 0)), batch_size=8)
+            worst = 0
+            for g, r in zip(got, ref):
+                g = g.cpu().numpy()
+                if g.shape != r.shape:
+                    worst = f"shape {g.shape} vs {r.shape}"
+                    break
+                worst = max(worst, int(np.abs(g.astype(np.int64) - r.astype(np.int64)).max()))
+            out[c] = worst
+        except Exception as e:  # noqa: BLE001
+            out[c] = "error: " + str(e).strip().splitlines()[-1][:160]
+            print(json.dumps(out), flush=True)
+            return
+    print(json.dumps(out), flush=True)
+
+
+def main(argv=None):
+    import pydicom
 
     import medproc.pipeline.decode as dec
 
@@ -63,29 +97,21 @@ def main(argv=None):
         info["TransferSyntaxUID"] = ts
         key = dec.support_key(info)
         try:
-            ref = ds.pixel_array
+            ds.pixel_array  # the reference must exist
         except Exception as e:  # noqa: BLE001
             results[path] = {"key": key, "reference": f"pydicom cannot decode: {e}"}
             continue
-        nf = int(ds.get("NumberOfFrames") or 1)
-        spp = int(ds.get("SamplesPerPixel") or 1)
-        ref = ref[None] if ref.ndim == (2 if spp == 1 else 3) else ref
-        frames = list(generate_frames(ds.PixelData, number_of_frames=nf))
+        todo = [c for c, cfg in enumerate(dec.CONFIGS) if not (cfg.get("stream") and ts not in dec.JPEG_FAMILY)]
         per = {}
-        for c, cfg in enumerate(dec.CONFIGS):
-            try:
-                got = dec.decode_frames_gpu(frames, cfg, int(ds.get("BitsStored") or 16),
-                                            bool(int(ds.get("PixelRepresentation") or 0)), batch_size=8)
-                diffs = []
-                for g, r in zip(got, ref):
-                    g = g.cpu().numpy()
-                    if g.shape != r.shape:
-                        diffs.append(f"shape {g.shape} vs {r.shape}")
-                        break
-                    diffs.append(int(np.abs(g.astype(np.int64) - r.astype(np.int64)).max()))
-                per[c] = 0 if all(d == 0 for d in diffs) else next((d for d in diffs if d != 0), diffs[-1])
-            except Exception as e:  # noqa: BLE001
-                per[c] = "error: " + str(e).strip().splitlines()[-1][:160]
+        while todo:  # each file in fresh processes: a failed DALI decode leaves a process unusable
+            r = subprocess.run([sys.executable, __file__, "--one", path, ",".join(map(str, todo))],
+                               capture_output=True, text=True, timeout=300)
+            lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+            got = json.loads(lines[-1]) if lines else {}
+            if not got:  # the child died before reporting: charge the first config and go on
+                got = {str(todo[0]): "error: " + (r.stderr.strip().splitlines() or ["crashed"])[-1][:160]}
+            per.update({int(k): v for k, v in got.items()})
+            todo = [c for c in todo if c not in per]
         results[path] = {"key": key, "configs": per}
         print(os.path.basename(path), key, per, flush=True)
     by_key = {}
@@ -116,4 +142,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--one":
+        probe_one(sys.argv[2], [int(x) for x in sys.argv[3].split(",")])
+    else:
+        main()

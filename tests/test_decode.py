@@ -122,3 +122,25 @@ def test_gpu_series_read_equals_cpu_and_feeds_the_resampler(synthetic, name, tmp
     assert row["decode"] == "gpu (nvImageCodec)"
     ref = medproc.resample(cpu, spacing=2.0)
     np.testing.assert_allclose(medproc.load(row["output"]).array, ref.array, atol=1e-3)
+
+
+def test_sof_first_keeps_the_pixels():
+    """The stream correction for nvJPEG (SOF moved before the tables) decodes to the same pixels
+    with an independent CPU decoder."""
+    import imagecodecs
+
+    a = np.random.default_rng(0).integers(0, 4096, (64, 48)).astype(np.uint16)
+    raw = imagecodecs.ljpeg_encode(a, bitspersample=12)
+    fixed = dec.sof_first(raw)
+    assert fixed != raw and fixed[2:4] == b"\xff\xc3" and len(fixed) == len(raw)
+    np.testing.assert_array_equal(imagecodecs.ljpeg_decode(fixed), a)
+    from pydicom.data import get_testdata_file
+    from pydicom.encaps import generate_frames
+
+    ds = pydicom.dcmread(get_testdata_file("JPEG-LL.dcm"))  # a real JPEG lossless file
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    from pydicom.encaps import encapsulate
+
+    ds.PixelData = encapsulate([dec.sof_first(frame)])
+    np.testing.assert_array_equal(ds.pixel_array, pydicom.dcmread(get_testdata_file("JPEG-LL.dcm")).pixel_array)
+    assert dec.sof_first(b"not a jpeg") == b"not a jpeg"

@@ -40,6 +40,12 @@ CONFIGS = [
     {"dtype": None, "fix": "as_signed"},
 ]
 
+#: the same configurations on a JPEG stream whose frame header (SOFn) is moved before its tables:
+#: nvJPEG 12.4 refuses anything but APP0/APP1 before SOF3 (a valid DHT there included)
+CONFIGS += [{**c, "stream": "sof_first"} for c in CONFIGS[:4] + CONFIGS[6:7]]
+JPEG_FAMILY = {"1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.57",
+               "1.2.840.10008.1.2.4.70"}
+
 NATIVE = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.2", "1.2.840.10008.1.2.1.99"}
 
 
@@ -120,6 +126,33 @@ def _fix(t, fix: str, bits_stored: int, signed: bool):
     raise ValueError(f"unknown correction {fix!r}")
 
 
+def sof_first(frame: bytes) -> bytes:
+    """The same JPEG stream with its SOFn segment moved right after SOI (before DHT/DQT/APPn...).
+
+    Segment order before SOS is free in JPEG; the entropy-coded data is untouched, so any
+    conforming decoder gives the same pixels. Returns ``frame`` unchanged if it cannot be parsed.
+    """
+    if frame[:2] != b"\xff\xd8":
+        return frame
+    i, segs, sof = 2, [], None
+    while i + 4 <= len(frame):
+        if frame[i] != 0xFF:
+            return frame
+        marker = frame[i + 1]
+        if marker == 0xDA:  # SOS: the rest is scan data
+            break
+        length = int.from_bytes(frame[i + 2:i + 4], "big")
+        seg = frame[i:i + 2 + length]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and sof is None:
+            sof = seg
+        else:
+            segs.append(seg)
+        i += 2 + length
+    if sof is None or i + 4 > len(frame):
+        return frame
+    return b"\xff\xd8" + sof + b"".join(segs) + frame[i:]
+
+
 def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, signed: bool = False,
                       batch_size: int = 64, device_id: int = 0) -> list:
     """Decode encapsulated frames on the GPU; returns CUDA torch tensors (rows, columns[, 3])."""
@@ -127,6 +160,8 @@ def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, 
     from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
     pipe = _pipe(config.get("dtype"), batch_size, device_id)
+    if config.get("stream") == "sof_first":
+        frames = [sof_first(f) for f in frames]
     out = []
     for s in range(0, len(frames), batch_size):
         chunk = [np.frombuffer(f, np.uint8) for f in frames[s:s + batch_size]]
