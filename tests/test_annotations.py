@@ -14,7 +14,7 @@ from medproc import Spec, make_plan
 from medproc.annotations import Lesions, read_json, read_luna_csv, read_rtstruct, read_seg
 from medproc.cli import main
 from medproc.plan import affine_map, flip_map
-from medproc.sample_data import Lesion, ct_phantom, grid_affine, write_dicom_series
+from medproc.sample_data import Lesion, ct_phantom, grid_affine
 
 OBLIQUE = (0.9659258, 0.0, -0.258819, 0.1830127, 0.7071068, 0.6830127)
 

@@ -6,7 +6,6 @@ cannot decode, or that holds no image, must give a medproc error that names the 
 """
 
 import os
-import warnings
 
 import numpy as np
 import pydicom

@@ -26,7 +26,6 @@ def test_inspect_reports_broken_inputs(broken_dataset, capsys):
 
 
 def test_inspect_shows_warnings(tmp_path, capsys):
-    import numpy as np
 
     import medproc
     from medproc.sample_data import ct_phantom, grid_affine, write_dicom_series

@@ -1,16 +1,14 @@
 """MONAI compatibility, proven by MONAI itself: its reader, its Compose, UNet, DiceCELoss,
 sliding_window_inference; medproc's loader, transforms and inverse in between."""
 
-import glob
 import os
 import sys
 
 import numpy as np
 import pytest
-import torch
 
 import medproc
-from medproc.monai import Invertd, LoadVolumed, PatchLoader, Resampled, to_metatensor, to_volume
+from medproc.monai import LoadVolumed, PatchLoader, Resampled, to_metatensor, to_volume
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import train_monai  # noqa: E402

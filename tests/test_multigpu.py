@@ -18,7 +18,6 @@ def _rank(rank, world, port, cache, out):
     import torch.distributed as dist
     from monai.losses import DiceCELoss
 
-    import medproc
     import train_monai
     from medproc.monai import PatchLoader
 
