@@ -114,13 +114,17 @@ def inspect_paths(paths) -> list[Entry]:
             transfer_syntax=str(getattr(ts, "name", ts) or ""),
             decode=decode_path(i),
         )
+        short = [f for f in s.frames if f.missing_bytes]
+        if short:
+            e.error = (f"{len(short)} truncated file(s), e.g. {os.path.basename(short[0].path)}: its pixel "
+                       f"data ends {short[0].missing_bytes} bytes early")
         try:
             g = series_geometry(s)
             e.spacing = tuple(float(x) for x in np.round(spacing_of(g.affine), 4))
             e.orientation = axcodes(g.affine)[::-1]
             e.warnings = list(g.warnings)
         except MedprocError as ex:
-            e.error = ex.message
+            e.error = "; ".join(x for x in (e.error, ex.message) if x)
         out.append(e)
     for f in _image_files(paths):
         out.append(_header_entry(f))

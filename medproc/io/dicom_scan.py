@@ -43,6 +43,8 @@ class Frame:
     #: (byte offset of the PixelData element, numpy dtype) when the pixels are native
     #: little-endian and can be read without parsing the file again (see dicom_read)
     fast: tuple[int, str] | None = None
+    #: bytes missing from the end of native pixel data (a truncated file), found from the size
+    missing_bytes: int = 0
 
 
 @dataclass
@@ -303,6 +305,11 @@ def _scan_file(path: str, strict: bool) -> tuple:
         return ("skip", path, f"malformed geometry attributes: {e}")
     if len(frames) == 1 and frames[0].index is None:
         frames[0].fast = _fast_pixels(ds, offset)
+        if frames[0].fast is not None:
+            # header + value of PixelData: 12 bytes (explicit VR OB/OW) or 8 (implicit)
+            head = 8 if str(ds.file_meta.TransferSyntaxUID) == "1.2.840.10008.1.2" else 12
+            need = offset + head + int(ds.Rows) * int(ds.Columns) * np.dtype(frames[0].fast[1]).itemsize
+            frames[0].missing_bytes = max(0, need - os.path.getsize(path))
     image_type = _val(ds, "ImageType") or []
     image_type = [image_type] if isinstance(image_type, str) else image_type
     localizer = "LOCALIZER" in [str(t).upper() for t in image_type]
