@@ -146,12 +146,12 @@ def _fmt(v) -> str:
 
 def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, device: str,
                  qc_path: str | None = None, dali_threads: int | None = None,
-                 lesions=None) -> dict:
+                 lesions=None, nan: str = "error") -> dict:
     """Load, resample, write one case (runs in a worker process)."""
     import medproc
 
     t = time.perf_counter()
-    lab = medproc.load(case.label) if case.label else None
+    lab = medproc.load(case.label, nan=nan) if case.label else None
     gpu_read = None
     if case.dicom is not None and device == "gpu" and lab is None:
         from .pipeline.decode import gpu_config
@@ -167,7 +167,7 @@ def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, 
 
             vol = read_series(case.dicom)
         else:
-            vol = medproc.load(case.source, series=case.series)
+            vol = medproc.load(case.source, series=case.series, nan=nan)
         (res,) = medproc.resample_batch([vol], spec, device=device, labels=None if lab is None else [lab],
                                         num_threads=dali_threads)
         out, out_lab = res if lab is not None else (res, None)
@@ -249,10 +249,10 @@ def _worker_id() -> str:
 
 
 def _worker(args):
-    case, out_path, label_path, spec, device, qc_path, threads, lesions = args
+    case, out_path, label_path, spec, device, qc_path, threads, lesions, nan = args
     try:
         return case, "ok", _convert_one(case, out_path, label_path, spec, device, qc_path, threads,
-                                        lesions), ""
+                                        lesions, nan), ""
     except MedprocError as e:
         return case, "failed", {"worker": _worker_id()}, str(e)
     except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
@@ -272,7 +272,7 @@ def _write_manifest(path: str, rows: list[dict]) -> None:
 def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir: str | None = None,
             name: str = DEFAULT_NAME, device: str = "cpu", workers: int = 1, force: bool = False,
             qc: bool = False, dask: str | None = None, annotations: str | None = None,
-            progress=None, executor=None) -> list[dict]:
+            progress=None, executor=None, nan: str = "error") -> list[dict]:
     """Convert every case under ``inputs`` into ``outdir``; returns this run's manifest rows.
 
     Parameters
@@ -290,6 +290,8 @@ def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir:
         SeriesInstanceUID or file stem) are written to ``<output name>.annotations.json``.
     progress : callable, optional
         Called with each manifest row as its case finishes (the CLI draws its bar with it).
+    nan : {"error", "zero", "keep"}
+        NaN/inf voxels in float inputs: fail the case (default), set them to 0, or keep them.
     executor : concurrent.futures.Executor, optional
         A pool to run on (kept open: reuse it across calls; its processes must be spawned).
     """
@@ -310,7 +312,7 @@ def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir:
     table = _read_annotations(annotations) if annotations else None
     try:
         return _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc,
-                        threads, table)
+                        threads, table, nan)
     finally:
         for close in closers:
             close()
@@ -350,7 +352,7 @@ def _lesions_for(case: Case, table: dict | None):
 
 
 def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc, threads,
-             table=None):
+             table=None, nan="error"):
     cases, skipped = find_cases(inputs, labels_dir, executor=ex)  # headers read by the pool too
     os.makedirs(outdir, exist_ok=True)
     manifest = os.path.join(outdir, "manifest.csv")
@@ -382,7 +384,7 @@ def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, pro
         qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
         if qc_path:
             os.makedirs(os.path.dirname(qc_path), exist_ok=True)
-        todo.append(((c, out_path, label_path, spec, device, qc_path, threads, _lesions_for(c, table)), row))
+        todo.append(((c, out_path, label_path, spec, device, qc_path, threads, _lesions_for(c, table), nan), row))
     this_run = {r["case"] for r in rows} | {t[-1]["case"] for t in todo}
     kept = [r for c, r in prior.items() if c not in this_run]  # cases of earlier runs stay listed
     rows = kept + rows

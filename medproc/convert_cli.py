@@ -32,6 +32,8 @@ def add_convert_parser(sub) -> None:
     c.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
     c.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
     c.add_argument("--force", action="store_true", help="redo cases whose output exists")
+    c.add_argument("--nan", default="error", choices=["error", "zero", "keep"],
+                   help="NaN/inf voxels in float inputs: fail the case (default), set to 0, keep")
     c.add_argument("--qc", action="store_true",
                    help="write OUTDIR/qc/<name>.png: mid-slices before/after, labels overlaid")
     c.add_argument("--annotations", default=None, metavar="FILE",
@@ -71,7 +73,7 @@ def _cmd_convert(a) -> int:
                 bar.console.print(f"[red]failed[/red] {row['source']}: {row['error']}", highlight=False)
 
         rows = convert(a.inputs, a.outdir, spec, fmt=a.format, labels_dir=a.labels, name=a.name,
-                       device=a.device, workers=a.workers, force=a.force, qc=a.qc, dask=a.dask, annotations=a.annotations,
+                       device=a.device, workers=a.workers, force=a.force, qc=a.qc, dask=a.dask, annotations=a.annotations, nan=a.nan,
                        progress=progress)
     s = summary(rows)
     con.print(f"{s['ok']} converted, {s['skipped']} skipped (already done), {s['failed']} failed, "

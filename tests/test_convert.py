@@ -75,6 +75,11 @@ def test_failures_are_reported_and_the_batch_goes_on(broken_dataset, sample_data
     assert status["nan.nii.gz"][0] == "failed" and "NaN" in status["nan.nii.gz"][1]
     assert status["ct_axial"][0] == "ok"
     assert "failed" in capsys.readouterr().err
+    # asked to, the NaN case converts with its NaNs set to 0; finished cases are not redone
+    assert main(["convert", os.path.dirname(broken_dataset["nan"]), "-o", str(out), "--spacing", "3", "-j", "1",
+                 "--nan", "zero"]) == 1
+    nan_row = next(r for r in _manifest(out).values() if r["source"].endswith("nan.nii.gz"))
+    assert nan_row["status"] == "ok" and np.isfinite(medproc.load(nan_row["output"]).array).all()
 
 
 def test_name_template_format_and_csv_list(sample_data, tmp_path):

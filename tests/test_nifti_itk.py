@@ -94,9 +94,15 @@ def test_sheared_affine_saves_as_nifti_sform_only(tmp_path):
         medproc.save(vol, tmp_path / "t.nrrd")
 
 
-def test_nan_nifti_is_refused(broken_dataset):
-    with pytest.raises(medproc.ReadError, match=r"nan\.nii\.gz.*NaN"):
+def test_nan_nifti_is_refused_unless_asked(broken_dataset):
+    with pytest.raises(medproc.ReadError, match=r"nan\.nii\.gz.*100 NaN/inf voxel.*nan='zero'"):
         medproc.load(broken_dataset["nan"])
+    zero = medproc.load(broken_dataset["nan"], nan="zero")
+    kept = medproc.load(broken_dataset["nan"], nan="keep")
+    assert np.isfinite(zero.array).all() and np.isnan(kept.array).sum() == 100
+    np.testing.assert_array_equal(zero.array[np.isfinite(kept.array)], kept.array[np.isfinite(kept.array)])
+    with pytest.raises(ValueError, match="nan must be one of"):
+        medproc.load(broken_dataset["nan"], nan="drop")
 
 
 def test_unreadable_and_missing_files(tmp_path):
@@ -137,6 +143,8 @@ def test_every_nibabel_nifti_against_simpleitk(path, quiet):
     if data.dtype.kind == "f" and not np.isfinite(data).all():
         with pytest.raises(medproc.ReadError, match="NaN"):
             medproc.load(path)  # NaN voxels are refused with the count, never passed on silently
+        kept = medproc.load(path, nan="keep")  # ... unless asked for
+        np.testing.assert_array_equal(kept.array, data.transpose(2, 1, 0, *range(3, data.ndim)))
         return
     vol = medproc.load(path)
     try:

@@ -31,7 +31,7 @@ def kind_of(path) -> str | None:
     return "dicom" if is_dicom_file(p) else None
 
 
-def load(path, series=None) -> Volume:
+def load(path, series=None, nan: str = "error") -> Volume:
     """Load a volume.
 
     Parameters
@@ -43,6 +43,9 @@ def load(path, series=None) -> Volume:
         Which DICOM series, when a folder holds several: SeriesInstanceUID (or the
         ``UID.partN`` key `medproc inspect` shows for a split series), SeriesNumber, or a
         unique part of SeriesDescription.
+    nan : {"error", "zero", "keep"}
+        Float images with NaN/inf voxels (NIfTI, ITK): refuse them (default, with the count),
+        set them to 0, or keep them.
 
     Returns
     -------
@@ -62,11 +65,11 @@ def load(path, series=None) -> Volume:
     if kind == "nifti":
         from .nifti import load_nifti
 
-        return load_nifti(p)
+        return load_nifti(p, nan)
     if kind == "itk":
         from .sitk_io import load_sitk
 
-        return load_sitk(p)
+        return load_sitk(p, nan)
     if kind == "dicom" or kind is None:
         from .dicom_read import load_dicom
 

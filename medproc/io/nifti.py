@@ -12,12 +12,31 @@ from ..errors import ReadError
 from ..geometry import is_orthogonal
 from ..volume import Volume
 
-__all__ = ["load_nifti", "save_nifti", "to_nibabel"]
+__all__ = ["load_nifti", "save_nifti", "to_nibabel", "check_finite"]
+
+NAN_POLICIES = ("error", "zero", "keep")
+
+
+def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
+    """Apply the NaN/inf policy: ``"error"`` (default) refuses the file with the count,
+    ``"zero"`` replaces them with 0 (a copy), ``"keep"`` passes them on."""
+    if nan not in NAN_POLICIES:
+        raise ValueError(f"nan must be one of {NAN_POLICIES}, got {nan!r}")
+    if array.dtype.kind != "f" or nan == "keep":
+        return array
+    finite = np.isfinite(array)
+    if finite.all():
+        return array
+    bad = int(finite.size - finite.sum())
+    if nan == "error":
+        raise ReadError(f"contains {bad} NaN/inf voxel(s); clean the file, or load it with "
+                        f"nan='zero' (convert: --nan zero) to set them to 0", path)
+    return np.where(finite, array, 0).astype(array.dtype)
 
 _REV = [2, 1, 0, 3]  # affine columns: (i, j, k) <-> (k, j, i)
 
 
-def load_nifti(path: str) -> Volume:
+def load_nifti(path: str, nan: str = "error") -> Volume:
     import nibabel as nib
 
     try:
@@ -35,9 +54,7 @@ def load_nifti(path: str) -> Volume:
         array = data.transpose(2, 1, 0, 3)
     else:
         array = data.transpose(2, 1, 0)
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        bad = int((~np.isfinite(array)).sum())
-        raise ReadError(f"contains {bad} NaN/inf voxel(s); clean the file or mask them first", path)
+    array = check_finite(array, path, nan)
     hdr = img.header
     warnings = []
     sform, scode = img.get_sform(coded=True)

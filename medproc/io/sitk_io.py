@@ -25,7 +25,7 @@ def sitk_affine(img) -> np.ndarray:
     return lps_to_ras(m[:, [2, 1, 0, 3]])
 
 
-def load_sitk(path: str) -> Volume:
+def load_sitk(path: str, nan: str = "error") -> Volume:
     import SimpleITK as sitk
 
     try:
@@ -38,9 +38,9 @@ def load_sitk(path: str) -> Volume:
     if img.GetDimension() != 3:
         raise ReadError(f"is {img.GetDimension()}D; medproc reads 3D volumes", path)
     array = sitk.GetArrayFromImage(img)  # (z, y, x[, c])
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        bad = int((~np.isfinite(array)).sum())
-        raise ReadError(f"contains {bad} NaN/inf voxel(s); clean the file or mask them first", path)
+    from .nifti import check_finite
+
+    array = check_finite(array, path, nan)
     meta = {"source": str(path), "format": "itk", "modality": None, "warnings": []}
     return Volume(array, sitk_affine(img), meta)
 
