@@ -35,6 +35,13 @@ def test_support_keys_and_decode_paths():
     assert dec.decode_path({**info, "TransferSyntaxUID": "1.2.840.10008.1.2.1"}) == "cpu (native)"
     proven = dec.support_table()["entries"]
     assert dec.decode_path(info) == ("gpu (nvImageCodec) when device=gpu" if dec.support_key(info) in proven else "cpu (pydicom)")
+    # colour encodings proven on the GPU are still read on the CPU (the GPU route is monochrome)
+    for key in proven:
+        ts, ba, bs, pr, spp, pi = key.split("|")
+        if spp != "1":
+            assert dec.decode_path({"TransferSyntaxUID": ts, "BitsAllocated": ba, "BitsStored": bs,
+                                    "PixelRepresentation": pr, "SamplesPerPixel": spp,
+                                    "PhotometricInterpretation": pi}) == "cpu (pydicom)"
     # an encoding nobody proved always falls back to the CPU
     assert dec.gpu_config({**info, "TransferSyntaxUID": "1.2.840.10008.1.2.4.999"}) is None
     for key, entry in proven.items():

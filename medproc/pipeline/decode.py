@@ -77,8 +77,8 @@ def decode_path(info: dict) -> str:
     ts = str(info.get("TransferSyntaxUID") or "")
     if ts in NATIVE:
         return "cpu (native)"
-    if gpu_config(info) is not None:
-        return "gpu (nvImageCodec) when device=gpu"
+    if gpu_config(info) is not None and int(info.get("SamplesPerPixel") or 1) == 1:
+        return "gpu (nvImageCodec) when device=gpu"  # the route convert --device gpu takes
     return "cpu (pydicom)"
 
 
