@@ -20,7 +20,9 @@ from multiprocessing import get_context
 import numpy as np
 
 from .errors import MedprocError
+from .io import IMAGE_EXT as _IMAGE_EXT
 from .io import atomic_path
+from .io import stem as _stem
 from .spec import Spec
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,6 @@ __all__ = ["Case", "find_cases", "convert", "MANIFEST_FIELDS", "DEFAULT_NAME"]
 DEFAULT_NAME = "{name}"
 MANIFEST_FIELDS = ["case", "source", "output", "label_output", "status", "error", "series_uid",
                    "decode", "in_shape", "in_spacing", "out_shape", "out_spacing", "lesions", "seconds", "worker"]
-_IMAGE_EXT = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
 
 
 @dataclass
@@ -51,14 +52,6 @@ class Case:
             raise ValueError(f"naming template {template!r} uses unknown field {e}; fields: "
                              f"{sorted(self.fields)}") from None
         return out.replace(os.sep, "_")
-
-
-def _stem(path: str) -> str:
-    b = os.path.basename(path.rstrip(os.sep))
-    for ext in _IMAGE_EXT:
-        if b.lower().endswith(ext):
-            return b[: -len(ext)]
-    return b
 
 
 def _uid_hash(uid: str) -> str:

@@ -15,7 +15,7 @@ from .geometry import axcodes, spacing_of
 
 __all__ = ["Entry", "inspect_paths"]
 
-_IMAGE_EXT = (".nii", ".nii.gz", ".nrrd", ".nhdr", ".mha", ".mhd")
+from .io import IMAGE_EXT as _IMAGE_EXT
 
 
 @dataclass

@@ -142,11 +142,9 @@ def _numbers(v, n, path, where) -> np.ndarray:
 
 
 def _stem(p: str) -> str:
-    b = os.path.basename(str(p).rstrip("/"))
-    for ext in (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd", ".dcm"):
-        if b.lower().endswith(ext):
-            return b[: -len(ext)]
-    return b
+    from ..io import stem
+
+    return stem(p, extra=(".dcm",))
 
 
 def read_seg(path) -> Volume:

@@ -8,10 +8,21 @@ import tempfile
 from ..errors import ReadError
 from ..volume import Volume
 
-__all__ = ["load", "save", "kind_of", "atomic_path"]
+__all__ = ["load", "save", "kind_of", "atomic_path", "stem", "IMAGE_EXT"]
 
 NIFTI_EXT = (".nii", ".nii.gz")
 ITK_EXT = (".nrrd", ".nhdr", ".mha", ".mhd")
+#: image files medproc reads (besides DICOM), longest suffix first
+IMAGE_EXT = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
+
+
+def stem(path, extra: tuple = ()) -> str:
+    """A file's name without its image extension (``case001.nii.gz`` -> ``case001``)."""
+    b = os.path.basename(os.fspath(path).rstrip("/" + os.sep))
+    for ext in IMAGE_EXT + tuple(extra):
+        if b.lower().endswith(ext):
+            return b[: -len(ext)]
+    return b
 
 
 def kind_of(path) -> str | None:

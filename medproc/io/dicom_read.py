@@ -15,7 +15,7 @@ from ..volume import Volume
 from .dicom_geometry import series_geometry
 from .dicom_scan import DicomSeries, find_series
 
-__all__ = ["load_dicom", "read_series", "select_series"]
+__all__ = ["load_dicom", "read_series", "select_series", "rescaled_dtype"]
 
 _DECODER_HINT = (
     "pydicom needs a decoder plugin for this transfer syntax: "
@@ -78,6 +78,23 @@ def _read_native(path: str, offset: int, dtype: str, rows: int, cols: int, bits_
     return px
 
 
+def rescaled_dtype(smin: int, smax: int, slopes: np.ndarray, intercepts: np.ndarray):
+    """The integer dtype that holds ``stored * slope + intercept`` exactly for stored values in
+    [smin, smax], or None when the result needs float32 (varying or fractional slopes, fractional
+    intercepts). Shared by the CPU reader and the GPU decoder."""
+    if not (np.all(slopes == slopes[0]) and float(slopes[0]).is_integer()
+            and np.all(np.mod(intercepts, 1) == 0)):
+        return None
+    m = int(slopes[0])
+    lo = min(smin * m, smax * m) + int(intercepts.min())
+    hi = max(smin * m, smax * m) + int(intercepts.max())
+    for dt in (np.int16, np.int32, np.int64):
+        info = np.iinfo(dt)
+        if info.min <= lo and hi <= info.max:
+            return np.dtype(dt)
+    return None
+
+
 def _rescaled(stored: np.ndarray, slopes: np.ndarray, intercepts: np.ndarray) -> np.ndarray:
     """Apply RescaleSlope/Intercept per slice; integer output when the result is integral.
 
@@ -86,26 +103,23 @@ def _rescaled(stored: np.ndarray, slopes: np.ndarray, intercepts: np.ndarray) ->
     if np.all(slopes == 1) and np.all(intercepts == 0):
         return stored
     shape = (-1,) + (1,) * (stored.ndim - 1)
-    if stored.dtype.kind in "iu" and np.all(slopes == slopes[0]) and float(slopes[0]).is_integer() \
-            and np.all(np.mod(intercepts, 1) == 0):
+    if stored.dtype.kind in "iu":
         smin, smax = int(stored.min()), int(stored.max())
-        m = int(slopes[0])
-        lo = min(smin * m, smax * m) + int(intercepts.min())
-        hi = max(smin * m, smax * m) + int(intercepts.max())
-        for dt in (np.int16, np.int32, np.int64):
+        dt = rescaled_dtype(smin, smax, slopes, intercepts)
+        if dt is not None:
             info = np.iinfo(dt)
-            if info.min <= lo and hi <= info.max:
-                if np.dtype(dt).itemsize == stored.dtype.itemsize and smin >= info.min and smax <= info.max:
-                    out = stored.view(dt)  # same bits, same values: reinterpret, no copy
-                else:
-                    out = stored.astype(dt)
-                if m != 1:
-                    out *= dt(m)
-                if np.all(intercepts == intercepts[0]):
-                    out += dt(intercepts[0])
-                else:
-                    out += intercepts.astype(dt).reshape(shape)
-                return out
+            if dt.itemsize == stored.dtype.itemsize and smin >= info.min and smax <= info.max:
+                out = stored.view(dt)  # same bits, same values: reinterpret, no copy
+            else:
+                out = stored.astype(dt)
+            m = int(slopes[0])
+            if m != 1:
+                out *= dt.type(m)
+            if np.all(intercepts == intercepts[0]):
+                out += dt.type(intercepts[0])
+            else:
+                out += intercepts.astype(dt).reshape(shape)
+            return out
     out = stored.astype(np.float32)
     out *= slopes.astype(np.float32).reshape(shape)
     out += intercepts.astype(np.float32).reshape(shape)

@@ -132,16 +132,16 @@ class Invertd(MapTransform):
 
 def invert(pred: Volume, plan, nearest: bool = True, device: str = "cpu") -> Volume:
     """``pred`` on ``plan``'s output grid, resampled back onto the plan's input grid."""
-    from ..pipeline import Resampler
     from ..plan import Plan
+    from ..resample import get_resampler
 
     inv = Plan(tuple(pred.shape), pred.affine, tuple(plan.in_shape), plan.in_affine,
                np.linalg.inv(plan.matrix))
     arr = pred.array
     if nearest and arr.dtype == np.bool_:
         arr = arr.astype(np.uint8)
-    r = Resampler(device, interp="nearest" if nearest else "linear",
-                  dtype=str(arr.dtype) if nearest else "float32", fill=0)
+    r = get_resampler(device, "nearest" if nearest else "linear", False,
+                      str(arr.dtype) if nearest else "float32", 0, False, 1, (str(arr.dtype), "None"))
     out = r.run([arr], [inv])[0]
     return Volume(out, plan.in_affine, {**pred.meta, "inverted": True})
 

@@ -208,17 +208,18 @@ def read_series_gpu(series, device_id: int = 0):
     signed = bool(int(series.info.get("PixelRepresentation") or 0))
     dec = decode_frames_gpu(data, config, bits, signed, device_id=device_id)
     stack = torch.stack(dec)
-    slopes = torch.tensor([f.slope for f in frames], dtype=torch.float64)
-    inter = torch.tensor([f.intercept for f in frames], dtype=torch.float64)
-    if bool((slopes == 1).all()) and bool((inter == 0).all()):
+    from ..io.dicom_read import rescaled_dtype
+
+    slopes = np.array([f.slope for f in frames], dtype=np.float64)
+    inter = np.array([f.intercept for f in frames], dtype=np.float64)
+    dt = rescaled_dtype(int(stack.min()), int(stack.max()), slopes, inter)
+    if np.all(slopes == 1) and np.all(inter == 0):
         out = stack
-    elif bool((slopes == slopes[0]).all()) and float(slopes[0]).is_integer() and bool((inter % 1 == 0).all()):
-        lo = int(stack.min()) * int(slopes[0]) + int(inter.min())
-        hi = int(stack.max()) * int(slopes[0]) + int(inter.max())
-        dt = torch.int16 if -32768 <= min(lo, hi) and max(lo, hi) <= 32767 else torch.int32
-        out = stack.to(dt) * int(slopes[0]) + inter.to(dt).to(stack.device).view(-1, 1, 1)
+    elif dt is not None:  # the CPU reader's rule: integer when integral
+        tdt = getattr(torch, dt.name)
+        out = stack.to(tdt) * int(slopes[0]) + torch.as_tensor(inter, device=stack.device).to(tdt).view(-1, 1, 1)
     else:
-        out = stack.to(torch.float32) * slopes.to(torch.float32).to(stack.device).view(-1, 1, 1) \
-            + inter.to(torch.float32).to(stack.device).view(-1, 1, 1)
+        out = stack.to(torch.float32) * torch.as_tensor(slopes, dtype=torch.float32, device=stack.device).view(-1, 1, 1) \
+            + torch.as_tensor(inter, dtype=torch.float32, device=stack.device).view(-1, 1, 1)
     meta = {"decode": "gpu (nvImageCodec)", "series_uid": series.uid, "warnings": list(geom.warnings)}
     return out, geom.affine, meta
