@@ -53,6 +53,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--gpu", nargs="*", default=["64x4", "128x8", "256x12"],
+                    help="GPU settings tried, BATCHxTHREADS; the best is reported")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     import pydicom
@@ -88,15 +90,23 @@ def main(argv=None):
         else:
             import torch
 
-            dec.decode_frames_gpu(frames[:64], cfg, int(ds.BitsStored), bool(int(ds.PixelRepresentation)))
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            out = dec.decode_frames_gpu(frames, cfg, int(ds.BitsStored), bool(int(ds.PixelRepresentation)))
-            torch.cuda.synchronize()
-            gpu = time.perf_counter() - t
-            assert len(out) == n
+            bits, signed = int(ds.BitsStored), bool(int(ds.PixelRepresentation))
+            tried = {}
+            for setting in a.gpu:
+                bs, th = (int(x) for x in setting.split("x"))
+                dec.decode_frames_gpu(frames[:bs], cfg, bits, signed, batch_size=bs, num_threads=th)  # warm-up
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                out = dec.decode_frames_gpu(frames, cfg, bits, signed, batch_size=bs, num_threads=th)
+                torch.cuda.synchronize()
+                tried[setting] = time.perf_counter() - t
+                assert len(out) == n
+                del out
+            best = min(tried, key=tried.get)
+            gpu = tried[best]
             row.update(gpu_slices_per_s=n / gpu, gpu_series_per_s=n / gpu / per_series, gpu_vs_cpu=cpu / gpu,
-                       gpu_config=cfg)
+                       gpu_config=cfg, gpu_setting=best,
+                       gpu_slices_per_s_by_setting={k: n / v for k, v in tried.items()})
         res["syntaxes"][name] = row
         print(name, json.dumps(row), flush=True)
     if a.out:

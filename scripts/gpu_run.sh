@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # On the H200 (after .gpu-stage/install.sh): GPU tests and benchmarks, results under $OUT.
-#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [convert]   (default: all)
+#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [convert] [decode] [cache]
+#   (default: the first five)
 set -uo pipefail
 export PYTHONPATH=/tmp/site:/tmp/sitk:$PWD MEDPROC_OFFLINE=1 PYTHONUNBUFFERED=1 PATH=/tmp/sitk/bin:$PATH
+# compressed files of pydicom-data, copied to .gpu-data (the package is not installed there)
+[ -d .gpu-data/pydicom-data ] && export MEDPROC_PYDICOM_DATA=$PWD/.gpu-data/pydicom-data
+ls .gpu-data/wheels/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/sitk .gpu-data/wheels/*.whl
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 want() { [ $# -eq 0 ] || [[ " $ALL " == *" $1 "* ]]; }
@@ -41,10 +45,16 @@ PY
 fi
 if want decode; then
   # prove the GPU decode support table on this machine, test it, then benchmark
-  python scripts/probe_gpu_decode.py .gpu-data/decode > "$OUT/probe_decode.log" 2>&1; tail -3 "$OUT/probe_decode.log"
+  python scripts/probe_gpu_decode.py .gpu-data/decode ${MEDPROC_PYDICOM_DATA:-} > "$OUT/probe_decode.log" 2>&1
+  grep -v -i -E "nvtiff|^Note:" "$OUT/probe_decode.log" | tail -70
   cp medproc/pipeline/gpu_decode_support.json "$OUT/"
   python -m pytest -m gpu -q -p no:cacheprovider tests/test_decode.py 2>&1 | tee "$OUT/gpu_decode_tests.log" | tail -4
-  python scripts/make_decode_data.py /tmp/dec --slices 100 --series 4 --only j2k jpegll htj2k > /dev/null 2>&1
+  python scripts/make_decode_data.py /tmp/dec --slices 100 --series 4 --only j2k j2k-signed jpegll htj2k > /dev/null 2>&1
   timeout 300 python bench/decode.py /tmp/dec --workers 16 --out "$OUT/decode_h200.json" > "$OUT/bench_decode.log" 2>&1
   tail -4 "$OUT/bench_decode.log"
+fi
+if want cache; then
+  timeout 300 python bench/cache.py --cases 6 --samples 256 --batch 4 --real .data/pyradiomics/lung1_image.nrrd \
+    --out "$OUT/cache_h200.json" > "$OUT/bench_cache.log" 2>&1
+  tail -4 "$OUT/bench_cache.log"
 fi

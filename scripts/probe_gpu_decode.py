@@ -1,6 +1,6 @@
 """On a GPU machine: prove, per pixel encoding, which GPU decoder configuration is bit-exact.
 
-    python scripts/probe_gpu_decode.py [EXTRA_DIR ...] [--out FILE]
+    python scripts/probe_gpu_decode.py [EXTRA_DIR ...] [--out FILE]     (PROBE_JOBS=8 files at once)
 
 Decodes every compressed DICOM file of pydicom and pydicom-data (and of EXTRA_DIR, e.g. the
 synthetic series of scripts/make_decode_data.py) on the GPU with each configuration in
@@ -52,22 +52,28 @@ def probe_one(path: str, configs: list[int]) -> None:
     ref = ref[None] if ref.ndim == (2 if spp == 1 else 3) else ref
     frames = list(generate_frames(ds.PixelData, number_of_frames=nf))
     out = {}
+    groups: dict = {}  # one GPU decode per (output dtype, stream form); the fixes are applied after
     for c in configs:
+        cfg = dec.CONFIGS[c]
+        groups.setdefault((cfg.get("dtype"), cfg.get("stream")), []).append(c)
+    bits, signed = int(ds.get("BitsStored") or 16), bool(int(ds.get("PixelRepresentation") or 0))
+    for (dtype, stream), cs in groups.items():
         try:
-            got = dec.decode_frames_gpu(frames, dec.CONFIGS[c], int(ds.get("BitsStored") or 16),
-                                        bool(int(ds.get("PixelRepresentation") or 0)), batch_size=8)
+            raw = dec.decode_frames_gpu(frames, {"dtype": dtype, "stream": stream, "fix": "none"}, bits, signed,
+                                        batch_size=8)
+        except Exception as e:  # noqa: BLE001
+            out.update({c: "error: " + str(e).strip().splitlines()[-1][:160] for c in cs})
+            print(json.dumps(out), flush=True)
+            return
+        for c in cs:
             worst = 0
-            for g, r in zip(got, ref):
-                g = g.cpu().numpy()
+            for g, r in zip(raw, ref):
+                g = dec._fix(g, dec.CONFIGS[c]["fix"], bits, signed).cpu().numpy()
                 if g.shape != r.shape:
                     worst = f"shape {g.shape} vs {r.shape}"
                     break
                 worst = max(worst, int(np.abs(g.astype(np.int64) - r.astype(np.int64)).max()))
             out[c] = worst
-        except Exception as e:  # noqa: BLE001
-            out[c] = "error: " + str(e).strip().splitlines()[-1][:160]
-            print(json.dumps(out), flush=True)
-            return
     print(json.dumps(out), flush=True)
 
 
@@ -83,7 +89,7 @@ def main(argv=None):
         i = argv.index("--out")
         out_path = argv[i + 1]
         argv = argv[:i] + argv[i + 2:]
-    results = {}
+    jobs = []
     for path in files(argv):
         try:
             ds = pydicom.dcmread(path)
@@ -95,25 +101,36 @@ def main(argv=None):
         info = {k: ds.get(k) for k in ("BitsAllocated", "BitsStored", "PixelRepresentation", "SamplesPerPixel",
                                        "PhotometricInterpretation")}
         info["TransferSyntaxUID"] = ts
-        key = dec.support_key(info)
         try:
             ds.pixel_array  # the reference must exist
         except Exception as e:  # noqa: BLE001
-            results[path] = {"key": key, "reference": f"pydicom cannot decode: {e}"}
+            jobs.append((path, dec.support_key(info), f"pydicom cannot decode: {e}"))
             continue
-        todo = [c for c, cfg in enumerate(dec.CONFIGS) if not (cfg.get("stream") and ts not in dec.JPEG_FAMILY)]
+        jobs.append((path, dec.support_key(info), [c for c, cfg in enumerate(dec.CONFIGS)
+                                                   if not (cfg.get("stream") and ts not in dec.JPEG_FAMILY)]))
+
+    def run(job):
+        path, key, todo = job
+        if isinstance(todo, str):
+            return path, {"key": key, "reference": todo}
         per = {}
         while todo:  # each file in fresh processes: a failed DALI decode leaves a process unusable
             r = subprocess.run([sys.executable, __file__, "--one", path, ",".join(map(str, todo))],
-                               capture_output=True, text=True, timeout=300)
+                               capture_output=True, text=True, timeout=600)
             lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
             got = json.loads(lines[-1]) if lines else {}
             if not got:  # the child died before reporting: charge the first config and go on
                 got = {str(todo[0]): "error: " + (r.stderr.strip().splitlines() or ["crashed"])[-1][:160]}
             per.update({int(k): v for k, v in got.items()})
             todo = [c for c in todo if c not in per]
-        results[path] = {"key": key, "configs": per}
         print(os.path.basename(path), key, per, flush=True)
+        return path, {"key": key, "configs": per}
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    # files in parallel (each child is a small CUDA context on the same GPU)
+    with ThreadPoolExecutor(int(os.environ.get("PROBE_JOBS", "8"))) as ex:
+        results = dict(ex.map(run, jobs))
     by_key = {}
     for path, r in results.items():
         by_key.setdefault(r["key"], []).append((path, r))

@@ -42,7 +42,10 @@ def pydicom_test_files() -> list[str]:
 
     base = os.path.join(os.path.dirname(pydicom.__file__), "data", "test_files")
     files = sorted(glob.glob(os.path.join(base, "*.dcm")))
-    ext = get_testdata_file("693_J2KR.dcm")  # pydicom-data's store (exact name: no download)
+    # pydicom-data's store (exact name: no download); MEDPROC_PYDICOM_DATA names a copy of it on
+    # machines where the package cannot be installed (the GPU machine)
+    ext = os.path.join(os.environ["MEDPROC_PYDICOM_DATA"], "x") if os.environ.get("MEDPROC_PYDICOM_DATA") \
+        else get_testdata_file("693_J2KR.dcm")
     if ext:
         files += sorted(glob.glob(os.path.join(os.path.dirname(ext), "*.dcm")))
     return files

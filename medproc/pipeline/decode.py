@@ -83,14 +83,14 @@ def decode_path(info: dict) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _pipe(dtype: str | None, batch_size: int, device_id: int):
+def _pipe(dtype: str | None, batch_size: int, device_id: int, num_threads: int):
     from nvidia.dali import fn, pipeline_def, types
 
     kw = {}
     if dtype is not None:
         kw["dtype"] = {"uint8": types.UINT8, "uint16": types.UINT16, "int16": types.INT16}[dtype]
 
-    @pipeline_def(batch_size=batch_size, num_threads=4, device_id=device_id, exec_dynamic=True,
+    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, exec_dynamic=True,
                   prefetch_queue_depth=1)
     def graph():
         enc = fn.external_source(name="enc", device="cpu", dtype=types.UINT8)
@@ -154,12 +154,16 @@ def sof_first(frame: bytes) -> bytes:
 
 
 def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, signed: bool = False,
-                      batch_size: int = 64, device_id: int = 0) -> list:
-    """Decode encapsulated frames on the GPU; returns CUDA torch tensors (rows, columns[, 3])."""
+                      batch_size: int = 64, device_id: int = 0, num_threads: int | None = None) -> list:
+    """Decode encapsulated frames on the GPU; returns CUDA torch tensors (rows, columns[, 3]).
+
+    ``num_threads``: DALI CPU threads (stream parsing and the host stages of the decoders);
+    default ``min(8, cpu_count)``.
+    """
     import torch
     from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-    pipe = _pipe(config.get("dtype"), batch_size, device_id)
+    pipe = _pipe(config.get("dtype"), batch_size, device_id, num_threads or min(8, os.cpu_count() or 1))
     if config.get("stream") == "sof_first":
         frames = [sof_first(f) for f in frames]
     out = []
