@@ -194,7 +194,11 @@ def _compress(ds, stored: np.ndarray, transfer_syntax) -> None:
     from pydicom.uid import UID
 
     if _IMAGECODECS[ts] == "ljpeg":
-        frame = imagecodecs.ljpeg_encode(stored, bitspersample=int(ds.BitsStored))
+        # libjpeg-turbo's lossless mode with predictor 1 (this syntax's SV1; imagecodecs'
+        # ljpeg_encode uses predictor 6). Signed values go in as their stored bit pattern.
+        bits = int(ds.BitsStored)
+        pattern = (stored.astype(np.int32) & ((1 << bits) - 1)).astype(np.uint16)
+        frame = imagecodecs.jpeg8_encode(pattern, lossless=True, predictor=1, bitspersample=bits)
     else:
         frame = imagecodecs.htj2k_encode(stored, level=0)  # level 0: reversible (lossless)
     ds.PixelData = encapsulate([frame])

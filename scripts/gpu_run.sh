@@ -45,11 +45,11 @@ PY
 fi
 if want decode; then
   # prove the GPU decode support table on this machine, test it, then benchmark
-  python scripts/probe_gpu_decode.py .gpu-data/decode ${MEDPROC_PYDICOM_DATA:-} > "$OUT/probe_decode.log" 2>&1
+  PROBE_JOBS=12 python scripts/probe_gpu_decode.py .gpu-data/decode ${MEDPROC_PYDICOM_DATA:-} > "$OUT/probe_decode.log" 2>&1
   grep -v -i -E "nvtiff|^Note:" "$OUT/probe_decode.log" | tail -70
   cp medproc/pipeline/gpu_decode_support.json "$OUT/"
   python -m pytest -m gpu -q -p no:cacheprovider tests/test_decode.py 2>&1 | tee "$OUT/gpu_decode_tests.log" | tail -4
-  python scripts/make_decode_data.py /tmp/dec --slices 100 --series 4 --only j2k j2k-signed jpegll htj2k > /dev/null 2>&1
+  python scripts/make_decode_data.py /tmp/dec --slices 100 --series 4 --only j2k j2k-signed jpegll jpegll-signed htj2k > /dev/null 2>&1
   timeout 300 python bench/decode.py /tmp/dec --workers 16 --out "$OUT/decode_h200.json" > "$OUT/bench_decode.log" 2>&1
   tail -4 "$OUT/bench_decode.log"
 fi

@@ -3,7 +3,8 @@
     python scripts/make_decode_data.py OUT [--slices N] [--size N] [--series N]
 
 Writes OUT/<syntax>[-signed]/sNN/: JPEG 2000 lossless (12-bit unsigned and 16-bit signed),
-HTJ2K lossless (12-bit unsigned) and JPEG lossless process 14 SV1 (12-bit unsigned).
+HTJ2K lossless (12-bit unsigned) and JPEG lossless process 14 SV1 (12-bit unsigned and 16-bit
+signed).
 """
 
 import argparse
@@ -21,6 +22,7 @@ SYNTAXES = {
     "j2k-signed": ("1.2.840.10008.1.2.4.90", True),
     "htj2k": ("1.2.840.10008.1.2.4.201", False),
     "jpegll": ("1.2.840.10008.1.2.4.70", False),
+    "jpegll-signed": ("1.2.840.10008.1.2.4.70", True),
 }
 
 

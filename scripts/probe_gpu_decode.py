@@ -37,6 +37,13 @@ def files(extra):
     return out
 
 
+def _reason(e: Exception) -> str:
+    """The line of a DALI error that says what went wrong (not the trailing 'no longer valid')."""
+    lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
+    useful = [x for x in lines if "no longer valid" not in x and not x.startswith(("File ", "Error in", "which was"))]
+    return "error: " + (useful or lines or ["?"])[-1][:200]
+
+
 def probe_one(path: str, configs: list[int]) -> None:
     """Child process: try ``configs`` on ``path`` in order, stop at the first error."""
     import pydicom
@@ -62,13 +69,18 @@ def probe_one(path: str, configs: list[int]) -> None:
             raw = dec.decode_frames_gpu(frames, {"dtype": dtype, "stream": stream, "fix": "none"}, bits, signed,
                                         batch_size=8)
         except Exception as e:  # noqa: BLE001
-            out.update({c: "error: " + str(e).strip().splitlines()[-1][:160] for c in cs})
+            out.update({c: _reason(e) for c in cs})
             print(json.dumps(out), flush=True)
             return
+        sizes = [dec.j2k_siz(f) for f in frames]  # of the original stream, as decode_frames_gpu
         for c in cs:
             worst = 0
-            for g, r in zip(raw, ref):
-                g = dec._fix(g, dec.CONFIGS[c]["fix"], bits, signed).cpu().numpy()
+            for g, r, siz in zip(raw, ref, sizes):
+                try:
+                    g = dec._fix(g, dec.CONFIGS[c]["fix"], bits, signed, siz).cpu().numpy()
+                except ValueError as e:
+                    worst = f"error: {e}"
+                    break
                 if g.shape != r.shape:
                     worst = f"shape {g.shape} vs {r.shape}"
                     break
@@ -107,7 +119,7 @@ def main(argv=None):
             jobs.append((path, dec.support_key(info), f"pydicom cannot decode: {e}"))
             continue
         jobs.append((path, dec.support_key(info), [c for c, cfg in enumerate(dec.CONFIGS)
-                                                   if not (cfg.get("stream") and ts not in dec.JPEG_FAMILY)]))
+                                                   if dec.config_applies(cfg, ts)]))
 
     def run(job):
         path, key, todo = job

@@ -48,7 +48,7 @@ def test_support_keys_and_decode_paths():
         assert entry["config"] in dec.CONFIGS and entry["files"], key
 
 
-@pytest.mark.parametrize("name", list(SYNTH) + ["j2k-signed"])
+@pytest.mark.parametrize("name", list(SYNTH) + ["j2k-signed", "jpegll-signed"])
 def test_synthetic_compressed_series_decode_exactly_on_cpu(synthetic, name):
     d = os.path.join(synthetic, name, "s00")
     vol = medproc.load(d)
@@ -110,7 +110,7 @@ def test_every_proven_encoding_is_bit_exact_on_the_gpu(synthetic):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(SYNTH) + ["j2k-signed"])
+@pytest.mark.parametrize("name", list(SYNTH) + ["j2k-signed", "jpegll-signed"])
 def test_gpu_series_read_equals_cpu_and_feeds_the_resampler(synthetic, name, tmp_path):
     (series,), _ = find_series(os.path.join(synthetic, name, "s00"))
     if dec.gpu_config(series.info) is None:
@@ -151,3 +151,72 @@ def test_sof_first_keeps_the_pixels():
     ds.PixelData = encapsulate([dec.sof_first(frame)])
     np.testing.assert_array_equal(ds.pixel_array, pydicom.dcmread(get_testdata_file("JPEG-LL.dcm")).pixel_array)
     assert dec.sof_first(b"not a jpeg") == b"not a jpeg"
+
+
+def _nvimgcodec_like(frame: bytes):
+    """What the GPU decoder returns for a J2K frame with dtype uint16, emulated on the CPU with an
+    independent decoder (openjpeg via imagecodecs): samples of precision p scaled up to 16 bits,
+    signed samples clamped at 0. The probe on the GPU is what proves the real decoder."""
+    import imagecodecs
+    import torch
+
+    x = imagecodecs.jpeg2k_decode(frame).astype(np.int64)
+    _, p, cs_signed = dec.j2k_siz(frame)
+    if cs_signed:
+        x = np.clip(x, 0, None)
+    return torch.as_tensor(np.rint(x * 65535 / (2 ** p - 1)).astype(np.int32))
+
+
+def test_j2k_correction_recovers_pydicom_values_from_a_scaled_unsigned_decode(synthetic):
+    """The J2K correction (components declared unsigned, then scale and DC shift undone, then
+    pydicom's sign rule) gives pydicom's values on every lossless J2K file here, signed ones
+    included; without the stream rewrite, signed files lose their negative values."""
+    from pydicom.encaps import generate_frames
+
+    files = [f for f in _compressed_files() if str(pydicom.dcmread(f, stop_before_pixels=True)
+                                                    .file_meta.TransferSyntaxUID) == "1.2.840.10008.1.2.4.90"]
+    files += sorted(glob.glob(os.path.join(synthetic, "j2k*", "*", "*.dcm")))
+    cfg = {"dtype": "uint16", "fix": "j2k", "stream": "j2k_unsigned"}
+    seen_signed = 0
+    for f in files:
+        ds = pydicom.dcmread(f)
+        if int(ds.get("SamplesPerPixel") or 1) != 1 or "PixelData" not in ds:
+            continue
+        ref = ds.pixel_array
+        ref = ref[None] if ref.ndim == 2 else ref
+        frames = list(generate_frames(ds.PixelData, number_of_frames=int(ds.get("NumberOfFrames") or 1)))
+        bits, signed = int(ds.BitsStored), bool(int(ds.PixelRepresentation))
+        for fr, r in zip(frames, ref):
+            siz = dec.j2k_siz(fr)
+            got = dec._fix(_nvimgcodec_like(dec.j2k_unsigned(fr)), cfg["fix"], bits, signed, siz)
+            np.testing.assert_array_equal(got.numpy().astype(np.int64), r.astype(np.int64), err_msg=f)
+            if siz[2] and r.min() < 0:
+                seen_signed += 1
+                plain = dec._fix(_nvimgcodec_like(fr), cfg["fix"], bits, signed, siz).numpy()
+                assert not np.array_equal(plain, r), "without the rewrite the negatives are lost"
+    assert seen_signed > 0
+    assert dec.config_applies(cfg, "1.2.840.10008.1.2.4.90") and not dec.config_applies(cfg, "1.2.840.10008.1.2.4.70")
+    assert dec.j2k_unsigned(b"\xff\xd8 not j2k") == b"\xff\xd8 not j2k"
+
+
+def test_synthetic_jpeg_lossless_is_sv1_and_lossless(tmp_path):
+    """The synthetic JPEG lossless series really are process 14 selection value 1 (predictor 1 in
+    the SOS header, as the transfer syntax says) and decode to the phantom's values."""
+    from pydicom.encaps import generate_frames
+
+    from medproc.sample_data import ct_phantom, grid_affine, write_dicom_series
+
+    shape = (2, 40, 36)
+    aff = grid_affine(shape, (2.0, 1.0, 1.0), (-20.0, -18.0, 0.0))
+    img, _ = ct_phantom(shape, aff, [], seed=3)
+    for signed in (False, True):
+        d = tmp_path / str(signed)
+        write_dicom_series(str(d), medproc.Volume(img, aff), "1.2.826.0.1.3680043.8.498.9", signed=signed,
+                           transfer_syntax="1.2.840.10008.1.2.4.70")
+        vol = medproc.load(str(d))
+        np.testing.assert_array_equal(vol.array, img if signed else np.clip(img, -1024, 3071))
+        ds = pydicom.dcmread(sorted(glob.glob(str(d / "*.dcm")))[0])
+        frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+        sos = frame.index(b"\xff\xda")
+        ns = frame[sos + 4]
+        assert frame[sos + 5 + 2 * ns] == 1, "predictor (Ss) must be 1 for SV1"

@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 __all__ = ["support_key", "support_table", "gpu_config", "decode_path", "decode_frames_gpu",
-           "read_series_gpu", "CONFIGS"]
+           "read_series_gpu", "config_applies", "j2k_siz", "j2k_unsigned", "sof_first", "CONFIGS"]
 
 _TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_decode_support.json")
 
@@ -43,8 +43,22 @@ CONFIGS = [
 #: the same configurations on a JPEG stream whose frame header (SOFn) is moved before its tables:
 #: nvJPEG 12.4 refuses anything but APP0/APP1 before SOF3 (a valid DHT there included)
 CONFIGS += [{**c, "stream": "sof_first"} for c in CONFIGS[:4] + CONFIGS[6:7]]
+#: JPEG 2000: nvImageCodec scales a uint16 output up from the codestream's precision and clamps
+#: signed samples to the unsigned range (lossy). Declaring the components unsigned in the SIZ
+#: marker makes the decoder add 2^(p-1) instead (the inverse DC shift of unsigned data); the
+#: "j2k" fix then undoes the scaling and the shift exactly (see :func:`j2k_siz`).
+CONFIGS += [{"dtype": "uint16", "fix": "j2k"}, {"dtype": "uint16", "fix": "j2k", "stream": "j2k_unsigned"}]
 JPEG_FAMILY = {"1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.57",
                "1.2.840.10008.1.2.4.70"}
+J2K_FAMILY = {"1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.201",
+              "1.2.840.10008.1.2.4.202", "1.2.840.10008.1.2.4.203"}
+_FAMILY = {"sof_first": JPEG_FAMILY, "j2k_unsigned": J2K_FAMILY, "j2k": J2K_FAMILY}
+
+
+def config_applies(config: dict, transfer_syntax: str) -> bool:
+    """Whether a configuration can apply to a transfer syntax (stream rewrites are per family)."""
+    return all(str(transfer_syntax) in _FAMILY[k] for k in (config.get("stream"), config.get("fix")) if k in _FAMILY)
+
 
 NATIVE = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.2", "1.2.840.10008.1.2.1.99"}
 
@@ -105,7 +119,7 @@ def _pipe(dtype: str | None, batch_size: int, device_id: int, num_threads: int):
     return p
 
 
-def _fix(t, fix: str, bits_stored: int, signed: bool):
+def _fix(t, fix: str, bits_stored: int, signed: bool, siz: tuple | None = None):
     """Reinterpret decoded values (uint16 decodes arrive widened to int32, exactly)."""
     import torch
 
@@ -123,6 +137,16 @@ def _fix(t, fix: str, bits_stored: int, signed: bool):
         return ((wide << shift) >> shift).to(torch.int16)
     if fix == "unscale":
         return wide >> (16 - bits_stored)
+    if fix == "j2k":  # uint16 output of a codestream with precision p (declared unsigned or not)
+        if siz is None:
+            raise ValueError("no JPEG 2000 SIZ marker in the frame")
+        _, p, cs_signed = siz
+        v = wide >> (16 - p)  # nvImageCodec scaled p bits up to 16
+        if cs_signed:  # decoded as unsigned after j2k_unsigned: x + 2^(p-1)
+            v = v - (1 << (p - 1))
+        elif signed:  # DICOM signed, codestream unsigned: the stored bit pattern (pydicom's rule)
+            v = (v << (32 - bits_stored)) >> (32 - bits_stored)
+        return v.to(torch.int16) if signed or bits_stored <= 15 else v
     raise ValueError(f"unknown correction {fix!r}")
 
 
@@ -153,6 +177,33 @@ def sof_first(frame: bytes) -> bytes:
     return b"\xff\xd8" + sof + b"".join(segs) + frame[i:]
 
 
+def j2k_siz(frame: bytes) -> tuple[int, int, bool] | None:
+    """``(offset of the first Ssiz byte, precision, signed)`` of a JPEG 2000 codestream (raw or in
+    a JP2 box), from its SIZ marker; None if there is none. Ssiz = signed bit | (precision - 1),
+    one byte per component, 3 bytes apart (ISO 15444-1 A.5.1)."""
+    i = frame.find(b"\xff\x4f\xff\x51")  # SOC then SIZ
+    if i < 0 or i + 43 > len(frame):
+        return None
+    ssiz = frame[i + 42]
+    return i + 42, (ssiz & 0x7F) + 1, bool(ssiz & 0x80)
+
+
+def j2k_unsigned(frame: bytes) -> bytes:
+    """The same codestream with every component declared unsigned (entropy data untouched)."""
+    siz = j2k_siz(frame)
+    if siz is None or not siz[2]:
+        return frame
+    off = siz[0]
+    ncomp = int.from_bytes(frame[off - 2:off], "big")
+    b = bytearray(frame)
+    for c in range(ncomp):
+        b[off + 3 * c] &= 0x7F
+    return bytes(b)
+
+
+_STREAMS = {"sof_first": sof_first, "j2k_unsigned": j2k_unsigned}
+
+
 def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, signed: bool = False,
                       batch_size: int = 64, device_id: int = 0, num_threads: int | None = None) -> list:
     """Decode encapsulated frames on the GPU; returns CUDA torch tensors (rows, columns[, 3]).
@@ -164,8 +215,9 @@ def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, 
     from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
     pipe = _pipe(config.get("dtype"), batch_size, device_id, num_threads or min(8, os.cpu_count() or 1))
-    if config.get("stream") == "sof_first":
-        frames = [sof_first(f) for f in frames]
+    sizes = [j2k_siz(f) for f in frames] if config["fix"] == "j2k" else [None] * len(frames)
+    if config.get("stream"):
+        frames = [_STREAMS[config["stream"]](f) for f in frames]
     out = []
     for s in range(0, len(frames), batch_size):
         chunk = [np.frombuffer(f, np.uint8) for f in frames[s:s + batch_size]]
@@ -180,7 +232,7 @@ def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, 
             dst = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=f"cuda:{device_id}")
             feed_ndarray(t, dst, cuda_stream=torch.cuda.current_stream(device_id))
             dst = dst[..., 0] if dst.shape[-1] == 1 else dst
-            out.append(_fix(dst, config["fix"], bits_stored, signed))
+            out.append(_fix(dst, config["fix"], bits_stored, signed, sizes[s + i]))
     return out
 
 
