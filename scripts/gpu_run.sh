@@ -45,13 +45,18 @@ PY
 fi
 if want decode; then
   # prove the GPU decode support table on this machine, test it, then benchmark
-  PROBE_JOBS=12 python scripts/probe_gpu_decode.py .gpu-data/decode ${MEDPROC_PYDICOM_DATA:-} > "$OUT/probe_decode.log" 2>&1
-  grep -v -i -E "nvtiff|^Note:" "$OUT/probe_decode.log" | tail -70
+  # synthetic series at two sizes (512^2 and the tests' 96^2) plus pydicom's and pydicom-data's files
+  PROBE_JOBS=12 python scripts/probe_gpu_decode.py .gpu-data/decode .gpu-data/decode96 ${MEDPROC_PYDICOM_DATA:-} \
+    > "$OUT/probe_decode.log" 2>&1
+  grep -v -i -E "nvtiff|^Note:" "$OUT/probe_decode.log" | tail -2
   cp medproc/pipeline/gpu_decode_support.json "$OUT/"
   python -m pytest -m gpu -q -p no:cacheprovider tests/test_decode.py 2>&1 | tee "$OUT/gpu_decode_tests.log" | tail -4
-  python scripts/make_decode_data.py /tmp/dec --slices 100 --series 4 --only j2k j2k-signed jpegll jpegll-signed htj2k > /dev/null 2>&1
-  timeout 300 python bench/decode.py /tmp/dec --workers 16 --out "$OUT/decode_h200.json" > "$OUT/bench_decode.log" 2>&1
-  tail -4 "$OUT/bench_decode.log"
+  if [ "${DECODE_BENCH:-1}" != 0 ]; then
+    python scripts/make_decode_data.py /tmp/dec --slices 100 --series 4 \
+      --only ${DECODE_ONLY:-j2k j2k-signed jpegll jpegll-signed htj2k} > /dev/null 2>&1
+    timeout 300 python bench/decode.py /tmp/dec --workers 16 --out "$OUT/decode_h200.json" > "$OUT/bench_decode.log" 2>&1
+    grep -E "^[a-z0-9-]+ \{" "$OUT/bench_decode.log" | cut -c1-600
+  fi
 fi
 if want cache; then
   timeout 300 python bench/cache.py --cases 6 --samples 256 --batch 4 --real .data/pyradiomics/lung1_image.nrrd \

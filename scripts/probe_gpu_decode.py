@@ -72,7 +72,7 @@ def probe_one(path: str, configs: list[int]) -> None:
             out.update({c: _reason(e) for c in cs})
             print(json.dumps(out), flush=True)
             return
-        sizes = [dec.j2k_siz(f) for f in frames]  # of the original stream, as decode_frames_gpu
+        sizes = [dec.stream_header(f) for f in frames]  # of the original stream, as decode_frames_gpu
         for c in cs:
             worst = 0
             for g, r, siz in zip(raw, ref, sizes):

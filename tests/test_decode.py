@@ -154,29 +154,34 @@ def test_sof_first_keeps_the_pixels():
 
 
 def _nvimgcodec_like(frame: bytes):
-    """What the GPU decoder returns for a J2K frame with dtype uint16, emulated on the CPU with an
-    independent decoder (openjpeg via imagecodecs): samples of precision p scaled up to 16 bits,
-    signed samples clamped at 0. The probe on the GPU is what proves the real decoder."""
+    """What the GPU decoder returns for a J2K or lossless JPEG frame with dtype uint16, emulated on
+    the CPU with independent decoders (openjpeg / liblj92 via imagecodecs): samples of precision p
+    scaled up to 16 bits, signed samples clamped at 0. The probe on the GPU proves the real one."""
     import imagecodecs
     import torch
 
-    x = imagecodecs.jpeg2k_decode(frame).astype(np.int64)
-    _, p, cs_signed = dec.j2k_siz(frame)
+    jpeg = frame[:2] == b"\xff\xd8"
+    x = (imagecodecs.ljpeg_decode(frame) if jpeg else imagecodecs.jpeg2k_decode(frame)).astype(np.int64)
+    _, p, cs_signed = dec.stream_header(frame)
     if cs_signed:
         x = np.clip(x, 0, None)
     return torch.as_tensor(np.rint(x * 65535 / (2 ** p - 1)).astype(np.int32))
 
 
-def test_j2k_correction_recovers_pydicom_values_from_a_scaled_unsigned_decode(synthetic):
-    """The J2K correction (components declared unsigned, then scale and DC shift undone, then
-    pydicom's sign rule) gives pydicom's values on every lossless J2K file here, signed ones
-    included; without the stream rewrite, signed files lose their negative values."""
+@pytest.mark.parametrize("ts", ["1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.70"])
+def test_precision_correction_recovers_pydicom_values_from_a_scaled_unsigned_decode(synthetic, ts):
+    """The precision correction (J2K components declared unsigned; then the scaling from the
+    stream's precision and the DC shift undone; then pydicom's sign rule) gives pydicom's values
+    on every lossless J2K / JPEG lossless file here, signed ones included; without the stream
+    rewrite, signed J2K files lose their negative values."""
     from pydicom.encaps import generate_frames
 
     files = [f for f in _compressed_files() if str(pydicom.dcmread(f, stop_before_pixels=True)
-                                                    .file_meta.TransferSyntaxUID) == "1.2.840.10008.1.2.4.90"]
-    files += sorted(glob.glob(os.path.join(synthetic, "j2k*", "*", "*.dcm")))
-    cfg = {"dtype": "uint16", "fix": "j2k", "stream": "j2k_unsigned"}
+                                                    .file_meta.TransferSyntaxUID) == ts]
+    files += sorted(glob.glob(os.path.join(synthetic, "j2k*" if ts.endswith("90") else "jpegll*", "*", "*.dcm")))
+    jpeg = ts.endswith("70")
+    cfg = {"dtype": "uint16", "fix": "precision"} if jpeg else \
+        {"dtype": "uint16", "fix": "precision", "stream": "j2k_unsigned"}
     seen_signed = 0
     for f in files:
         ds = pydicom.dcmread(f)
@@ -187,15 +192,18 @@ def test_j2k_correction_recovers_pydicom_values_from_a_scaled_unsigned_decode(sy
         frames = list(generate_frames(ds.PixelData, number_of_frames=int(ds.get("NumberOfFrames") or 1)))
         bits, signed = int(ds.BitsStored), bool(int(ds.PixelRepresentation))
         for fr, r in zip(frames, ref):
-            siz = dec.j2k_siz(fr)
+            siz = dec.stream_header(fr)
+            if int(ds.BitsAllocated) == 8:
+                continue  # 8-bit: the GPU route has no uint16 scaling question
             got = dec._fix(_nvimgcodec_like(dec.j2k_unsigned(fr)), cfg["fix"], bits, signed, siz)
             np.testing.assert_array_equal(got.numpy().astype(np.int64), r.astype(np.int64), err_msg=f)
-            if siz[2] and r.min() < 0:
+            if not jpeg and siz[2] and r.min() < 0:
                 seen_signed += 1
                 plain = dec._fix(_nvimgcodec_like(fr), cfg["fix"], bits, signed, siz).numpy()
                 assert not np.array_equal(plain, r), "without the rewrite the negatives are lost"
-    assert seen_signed > 0
-    assert dec.config_applies(cfg, "1.2.840.10008.1.2.4.90") and not dec.config_applies(cfg, "1.2.840.10008.1.2.4.70")
+    assert seen_signed > 0 or jpeg
+    assert dec.config_applies(cfg, ts) and not dec.config_applies(cfg, "1.2.840.10008.1.2.5")
+    assert not dec.config_applies({**cfg, "stream": "j2k_unsigned"}, "1.2.840.10008.1.2.4.70")
     assert dec.j2k_unsigned(b"\xff\xd8 not j2k") == b"\xff\xd8 not j2k"
 
 

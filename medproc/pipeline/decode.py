@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 __all__ = ["support_key", "support_table", "gpu_config", "decode_path", "decode_frames_gpu",
-           "read_series_gpu", "config_applies", "j2k_siz", "j2k_unsigned", "sof_first", "CONFIGS"]
+           "read_series_gpu", "config_applies", "stream_header", "j2k_unsigned", "sof_first", "CONFIGS"]
 
 _TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_decode_support.json")
 
@@ -43,16 +43,18 @@ CONFIGS = [
 #: the same configurations on a JPEG stream whose frame header (SOFn) is moved before its tables:
 #: nvJPEG 12.4 refuses anything but APP0/APP1 before SOF3 (a valid DHT there included)
 CONFIGS += [{**c, "stream": "sof_first"} for c in CONFIGS[:4] + CONFIGS[6:7]]
-#: JPEG 2000: nvImageCodec scales a uint16 output up from the codestream's precision and clamps
-#: signed samples to the unsigned range (lossy). Declaring the components unsigned in the SIZ
-#: marker makes the decoder add 2^(p-1) instead (the inverse DC shift of unsigned data); the
-#: "j2k" fix then undoes the scaling and the shift exactly (see :func:`j2k_siz`).
-CONFIGS += [{"dtype": "uint16", "fix": "j2k"}, {"dtype": "uint16", "fix": "j2k", "stream": "j2k_unsigned"}]
+#: nvImageCodec scales a uint16 output up from the stream's sample precision p (JPEG 2000 SIZ,
+#: JPEG SOFn), so BitsStored is the wrong shift when the encoder wrote p != BitsStored; the
+#: "precision" fix reads p from each frame's header. JPEG 2000 signed samples are clamped to the
+#: unsigned range (lossy): declaring the components unsigned in the SIZ marker makes the decoder
+#: add 2^(p-1) instead (the inverse DC shift of unsigned data), which the fix subtracts again.
+CONFIGS += [{"dtype": "uint16", "fix": "precision"},
+            {"dtype": "uint16", "fix": "precision", "stream": "j2k_unsigned"}]
 JPEG_FAMILY = {"1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.57",
                "1.2.840.10008.1.2.4.70"}
 J2K_FAMILY = {"1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.201",
               "1.2.840.10008.1.2.4.202", "1.2.840.10008.1.2.4.203"}
-_FAMILY = {"sof_first": JPEG_FAMILY, "j2k_unsigned": J2K_FAMILY, "j2k": J2K_FAMILY}
+_FAMILY = {"sof_first": JPEG_FAMILY, "j2k_unsigned": J2K_FAMILY, "precision": JPEG_FAMILY | J2K_FAMILY}
 
 
 def config_applies(config: dict, transfer_syntax: str) -> bool:
@@ -120,6 +122,7 @@ def _pipe(dtype: str | None, batch_size: int, device_id: int, num_threads: int):
 
 
 def _fix(t, fix: str, bits_stored: int, signed: bool, siz: tuple | None = None):
+    # siz: stream_header(frame) = (offset, precision, signed) for the "precision" fix
     """Reinterpret decoded values (uint16 decodes arrive widened to int32, exactly)."""
     import torch
 
@@ -137,9 +140,9 @@ def _fix(t, fix: str, bits_stored: int, signed: bool, siz: tuple | None = None):
         return ((wide << shift) >> shift).to(torch.int16)
     if fix == "unscale":
         return wide >> (16 - bits_stored)
-    if fix == "j2k":  # uint16 output of a codestream with precision p (declared unsigned or not)
+    if fix == "precision":  # uint16 output of a stream with precision p (J2K: declared unsigned or not)
         if siz is None:
-            raise ValueError("no JPEG 2000 SIZ marker in the frame")
+            raise ValueError("no JPEG 2000 SIZ or JPEG SOF header in the frame")
         _, p, cs_signed = siz
         v = wide >> (16 - p)  # nvImageCodec scaled p bits up to 16
         if cs_signed:  # decoded as unsigned after j2k_unsigned: x + 2^(p-1)
@@ -201,6 +204,26 @@ def j2k_unsigned(frame: bytes) -> bytes:
     return bytes(b)
 
 
+def jpeg_sof(frame: bytes) -> tuple[int, int, bool] | None:
+    """``(offset of the SOFn marker, sample precision, False)`` of a JPEG stream; None if none."""
+    if frame[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 5 <= len(frame) and frame[i] == 0xFF:
+        marker = frame[i + 1]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return i, frame[i + 4], False
+        if marker == 0xDA:
+            return None
+        i += 2 + int.from_bytes(frame[i + 2:i + 4], "big")
+    return None
+
+
+def stream_header(frame: bytes) -> tuple[int, int, bool] | None:
+    """Sample precision and signedness as the compressed stream declares them (JPEG or J2K)."""
+    return jpeg_sof(frame) if frame[:2] == b"\xff\xd8" else j2k_siz(frame)
+
+
 _STREAMS = {"sof_first": sof_first, "j2k_unsigned": j2k_unsigned}
 
 
@@ -215,7 +238,7 @@ def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, 
     from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
     pipe = _pipe(config.get("dtype"), batch_size, device_id, num_threads or min(8, os.cpu_count() or 1))
-    sizes = [j2k_siz(f) for f in frames] if config["fix"] == "j2k" else [None] * len(frames)
+    sizes = [stream_header(f) for f in frames] if config["fix"] == "precision" else [None] * len(frames)
     if config.get("stream"):
         frames = [_STREAMS[config["stream"]](f) for f in frames]
     out = []
