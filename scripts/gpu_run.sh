@@ -14,7 +14,7 @@ ALL="$*"
 [ -z "$ALL" ] && ALL="tests resample proxy loader convert"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 if want tests; then
-  python -m pytest -m gpu -q -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
+  python -m pytest -m gpu -q -p no:cacheprovider tests/ --ignore=tests/test_notebooks.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 if want resample; then
   python bench/resample.py --device gpu --n 8 --slices 300 --batch 4 --out "$OUT/resample_h200.json" > "$OUT/bench_resample.log" 2>&1

@@ -1,6 +1,7 @@
 """On a GPU machine: prove, per pixel encoding, which GPU decoder configuration is bit-exact.
 
     python scripts/probe_gpu_decode.py [EXTRA_DIR ...] [--out FILE]     (PROBE_JOBS=8 files at once)
+    python scripts/probe_gpu_decode.py --from-log PROBE_LOG TABLE   (select again, no GPU)
 
 Decodes every compressed DICOM file of pydicom and pydicom-data (and of EXTRA_DIR, e.g. the
 synthetic series of scripts/make_decode_data.py) on the GPU with each configuration in
@@ -35,6 +36,82 @@ def files(extra):
     for d in extra:
         out += sorted(glob.glob(os.path.join(d, "**", "*.dcm"), recursive=True))
     return out
+
+
+#: syntaxes whose streams may be irreversibly coded: a file that happens to be exact (a reversible
+#: stream under a lossy syntax) proves nothing for the next file, whose float rounding may differ
+LOSSY = {"1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.81",
+         "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.203"}
+
+
+def apply_policy(doc: dict) -> dict:
+    """Keep GPU entries only for lossless-only syntaxes (see LOSSY); moved entries say why."""
+    for key in [k for k in doc["entries"] if k.split("|")[0] in LOSSY]:
+        entry = doc["entries"].pop(key)
+        doc["unsupported"][key] = {"policy": "lossy syntax: exact on these files, not provable for others",
+                                   "exact_files": entry["files"], "config": entry["config"]}
+    return doc
+
+
+def preference() -> list[int]:
+    """Configurations in the order the table prefers them: the ``precision`` fix first (it reads
+    the precision each frame's stream declares, so it holds where BitsStored differs), then the
+    rest in CONFIGS order."""
+    import medproc.pipeline.decode as dec
+
+    return sorted(range(len(dec.CONFIGS)), key=lambda c: (dec.CONFIGS[c]["fix"] != "precision", c))
+
+
+def select(records: list[tuple[str, dict]]) -> tuple[dict, dict]:
+    """Per encoding key, the first preferred configuration exact on *every* file of that key.
+
+    ``records``: (file name, {"key", "configs": {index: max |difference| or "error: ..."}} or
+    {"key", "reference": why pydicom could not decode it}).
+    """
+    import medproc.pipeline.decode as dec
+
+    by_key: dict = {}
+    for name, r in records:
+        by_key.setdefault(r["key"], []).append((name, r))
+    entries, unsupported = {}, {}
+    for key, items in sorted(by_key.items()):
+        ok = None
+        if all("configs" in r for _, r in items):
+            ok = next((c for c in preference() if all(r["configs"].get(c) == 0 for _, r in items)), None)
+        if ok is not None:
+            entries[key] = {"config": dec.CONFIGS[ok], "files": [n for n, _ in items]}
+        else:
+            unsupported[key] = {n: (r.get("configs") or r.get("reference")) for n, r in items}
+    return entries, unsupported
+
+
+def from_log(log: str, table: str) -> None:
+    """Select again from the per-file results a probe printed (``name key {index: result}``
+    lines), keeping the table's GPU facts; files pydicom could not decode stay as they were."""
+    import ast
+    import re
+
+    records = []
+    for line in open(log):
+        m = re.match(r"^(\S+) (\S+\|\S+\|\S+\|\S+\|\S+\|.*?) (\{.*\})$", line.strip())
+        if m:
+            records.append((m.group(1), {"key": m.group(2), "configs": ast.literal_eval(m.group(3))}))
+    doc = json.load(open(table))
+    for key, files in doc.get("unsupported", {}).items():
+        for name, v in files.items():
+            if isinstance(v, str) and v.startswith("pydicom cannot decode"):
+                records.append((name, {"key": key, "reference": v}))
+    doc["entries"], doc["unsupported"] = select(records)
+    doc["selected_from_log"] = os.path.basename(log)
+    with open(table, "w") as f:
+        json.dump(apply_policy(doc), f, indent=1, default=str)
+    print(f"{len(doc['entries'])} encodings proven, {len(doc['unsupported'])} left to the CPU -> {table}")
+
+
+def _name(path: str) -> str:
+    """A file's name in the table: enough of its path to tell the synthetic sets apart."""
+    parts = os.path.normpath(path).split(os.sep)
+    return "/".join(parts[-4:] if "decode" in "/".join(parts[-4:-2]) else parts[-1:])
 
 
 def _reason(e: Exception) -> str:
@@ -135,7 +212,7 @@ def main(argv=None):
                 got = {str(todo[0]): "error: " + (r.stderr.strip().splitlines() or ["crashed"])[-1][:160]}
             per.update({int(k): v for k, v in got.items()})
             todo = [c for c in todo if c not in per]
-        print(os.path.basename(path), key, per, flush=True)
+        print(_name(path), key, per, flush=True)
         return path, {"key": key, "configs": per}
 
     from concurrent.futures import ThreadPoolExecutor
@@ -143,35 +220,22 @@ def main(argv=None):
     # files in parallel (each child is a small CUDA context on the same GPU)
     with ThreadPoolExecutor(int(os.environ.get("PROBE_JOBS", "8"))) as ex:
         results = dict(ex.map(run, jobs))
-    by_key = {}
-    for path, r in results.items():
-        by_key.setdefault(r["key"], []).append((path, r))
-    entries, unsupported = {}, {}
-    for key, items in sorted(by_key.items()):
-        ok = None
-        if all("configs" in r for _, r in items):
-            for c in range(len(dec.CONFIGS)):
-                if all(r["configs"].get(c) == 0 for _, r in items):
-                    ok = c
-                    break
-        names = [os.path.basename(p) for p, _ in items]
-        if ok is not None:
-            entries[key] = {"config": dec.CONFIGS[ok], "files": names}
-        else:
-            unsupported[key] = {os.path.basename(p): (r.get("configs") or r.get("reference")) for p, r in items}
+    entries, unsupported = select([(_name(p), r) for p, r in results.items()])
     import nvidia.dali
 
-    doc = {"note": "Written by scripts/probe_gpu_decode.py: GPU decoding is used only for these encodings, "
+    doc = apply_policy({"note": "Written by scripts/probe_gpu_decode.py: GPU decoding is used only for these encodings, "
                    "each bit-exact against pydicom on every listed file.",
            "measured": time.strftime("%Y-%m-%d"), "dali": nvidia.dali.__version__,
-           "configs_tried": dec.CONFIGS, "entries": entries, "unsupported": unsupported}
+           "configs_tried": dec.CONFIGS, "entries": entries, "unsupported": unsupported})
     with open(out_path, "w") as f:
         json.dump(doc, f, indent=1, default=str)
     print(f"{len(entries)} encodings proven, {len(unsupported)} left to the CPU -> {out_path}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--one":
+    if len(sys.argv) > 3 and sys.argv[1] == "--from-log":
+        from_log(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 2 and sys.argv[1] == "--one":
         probe_one(sys.argv[2], [int(x) for x in sys.argv[3].split(",")])
     else:
         main()
