@@ -228,3 +228,37 @@ def test_synthetic_jpeg_lossless_is_sv1_and_lossless(tmp_path):
         sos = frame.index(b"\xff\xda")
         ns = frame[sos + 4]
         assert frame[sos + 5 + 2 * ns] == 1, "predictor (Ss) must be 1 for SV1"
+
+
+def test_probe_selection_prefers_the_precision_fix_and_keeps_lossy_syntaxes_off_the_gpu(tmp_path):
+    """The probe's table rule: per key, the first preferred configuration exact on every file; a
+    key with any inexact or undecodable file stays on the CPU; lossy syntaxes never enter."""
+    import json
+
+    from probe_gpu_decode import apply_policy, from_log, preference
+
+    prec = next(c for c in preference() if dec.CONFIGS[c]["fix"] == "precision")
+    assert preference()[0] == prec
+    j2k = "1.2.840.10008.1.2.4.90|16|12|0|1|MONOCHROME2"
+    lossy = "1.2.840.10008.1.2.4.91|16|12|0|1|MONOCHROME2"
+    jll = "1.2.840.10008.1.2.4.70|16|12|0|1|MONOCHROME2"
+    log = tmp_path / "probe.log"
+    log.write_text("\n".join([
+        f"a.dcm {j2k} {{1: 0, 4: 0, {prec}: 0}}",
+        f"b.dcm {j2k} {{1: 26436, 4: 0, {prec}: 0}}",
+        f"c.dcm {lossy} {{4: 0, {prec}: 0}}",
+        f"d.dcm {jll} {{1: 0, {prec}: 0}}",
+        f"e.dcm {jll} {{1: 65535, {prec}: 4095}}",
+        "some other line",
+    ]))
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"entries": {}, "unsupported": {
+        "1.2.840.10008.1.2.4.51|16|12|0|1|MONOCHROME2": {"x.dcm": "pydicom cannot decode: no"}}}))
+    from_log(str(log), str(table))
+    doc = json.loads(table.read_text())
+    assert list(doc["entries"]) == [j2k]
+    assert doc["entries"][j2k] == {"config": dec.CONFIGS[prec], "files": ["a.dcm", "b.dcm"]}
+    assert doc["unsupported"][jll]["e.dcm"]["1"] == 65535  # (JSON keys are strings)
+    assert doc["unsupported"][lossy]["policy"].startswith("lossy syntax")
+    assert "x.dcm" in doc["unsupported"]["1.2.840.10008.1.2.4.51|16|12|0|1|MONOCHROME2"]
+    assert apply_policy({"entries": {}, "unsupported": {}}) == {"entries": {}, "unsupported": {}}
