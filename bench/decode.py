@@ -2,7 +2,7 @@
 (pylibjpeg plugins through pydicom, in a pool over all cores), same frames.
 
     python scripts/make_decode_data.py /tmp/dec --slices 100 --series 4 --only j2k jpegll
-    python bench/decode.py /tmp/dec --out results.json
+    python bench/decode.py /tmp/dec --out results.json [--load]
 
 Both sides start from the encapsulated frames in memory (file reading is the same for both and
 left out). GPU: batches of 64 frames through the proven configuration of the support table;
@@ -49,12 +49,56 @@ def _cpu_decode(args):
     return n
 
 
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def _time_loads(series_dirs: list[str]) -> dict:
+    """Seconds per series to load from disk (file reading included), same series for each tool."""
+    import numpy as np
+    import SimpleITK as sitk
+
+    import medproc
+
+    def sitk_read(d):
+        r = sitk.ImageSeriesReader()
+        r.SetFileNames(r.GetGDCMSeriesFileNames(d))
+        return sitk.GetArrayFromImage(r.Execute())
+
+    tools = {"medproc_serial": lambda d: medproc.load(d, workers=1).array,
+             "medproc_pool": lambda d: medproc.load(d).array, "simpleitk": sitk_read}
+    out: dict = {}
+    ref = {d: medproc.load(d, workers=1).array for d in series_dirs[:1]}  # warm-up, and the reference
+    for tool, fn in tools.items():
+        try:
+            fn(series_dirs[0])  # warm-up (pool start)
+            t = time.perf_counter()
+            arrays = [fn(d) for d in series_dirs]
+            out[f"{tool}_s_per_series"] = (time.perf_counter() - t) / len(series_dirs)
+            out[f"{tool}_equal"] = bool(np.array_equal(arrays[0], ref[series_dirs[0]]))
+        except Exception as e:  # noqa: BLE001 - a tool that cannot read this syntax
+            out[f"{tool}_s_per_series"] = f"cannot: {type(e).__name__}: {str(e).strip().splitlines()[-1][:100]}"
+    if isinstance(out.get("medproc_pool_s_per_series"), float):
+        out["pool_vs_serial"] = out["medproc_serial_s_per_series"] / out["medproc_pool_s_per_series"]
+        if isinstance(out.get("simpleitk_s_per_series"), float):
+            out["pool_vs_simpleitk"] = out["simpleitk_s_per_series"] / out["medproc_pool_s_per_series"]
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("root")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--gpu", nargs="*", default=["64x4", "128x8", "256x12"],
                     help="GPU settings tried, BATCHxTHREADS; the best is reported")
+    ap.add_argument("--load", action="store_true",
+                    help="also time whole-series loads from disk: medproc.load serial and with its decode "
+                         "pool, against SimpleITK's ImageSeriesReader (GDCM)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     import pydicom
@@ -87,6 +131,8 @@ def main(argv=None):
         cfg = dec.gpu_config(info)
         if cfg is None:
             row["gpu"] = "not proven bit-exact: CPU fallback"
+        elif not _has_gpu():
+            row["gpu"] = "no GPU on this machine"
         else:
             import torch
 
@@ -107,6 +153,8 @@ def main(argv=None):
             row.update(gpu_slices_per_s=n / gpu, gpu_series_per_s=n / gpu / per_series, gpu_vs_cpu=cpu / gpu,
                        gpu_config=cfg, gpu_setting=best,
                        gpu_slices_per_s_by_setting={k: n / v for k, v in tried.items()})
+        if a.load:
+            row["load"] = _time_loads([os.path.join(a.root, name, x) for x in sorted(os.listdir(os.path.join(a.root, name)))])
         res["syntaxes"][name] = row
         print(name, json.dumps(row), flush=True)
     if a.out:

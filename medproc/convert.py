@@ -139,7 +139,7 @@ def _fmt(v) -> str:
 
 def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, device: str,
                  qc_path: str | None = None, dali_threads: int | None = None,
-                 lesions=None, nan: str = "error") -> dict:
+                 lesions=None, nan: str = "error", decode_workers: int | None = None) -> dict:
     """Load, resample, write one case (runs in a worker process)."""
     import medproc
 
@@ -158,7 +158,7 @@ def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, 
         if case.dicom is not None:
             from .io.dicom_read import read_series
 
-            vol = read_series(case.dicom)
+            vol = read_series(case.dicom, workers=decode_workers)
         else:
             vol = medproc.load(case.source, series=case.series, nan=nan)
         (res,) = medproc.resample_batch([vol], spec, device=device, labels=None if lab is None else [lab],
@@ -242,10 +242,10 @@ def _worker_id() -> str:
 
 
 def _worker(args):
-    case, out_path, label_path, spec, device, qc_path, threads, lesions, nan = args
+    case, out_path, label_path, spec, device, qc_path, threads, lesions, nan, decode_workers = args
     try:
         return case, "ok", _convert_one(case, out_path, label_path, spec, device, qc_path, threads,
-                                        lesions, nan), ""
+                                        lesions, nan, decode_workers), ""
     except MedprocError as e:
         return case, "failed", {"worker": _worker_id()}, str(e)
     except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
@@ -377,7 +377,8 @@ def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, pro
         qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
         if qc_path:
             os.makedirs(os.path.dirname(qc_path), exist_ok=True)
-        todo.append(((c, out_path, label_path, spec, device, qc_path, threads, _lesions_for(c, table), nan), row))
+        todo.append(((c, out_path, label_path, spec, device, qc_path, threads, _lesions_for(c, table), nan,
+                      1 if ex is not None else None), row))  # a pool already spreads cases over the cores
     this_run = {r["case"] for r in rows} | {t[-1]["case"] for t in todo}
     kept = [r for c, r in prior.items() if c not in this_run]  # cases of earlier runs stay listed
     rows = kept + rows

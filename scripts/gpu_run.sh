@@ -54,7 +54,7 @@ if want decode; then
   if [ "${DECODE_BENCH:-1}" != 0 ]; then
     python scripts/make_decode_data.py /tmp/dec --slices 100 --series 4 \
       --only ${DECODE_ONLY:-j2k j2k-signed jpegll jpegll-signed htj2k} > /dev/null 2>&1
-    timeout 300 python bench/decode.py /tmp/dec --workers 16 --out "$OUT/decode_h200.json" > "$OUT/bench_decode.log" 2>&1
+    timeout 400 python bench/decode.py /tmp/dec --workers 16 --load --out "$OUT/decode_h200.json" > "$OUT/bench_decode.log" 2>&1
     grep -E "^[a-z0-9-]+ \{" "$OUT/bench_decode.log" | cut -c1-600
   fi
 fi

@@ -262,3 +262,35 @@ def test_probe_selection_prefers_the_precision_fix_and_keeps_lossy_syntaxes_off_
     assert doc["unsupported"][lossy]["policy"].startswith("lossy syntax")
     assert "x.dcm" in doc["unsupported"]["1.2.840.10008.1.2.4.51|16|12|0|1|MONOCHROME2"]
     assert apply_policy({"entries": {}, "unsupported": {}}) == {"entries": {}, "unsupported": {}}
+
+
+def test_compressed_series_decode_in_parallel_processes_equal_serial(tmp_path):
+    """Compressed files decode in a process pool (pydicom's decoders hold the GIL): same volume
+    as the serial read; a corrupt file still fails the load with its name."""
+    from medproc.io.dicom_read import decode_workers
+    from medproc.sample_data import ct_phantom, grid_affine, write_dicom_series
+
+    shape = (12, 64, 64)
+    aff = grid_affine(shape, (2.0, 1.0, 1.0), (-32.0, -32.0, 0.0))
+    img, _ = ct_phantom(shape, aff, [], seed=5)
+    d = tmp_path / "j2k"
+    write_dicom_series(str(d), medproc.Volume(img, aff), "1.2.826.0.1.3680043.8.498.12", signed=True,
+                       transfer_syntax="1.2.840.10008.1.2.4.90")
+    serial = medproc.load(str(d), workers=1)
+    parallel = medproc.load(str(d), workers=2)
+    np.testing.assert_array_equal(parallel.array, serial.array)
+    np.testing.assert_array_equal(serial.array, img)
+    np.testing.assert_allclose(parallel.affine, serial.affine)
+    assert parallel.meta["decode"] == "cpu (pydicom)"
+    # a frame whose compressed stream is cut short
+    victim = sorted(glob.glob(str(d / "*.dcm")))[5]
+    ds = pydicom.dcmread(victim)
+    from pydicom.encaps import encapsulate, generate_frames
+
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    ds.PixelData = encapsulate([frame[: len(frame) // 3]])
+    ds.save_as(victim)
+    with pytest.raises(medproc.ReadError, match=os.path.basename(victim)):
+        medproc.load(str(d), workers=2)
+    assert decode_workers(10) == 1 and decode_workers(10, 3) == 3
+    assert decode_workers(400) == max(1, min(os.cpu_count() or 1, 16))

@@ -42,7 +42,7 @@ def kind_of(path) -> str | None:
     return "dicom" if is_dicom_file(p) else None
 
 
-def load(path, series=None, nan: str = "error") -> Volume:
+def load(path, series=None, nan: str = "error", workers: int | None = None) -> Volume:
     """Load a volume.
 
     Parameters
@@ -57,6 +57,9 @@ def load(path, series=None, nan: str = "error") -> Volume:
     nan : {"error", "zero", "keep"}
         Float images with NaN/inf voxels (NIfTI, ITK): refuse them (default, with the count),
         set them to 0, or keep them.
+    workers : int, optional
+        DICOM: processes decoding compressed files (JPEG 2000, JPEG lossless...). Default:
+        all cores (up to 16) for series of 24 compressed files or more; 1 decodes in this process.
 
     Returns
     -------
@@ -88,7 +91,7 @@ def load(path, series=None, nan: str = "error") -> Volume:
             from .dicom_scan import read_header
 
             read_header(p, force=True)
-        return load_dicom(p, series=series)
+        return load_dicom(p, series=series, workers=workers)
     raise ReadError("unknown format", p)  # pragma: no cover
 
 

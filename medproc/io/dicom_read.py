@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import os
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pydicom
@@ -15,7 +17,7 @@ from ..volume import Volume
 from .dicom_geometry import series_geometry
 from .dicom_scan import DicomSeries, find_series
 
-__all__ = ["load_dicom", "read_series", "select_series", "rescaled_dtype"]
+__all__ = ["load_dicom", "read_series", "select_series", "rescaled_dtype", "decode_workers"]
 
 _DECODER_HINT = (
     "pydicom needs a decoder plugin for this transfer syntax: "
@@ -126,8 +128,42 @@ def _rescaled(stored: np.ndarray, slopes: np.ndarray, intercepts: np.ndarray) ->
     return out
 
 
-def read_series(series: DicomSeries) -> Volume:
-    """Decode ``series`` (every file once) and return it as a Volume with an exact RAS affine."""
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+
+
+def decode_workers(n_files: int, requested: int | None = None) -> int:
+    """Processes for decoding ``n_files`` compressed files: ``requested``, or automatically all
+    cores (at most 16, one per 8 files) for 24 files or more. pydicom's decoders hold the GIL, so
+    threads would not help; a daemonic process (which cannot have children), or a platform
+    without fork, decodes serially."""
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    if requested is not None:
+        return max(1, int(requested))
+    return 1 if n_files < 24 else max(1, min(os.cpu_count() or 1, 16, n_files // 8))
+
+
+def _pool(n: int) -> ProcessPoolExecutor:
+    """A decode pool of ``n`` processes, kept for the next series. Forked (as PyTorch's DataLoader
+    workers are): no re-import of the user's script, which spawn/forkserver would need guarded;
+    the children only run pydicom's decoders, never CUDA or DALI."""
+    ex = _POOLS.get(n)
+    if ex is None:
+        import multiprocessing
+
+        ex = _POOLS[n] = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
+        atexit.register(ex.shutdown, wait=False, cancel_futures=True)
+    return ex
+
+
+def read_series(series: DicomSeries, workers: int | None = None) -> Volume:
+    """Decode ``series`` (every file once) and return it as a Volume with an exact RAS affine.
+
+    ``workers``: processes decoding compressed files (see :func:`decode_workers`; default
+    automatic, 1 = in this process). Uncompressed files are read in this process.
+    """
     geom = series_geometry(series)
     frames = [series.frames[i] for i in geom.order]
     slot_of: dict[str, list[tuple[int, int | None]]] = {}
@@ -138,11 +174,22 @@ def read_series(series: DicomSeries) -> Volume:
     stored = None
     bits_stored = int(series.info.get("BitsStored") or series.info.get("BitsAllocated") or 16)
     used_pydicom = False
+
+    def fast_of(slots):
+        return frames[slots[0][0]].fast if len(slots) == 1 else None
+
+    todo = [path for path, slots in slot_of.items() if fast_of(slots) is None]
+    n_proc = decode_workers(len(todo), workers)
+    decoded = iter(_pool(n_proc).map(_decode, todo, chunksize=max(1, len(todo) // (4 * n_proc)))) \
+        if n_proc > 1 else None
     for path, slots in slot_of.items():
         px = None
-        fast = frames[slots[0][0]].fast if len(slots) == 1 else None
+        fast = fast_of(slots)
         if fast is not None:
             px = _read_native(path, fast[0], fast[1], rows, cols, bits_stored)
+        elif decoded is not None:
+            px = next(decoded)  # in the order of ``todo``
+            used_pydicom = True
         if px is None:
             px = _decode(path)
             used_pydicom = True
@@ -209,11 +256,11 @@ def select_series(found: list[DicomSeries], series, where: str) -> DicomSeries:
     raise SeriesError(f"series={series!r} {what} series here:{hint}\n{listing}", where)
 
 
-def load_dicom(path, series=None) -> Volume:
+def load_dicom(path, series=None, workers: int | None = None) -> Volume:
     """Load one DICOM volume from a file or a folder tree (see :func:`medproc.load`)."""
     path = os.fspath(path)
     found, skipped = find_series(path)
     if not found:
         reasons = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped[:5])
         raise ReadError(f"no DICOM image found ({len(skipped)} file(s) skipped: {reasons})", path)
-    return read_series(select_series(found, series, path))
+    return read_series(select_series(found, series, path), workers=workers)
