@@ -38,6 +38,15 @@ write_dicom_series(f"{tmp}/tilted", medproc.Volume(img, aff), "1.2.3.4", gantry_
 make_broken(f"{tmp}/broken")
 for e in inspect_paths(tmp):
     print(e.source, "->", e.error or e.warnings)"""),
+        ("md", "Compressed series: `inspect` says which decoder each takes (the GPU only for encodings "
+               "proven bit-exact there, and only with `device=gpu`); the CPU decodes in a process pool."),
+        ("code", """aff2 = grid_affine((20, 64, 64), (2.5, 2.0, 2.0), (-64, -64, -25))
+img2, _ = ct_phantom((20, 64, 64), aff2, [])
+write_dicom_series(f"{tmp}/j2k", medproc.Volume(img2, aff2), "1.2.3.5", signed=True,
+                   transfer_syntax="1.2.840.10008.1.2.4.90")   # JPEG 2000 lossless
+for e in inspect_paths(f"{tmp}/j2k"):
+    print(e.transfer_syntax, "->", e.decode)
+print("lossless:", np.array_equal(medproc.load(f"{tmp}/j2k", workers=2).array, img2))"""),
         ("code", """vol = medproc.load("sample_data/dicom/ct_axial")
 print(vol, vol.meta["warnings"])
 k, j, i = (np.array(vol.shape) // 2)
@@ -127,6 +136,22 @@ bars("docs/results/resample_h200.json", "resample to 1.5 mm, 8 CT volumes, H200"
 bars("docs/results/convert_cpu2core.json", "DICOM -> 1.5 mm -> .nii.gz, 2-core CPU")
 bars("docs/results/convert_h200x2.json", "DICOM -> 1.5 mm -> .nii.gz, H200 node, 16 workers")
 bars("docs/results/loader_h200.json", "96^3 training patches, H200", key="samples_per_s")"""),
+        ("md", "Decoding compressed CT (512², slices/s): 16 CPU cores (pylibjpeg) against the GPU for the "
+               "encodings the support table sends there. JPEG lossless was measured on the GPU too but is not "
+               "exact on every file, so it decodes on the CPU (`docs/benchmarks.md`)."),
+        ("code", """from medproc.pipeline.decode import support_table
+r = json.load(open("docs/results/decode_h200.json"))["syntaxes"]
+proven = {k.split("|")[0] for k in support_table()["entries"]}
+uids = {"htj2k": "1.2.840.10008.1.2.4.201", "j2k": "1.2.840.10008.1.2.4.90", "j2k-signed": "1.2.840.10008.1.2.4.90",
+        "jpegll": "1.2.840.10008.1.2.4.70", "jpegll-signed": "1.2.840.10008.1.2.4.70"}
+names = list(r)
+y = np.arange(len(names))
+plt.figure(figsize=(8, 3))
+plt.barh(y - 0.2, [r[n]["cpu_slices_per_s"] for n in names], 0.4, label="CPU, 16 cores", color="tab:gray")
+plt.barh(y + 0.2, [r[n].get("gpu_slices_per_s", 0) if uids[n] in proven else 0 for n in names], 0.4,
+         label="GPU (used)", color="tab:green")
+plt.yticks(y, names); plt.xlabel("slices/s"); plt.legend(); plt.gca().invert_yaxis()
+plt.title("decode 512² CT slices, H200 node")"""),
     ],
 }
 
