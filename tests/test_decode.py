@@ -277,6 +277,7 @@ def test_compressed_series_decode_in_parallel_processes_equal_serial(tmp_path):
     write_dicom_series(str(d), medproc.Volume(img, aff), "1.2.826.0.1.3680043.8.498.12", signed=True,
                        transfer_syntax="1.2.840.10008.1.2.4.90")
     serial = medproc.load(str(d), workers=1)
+    medproc.resample(serial, spacing=4.0)  # a live DALI pipeline (its threads) before the fork
     parallel = medproc.load(str(d), workers=2)
     np.testing.assert_array_equal(parallel.array, serial.array)
     np.testing.assert_array_equal(serial.array, img)
