@@ -160,10 +160,9 @@ def main(argv=None):
         pipe = inflate_pipe(arr.dtype, a.batch)
         rng = np.random.default_rng(0)
         row = {"disk_MB_npy": disk_npy / 1e6, "disk_MB_lz4": disk_lz4 / 1e6, "lz4_ratio": disk_npy / disk_lz4}
-        for scen, work in (("patch", boxes(vols, a.samples, a.patch, rng)),
-                           ("volume", [(i % len(vols), (slice(0, None),) * 3) for i in range(4 * len(vols))])):
-            if scen == "volume":
-                work = [(v, tuple(slice(0, s) for s in vols[v]["npy"].shape)) for v, _ in work]
+        whole = [(i % len(vols), tuple(slice(0, n) for n in vols[i % len(vols)]["npy"].shape))
+                 for i in range(4 * len(vols))]
+        for scen, work in (("patch", boxes(vols, a.samples, a.patch, rng)), ("volume", whole)):
             # equal outputs (first batch), warm-up and page cache
             _, ref = run_npy(vols, work[:a.batch], a.batch)
             _, got = run_lz4(vols, work[:a.batch], a.batch, pipe)

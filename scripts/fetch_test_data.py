@@ -34,5 +34,22 @@ def fetch(dest: str = ".data") -> str:
     return out
 
 
+def pydicom_test_files() -> list[str]:
+    """Every .dcm file shipped by pydicom and pydicom-data (MEDPROC_PYDICOM_DATA names a copy of
+    pydicom-data's folder on machines where the package cannot be installed: the GPU machine)."""
+    import pydicom
+    from pydicom.data import get_testdata_file
+
+    base = os.path.join(os.path.dirname(pydicom.__file__), "data", "test_files")
+    files = sorted(glob.glob(os.path.join(base, "*.dcm")))
+    store = os.environ.get("MEDPROC_PYDICOM_DATA")
+    if not store:
+        ext = get_testdata_file("693_J2KR.dcm")  # pydicom-data's store (exact name: no download)
+        store = os.path.dirname(ext) if ext else None
+    if store:
+        files += sorted(glob.glob(os.path.join(store, "*.dcm")))
+    return files
+
+
 if __name__ == "__main__":
     print(fetch(*sys.argv[1:]))

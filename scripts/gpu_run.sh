@@ -46,8 +46,7 @@ fi
 if want decode; then
   # prove the GPU decode support table on this machine, test it, then benchmark
   # synthetic series at two sizes (512^2 and the tests' 96^2) plus pydicom's and pydicom-data's files
-  PROBE_JOBS=12 python scripts/probe_gpu_decode.py .gpu-data/decode .gpu-data/decode96 ${MEDPROC_PYDICOM_DATA:-} \
-    > "$OUT/probe_decode.log" 2>&1
+  PROBE_JOBS=12 python scripts/probe_gpu_decode.py .gpu-data/decode .gpu-data/decode96 > "$OUT/probe_decode.log" 2>&1
   grep -v -i -E "nvtiff|^Note:" "$OUT/probe_decode.log" | tail -2
   cp medproc/pipeline/gpu_decode_support.json "$OUT/"
   python -m pytest -m gpu -q -p no:cacheprovider tests/test_decode.py 2>&1 | tee "$OUT/gpu_decode_tests.log" | tail -4

@@ -3,11 +3,11 @@
     python scripts/probe_gpu_decode.py [EXTRA_DIR ...] [--out FILE]     (PROBE_JOBS=8 files at once)
     python scripts/probe_gpu_decode.py --from-log PROBE_LOG TABLE   (select again, no GPU)
 
-Decodes every compressed DICOM file of pydicom and pydicom-data (and of EXTRA_DIR, e.g. the
-synthetic series of scripts/make_decode_data.py) on the GPU with each configuration in
-medproc.pipeline.decode.CONFIGS, compares every frame with pydicom's CPU decoders, and writes
-medproc/pipeline/gpu_decode_support.json: for each encoding key, the first configuration that
-was exact on *every* file of that kind; the others, with the best difference or the error, under
+Decodes every compressed DICOM file of pydicom and pydicom-data (MEDPROC_PYDICOM_DATA: a copy of
+its folder) and of each EXTRA_DIR (e.g. the synthetic series of scripts/make_decode_data.py) on
+the GPU with each configuration in medproc.pipeline.decode.CONFIGS, compares every frame with
+pydicom's CPU decoders, and writes medproc/pipeline/gpu_decode_support.json: for each encoding
+key, the first configuration (in ``preference()`` order) that was exact on *every* file of that kind; the others, with the best difference or the error, under
 "unsupported".
 """
 
@@ -25,14 +25,9 @@ import numpy as np  # noqa: E402
 
 
 def files(extra):
-    import pydicom
-    from pydicom.data import get_testdata_file
+    from fetch_test_data import pydicom_test_files
 
-    base = os.path.join(os.path.dirname(pydicom.__file__), "data", "test_files")
-    out = sorted(glob.glob(os.path.join(base, "*.dcm")))
-    ext = get_testdata_file("693_J2KR.dcm")
-    if ext:
-        out += sorted(glob.glob(os.path.join(os.path.dirname(ext), "*.dcm")))
+    out = pydicom_test_files()
     for d in extra:
         out += sorted(glob.glob(os.path.join(d, "**", "*.dcm"), recursive=True))
     return out

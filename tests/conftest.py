@@ -1,4 +1,3 @@
-import glob
 import os
 import sys
 import warnings
@@ -33,22 +32,6 @@ def pyradiomics_data():
     from fetch_test_data import fetch
 
     return fetch(os.path.join(ROOT, ".data"))
-
-
-def pydicom_test_files() -> list[str]:
-    """Every .dcm file shipped by pydicom and pydicom-data."""
-    import pydicom
-    from pydicom.data import get_testdata_file
-
-    base = os.path.join(os.path.dirname(pydicom.__file__), "data", "test_files")
-    files = sorted(glob.glob(os.path.join(base, "*.dcm")))
-    # pydicom-data's store (exact name: no download); MEDPROC_PYDICOM_DATA names a copy of it on
-    # machines where the package cannot be installed (the GPU machine)
-    ext = os.path.join(os.environ["MEDPROC_PYDICOM_DATA"], "x") if os.environ.get("MEDPROC_PYDICOM_DATA") \
-        else get_testdata_file("693_J2KR.dcm")
-    if ext:
-        files += sorted(glob.glob(os.path.join(os.path.dirname(ext), "*.dcm")))
-    return files
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import medproc
 from medproc.cli import main
 from medproc.io.dicom_scan import find_series
 from medproc.pipeline import decode as dec
-from conftest import pydicom_test_files
+from fetch_test_data import pydicom_test_files
 
 SYNTH = {"j2k": "JPEG 2000 Image Compression (Lossless Only)",
          "htj2k": "High-Throughput JPEG 2000 Image Compression (Lossless Only)",

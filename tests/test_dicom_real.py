@@ -14,7 +14,7 @@ import SimpleITK as sitk
 
 import medproc
 from medproc.io.sitk_io import sitk_affine
-from conftest import pydicom_test_files
+from fetch_test_data import pydicom_test_files
 from world import assert_same_world
 
 FILES = pydicom_test_files()

@@ -122,8 +122,8 @@ def _pipe(dtype: str | None, batch_size: int, device_id: int, num_threads: int):
 
 
 def _fix(t, fix: str, bits_stored: int, signed: bool, siz: tuple | None = None):
-    # siz: stream_header(frame) = (offset, precision, signed) for the "precision" fix
-    """Reinterpret decoded values (uint16 decodes arrive widened to int32, exactly)."""
+    """Reinterpret decoded values (uint16 decodes arrive widened to int32, exactly). ``siz``:
+    the frame's :func:`stream_header` (offset, precision, signed), for the "precision" fix."""
     import torch
 
     if fix == "none":
