@@ -1,7 +1,8 @@
 """Small pure functions on 4x4 affines (array index -> RAS millimetres, float64).
 
-medproc has one affine convention: a float64 4x4 matrix that maps an index into ``.array``
-(axis 0, 1, 2) to RAS world millimetres. DICOM and ITK use LPS; they are converted here, once.
+medproc has one affine convention: a float64 4x4 matrix that maps a voxel index ``(i, j, k)``
+(NIfTI's axis order, the order of ``Volume.array``'s axes) to RAS world millimetres. DICOM and ITK
+use LPS; they are converted here, once (:func:`lps_to_ras`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def lps_to_ras(affine_lps: np.ndarray) -> np.ndarray:
 
 
 def spacing_of(affine: np.ndarray) -> np.ndarray:
-    """Voxel spacing in mm along each array axis (column norms of the 3x3 part).
+    """Voxel spacing in mm along i, j, k (column norms of the 3x3 part).
 
     >>> spacing_of(np.diag([2.0, -3.0, 1.5, 1.0])).tolist()
     [2.0, 3.0, 1.5]
@@ -61,7 +62,7 @@ def spacing_of(affine: np.ndarray) -> np.ndarray:
 
 
 def axcodes(affine: np.ndarray) -> str:
-    """Orientation codes of the array axes, e.g. ``"SAR"`` for axis 0 -> Superior...
+    """Orientation codes of axes (i, j, k), e.g. ``"LPS"`` for i -> Left, j -> Posterior...
 
     >>> axcodes(np.diag([1.0, 1.0, 1.0, 1.0]))
     'RAS'
@@ -70,6 +71,6 @@ def axcodes(affine: np.ndarray) -> str:
 
 
 def is_orthogonal(affine: np.ndarray, tol: float = 1e-6) -> bool:
-    """True when the array axes are mutually perpendicular (no shear, e.g. no gantry tilt)."""
+    """True when the voxel axes are mutually perpendicular (no shear, e.g. no gantry tilt)."""
     m = np.asarray(affine)[:3, :3] / spacing_of(affine)
     return bool(np.allclose(m.T @ m, np.eye(3), atol=tol))

@@ -62,8 +62,8 @@ def _header_entry(path: str) -> Entry:
             import nibabel as nib
 
             img = nib.load(path)
-            aff = img.affine[:, [2, 1, 0, 3]]
-            shp = img.shape[:3][::-1] + tuple(img.shape[3:])
+            aff = img.affine
+            shp = tuple(img.shape)
             if not img.get_sform(coded=True)[1] and not img.get_qform(coded=True)[1]:
                 e.warnings.append("neither sform nor qform is set")
         else:
@@ -75,13 +75,13 @@ def _header_entry(path: str) -> Entry:
             r.SetFileName(path)
             r.ReadImageInformation()
             aff = sitk_affine(r)
-            shp = tuple(r.GetSize())[::-1]
+            shp = tuple(r.GetSize())
     except Exception as ex:  # noqa: BLE001 - reported per file, the scan goes on
         e.kind, e.error = "skipped", f"cannot read header: {type(ex).__name__}: {ex}"
         return e
     e.shape = tuple(int(s) for s in shp)
     e.spacing = tuple(float(x) for x in np.round(spacing_of(aff), 4))
-    e.orientation = axcodes(aff)[::-1]
+    e.orientation = axcodes(aff)
     return e
 
 
@@ -109,7 +109,7 @@ def inspect_paths(paths) -> list[Entry]:
             series=s.key,
             modality=str(i.get("Modality") or ""),
             description=str(i.get("SeriesDescription") or ""),
-            shape=(len(s.frames), int(i["Rows"]), int(i["Columns"])) + ((spp,) if spp > 1 else ()),
+            shape=(int(i["Columns"]), int(i["Rows"]), len(s.frames)) + ((spp,) if spp > 1 else ()),
             files=len(files),
             transfer_syntax=str(getattr(ts, "name", ts) or ""),
             decode=decode_path(i),
@@ -121,7 +121,7 @@ def inspect_paths(paths) -> list[Entry]:
         try:
             g = series_geometry(s)
             e.spacing = tuple(float(x) for x in np.round(spacing_of(g.affine), 4))
-            e.orientation = axcodes(g.affine)[::-1]
+            e.orientation = axcodes(g.affine)
             e.warnings = list(g.warnings)
         except MedprocError as ex:
             e.error = "; ".join(x for x in (e.error, ex.message) if x)

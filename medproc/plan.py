@@ -19,7 +19,12 @@ __all__ = ["Plan", "make_plan", "intensity_params", "flip_map", "affine_map"]
 
 
 def flip_map(shape, axes) -> np.ndarray:
-    """Index map of a flip of array ``axes`` on a grid of ``shape`` (i -> n - 1 - i)."""
+    """Index map of a flip of voxel ``axes`` (0, 1, 2 = i, j, k) on a grid of ``shape``
+    (x -> n - 1 - x).
+
+    >>> flip_map((4, 5, 6), [0])[0].tolist()
+    [-1.0, 0.0, 0.0, 3.0]
+    """
     t = np.eye(4)
     for a in np.atleast_1d(axes):
         t[a, a] = -1.0
@@ -29,7 +34,7 @@ def flip_map(shape, axes) -> np.ndarray:
 
 def affine_map(shape, spacing, rotate_deg=(0.0, 0.0, 0.0), scale=(1.0, 1.0, 1.0),
                translate_mm=(0.0, 0.0, 0.0)) -> np.ndarray:
-    """Index map of a rotation (degrees about array axes 0, 1, 2, applied in that order),
+    """Index map of a rotation (degrees about voxel axes i, j, k, applied in that order),
     scaling and translation of the content about the grid centre, in millimetres.
 
     The content moves by ``R @ S`` (then ``translate_mm``); the returned map is its inverse in
@@ -56,7 +61,11 @@ def affine_map(shape, spacing, rotate_deg=(0.0, 0.0, 0.0), scale=(1.0, 1.0, 1.0)
 
 @dataclass
 class Plan:
-    """A per-volume plan. Shapes are array-order ``(n0, n1, n2)``."""
+    """A per-volume plan: where the output grid lies and where each output voxel samples the input.
+
+    Shapes are ``(ni, nj, nk)``; affines map voxel ``(i, j, k)`` to RAS mm; ``matrix`` maps an
+    output index to an input index (homogeneous 4x4, float64).
+    """
 
     in_shape: tuple[int, int, int]
     in_affine: np.ndarray
@@ -100,6 +109,12 @@ class Plan:
                        matrix=shift @ self.matrix)
         return tuple(slice(int(a), int(b)) for a, b in zip(lo, hi)), plan
 
+    def inverse(self) -> Plan:
+        """The plan that maps this plan's output grid back onto its input grid (for putting a
+        prediction back where the image came from). Intensity and motion are not inverted."""
+        return Plan(tuple(self.out_shape), self.out_affine.copy(), tuple(self.in_shape),
+                    self.in_affine.copy(), np.linalg.inv(self.matrix))
+
     def lesions_on_grid(self, lesions) -> list[dict]:
         """Where ``lesions`` (world RAS) land in this plan's output (see Lesions.on_grid)."""
         moved = lesions if np.allclose(self.motion, np.eye(4)) else lesions.transformed(self.motion)
@@ -121,13 +136,13 @@ class Plan:
 
 
 def _orthonormalise(dirs: np.ndarray) -> np.ndarray:
-    """Gram-Schmidt in axis order 2, 1, 0, each axis keeping its side."""
+    """Gram-Schmidt in axis order i, j, k, each axis keeping its side."""
     out = np.empty_like(dirs)
-    out[:, 2] = dirs[:, 2] / np.linalg.norm(dirs[:, 2])
-    v = dirs[:, 1] - (dirs[:, 1] @ out[:, 2]) * out[:, 2]
+    out[:, 0] = dirs[:, 0] / np.linalg.norm(dirs[:, 0])
+    v = dirs[:, 1] - (dirs[:, 1] @ out[:, 0]) * out[:, 0]
     out[:, 1] = v / np.linalg.norm(v)
-    n = np.cross(out[:, 1], out[:, 2])
-    out[:, 0] = n if n @ dirs[:, 0] > 0 else -n
+    n = np.cross(out[:, 0], out[:, 1])
+    out[:, 2] = n if n @ dirs[:, 2] > 0 else -n
     return out
 
 
@@ -136,37 +151,43 @@ def _round_half_up(x):
 
 
 def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Plan:
-    """Plan the resample of a volume of ``shape`` (array order) on ``affine`` to ``spec``.
+    """Plan the resample of a volume of ``shape`` ``(ni, nj, nk)`` on ``affine`` to ``spec``.
 
-    ``array`` is needed only for ``crop_foreground`` and the intensity statistics
-    (percentiles, z-score, scale without a window).
+    ``array`` (numpy or torch) is needed only when ``spec.needs_array``: for ``crop_foreground``
+    and the intensity statistics (percentiles, z-score, scale without a window).
+
+    Examples
+    --------
+    >>> p = make_plan((100, 100, 40), np.diag([1.0, 1.0, 2.5, 1.0]), Spec(spacing=2.0))
+    >>> p.out_shape
+    (50, 50, 50)
     """
     shape = tuple(int(s) for s in shape[:3])
     A = np.asarray(affine, dtype=np.float64)
     s_in = spacing_of(A)
     dirs = A[:3, :3] / s_in  # unit column per array axis
     if not is_orthogonal(A):
-        # a sheared input (gantry tilt): the output is an orthogonal grid. Axes 2 and 1 (a DICOM
-        # slice's columns and rows) keep their directions; axis 0 becomes their normal.
+        # a sheared input (gantry tilt): the output is an orthogonal grid. Axes i and j (a DICOM
+        # slice's rows and columns) keep their directions; k becomes their normal.
         dirs = _orthonormalise(dirs)
-        s_in = np.abs(np.linalg.det(A[:3, :3])) / np.prod(s_in[1:]) * np.array([1, 0, 0]) + s_in * [0, 1, 1]
+        s_in = s_in * [1, 1, 0] + np.abs(np.linalg.det(A[:3, :3])) / np.prod(s_in[:2]) * np.array([0, 0, 1])
     # 1) orientation: which input axis (and sign) feeds each output axis
     src = np.arange(3)
     sign = np.ones(3)
     if spec.orientation:
-        target = axcodes2ornt(tuple(spec.orientation[::-1]))  # array axes = (i, j, k) reversed
+        target = axcodes2ornt(tuple(spec.orientation))
         t = ornt_transform(io_orientation(A), target)  # per input axis: (output axis, flip)
         for i in range(3):
             src[int(t[i, 0])] = i
             sign[int(t[i, 0])] = t[i, 1]
     n_in = np.array(shape, dtype=np.float64)[src]
     s_src = s_in[src]
-    # 2) spacing / shape: spec axes are (i, j, k) = array axes reversed
+    # 2) spacing / shape
     if spec.shape is not None:
-        n_out = np.array(spec.shape[::-1], dtype=int)
+        n_out = np.array(spec.shape, dtype=int)
         s_out = n_in * s_src / n_out
     elif spec.spacing is not None:
-        s_out = np.array(spec.spacing[::-1], dtype=np.float64)
+        s_out = np.array(spec.spacing, dtype=np.float64)
         n_out = np.maximum(1, _round_half_up(n_in * s_src / s_out))
     else:
         s_out, n_out = s_src.copy(), n_in.astype(int)
@@ -180,10 +201,9 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
     if spec.crop_foreground is not None:
         if array is None:
             raise ValueError("crop_foreground needs the array to find the foreground")
-        fg = np.argwhere(np.asarray(array)[..., 0] > spec.crop_foreground if np.ndim(array) == 4
-                         else np.asarray(array) > spec.crop_foreground)
-        if fg.size:
-            lo, hi = fg.min(0), fg.max(0)
+        box = _foreground_box(array, spec.crop_foreground)
+        if box is not None:
+            lo, hi = box
             corners = np.array([[a, b, c] for a in (lo[0], hi[0]) for b in (lo[1], hi[1])
                                 for c in (lo[2], hi[2])], dtype=np.float64)
             m_in2out = np.linalg.inv(out) @ A
@@ -193,7 +213,7 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
             stop = np.minimum(n_out - 1, np.ceil(oc.max(0) + margin).astype(int))
             size = stop - start + 1
     if spec.crop is not None:
-        want = np.array(spec.crop[::-1], dtype=int)
+        want = np.array(spec.crop, dtype=int)
         start = start + (size - want) // 2
         size = want
     out[:3, 3] = out[:3, 3] + out[:3, :3] @ start
@@ -204,10 +224,30 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
     return plan
 
 
-def _sample(array: np.ndarray, max_voxels: int = 4_000_000) -> np.ndarray:
-    a = np.asarray(array)
-    step = max(1, int(np.ceil((a.size / max_voxels) ** (1 / 3))))
-    return a[::step, ::step, ::step]
+def _foreground_box(array, threshold: float):
+    """(lo, hi) voxel indices of the box around voxels above ``threshold`` (channel 0), or None.
+    Works on numpy arrays and torch tensors (on their device: only 3 small vectors come back)."""
+    a = array[..., 0] if array.ndim == 4 else array
+    m = a > threshold
+    lo, hi = [], []
+    for ax in range(3):
+        others = tuple(x for x in range(3) if x != ax)
+        line = m.any(axis=others) if isinstance(m, np.ndarray) else m.amax(dim=others).cpu().numpy()
+        idx = np.flatnonzero(line)
+        if idx.size == 0:
+            return None
+        lo.append(idx[0])
+        hi.append(idx[-1])
+    return np.array(lo), np.array(hi)
+
+
+def _sample(array, max_voxels: int = 4_000_000) -> np.ndarray:
+    """A strided sample of at most ~``max_voxels`` voxels, as float64 numpy (from the GPU too)."""
+    n = int(np.prod(array.shape))
+    step = max(1, int(np.ceil((n / max_voxels) ** (1 / 3))))
+    s = array[::step, ::step, ::step]
+    s = s.cpu().numpy() if hasattr(s, "cpu") else np.asarray(s)
+    return s.astype(np.float64)
 
 
 def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
@@ -217,7 +257,7 @@ def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
     needs_stats = it.percentiles or it.zscore or (it.scale and not it.clip)
     if needs_stats and array is None:
         raise ValueError("percentile clipping, z-score and scale without clip need the array")
-    sample = _sample(array).astype(np.float64) if needs_stats else None
+    sample = _sample(array) if needs_stats else None
     if it.clip:
         lo, hi = it.clip
     elif it.percentiles:

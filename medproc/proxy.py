@@ -8,8 +8,8 @@ labels) as tensors, and beside them every sample's output affine and its lesions
 the output grid by the same matrix as the voxels.
 
 Where DALI Proxy cannot run (no CUDA: it calls ``torch.cuda.nvtx``), the same transform and
-loader fall back to medproc's own path: workers send the arrays and plans, and the main process
-runs the same DALI graph on DALI's CPU backend. Same outputs, same order.
+loader fall back to the engine: workers send the voxels and plans, and the main process runs
+the same DALI graph on DALI's CPU backend. Same outputs, same order.
 
 DALI Proxy returns each batch as one tensor, so the spec must give a fixed output size
 (``crop=`` or ``shape=``).
@@ -36,12 +36,12 @@ __all__ = ["ProxyServer", "ProxyTransform", "collate"]
 
 
 class _Pending:
-    """Fallback payload: what the main process resamples (arrays + plan)."""
+    """Fallback payload: what the main process resamples (voxels + plan)."""
 
-    __slots__ = ("array", "plan", "kind")
+    __slots__ = ("array", "labels", "plan")
 
-    def __init__(self, array, plan, kind):
-        self.array, self.plan, self.kind = array, plan, kind
+    def __init__(self, array, labels, plan):
+        self.array, self.labels, self.plan = array, labels, plan
 
 
 class ProxyTransform:
@@ -75,6 +75,7 @@ class ProxyTransform:
         return self._rng
 
     def plan(self, sample: dict) -> Plan:
+        """The sample's plan: the spec's resample, then the random augmentation if any."""
         img = sample["image"]
         plan = make_plan(img.shape, img.affine, self.spec, img.array)
         if self.augment is not None:
@@ -84,28 +85,23 @@ class ProxyTransform:
     def __call__(self, sample: dict) -> dict:
         import torch
 
-        from .pipeline.resample import dali_matrix
-
         img = sample["image"]
         lab = sample.get("label")
-        full_plan = self.plan(sample)
         # ship only the input box the output touches (a crop of a big volume is a small box)
-        region, plan = full_plan.input_region()
+        region, plan = self.plan(sample).input_region()
         out = {k: v for k, v in sample.items() if k not in ("image", "label", "lesions")}
-        arr = np.ascontiguousarray(img.array[region])[..., None]
+        arr = img.array[region]
+        labs = [lab.array[region]] if lab is not None else []
         if self.proxy is not None:
-            kw = {"img": arr, "mat": dali_matrix(plan), "size": np.array(plan.out_shape, np.float32)}
-            if lab is not None:
-                kw["lab"] = np.ascontiguousarray(lab.array[region])[..., None]
-            refs = self.proxy(**kw)
+            from .pipeline.proxy_server import proxy_inputs
+
+            refs = self.proxy(**proxy_inputs(arr, labs, plan, self.spec.intensity.active))
             refs = refs if isinstance(refs, tuple) else (refs,)
             out["image"] = refs[0]
             if lab is not None:
                 out["label"] = refs[1]
         else:
-            out["image"] = _Pending(arr[..., 0], plan, "image")
-            if lab is not None:
-                out["label"] = _Pending(np.ascontiguousarray(lab.array[region]), plan, "label")
+            out["image"] = _Pending(np.array(arr), [np.array(a) for a in labs], plan)
         out["affine"] = torch.as_tensor(plan.out_affine)
         lesions = sample.get("lesions")
         out["lesions"] = plan.lesions_on_grid(lesions) if lesions is not None else []
@@ -129,26 +125,14 @@ def collate(samples: list[dict]) -> dict:
     return out
 
 
-def _dali_proxy_usable(device: str) -> bool:
-    if device != "gpu":
-        return False
-    try:
-        import torch
-
-        from nvidia.dali.plugin.pytorch.experimental import proxy  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 class ProxyServer:
-    """One DALI pipeline serving PyTorch DataLoader workers (DALI Proxy on the GPU; medproc's
-    own main-process path on DALI's CPU backend elsewhere).
+    """One DALI pipeline serving PyTorch DataLoader workers (DALI Proxy on the GPU; the
+    engine, in the main process, on DALI's CPU backend elsewhere).
 
     Parameters
     ----------
     spec : Spec
-        Must fix the output size (``crop`` or ``shape``).
+        Must fix the output size (``crop`` or ``shape``); its intensity steps are applied.
     device : {"gpu", "cpu", "auto"}
         ``"auto"`` takes the GPU when DALI Proxy can run there.
     batch_size : int
@@ -157,6 +141,10 @@ class ProxyServer:
         Samples carry a ``"label"`` Volume.
     augment : callable, optional
         See :class:`ProxyTransform`.
+    num_threads, device_id, prefetch : int
+        DALI settings (threads, GPU, batches in flight).
+    seed : int
+        Seed of the workers' augmentation generators.
     """
 
     def __init__(self, spec: Spec, device: str = "auto", batch_size: int = 4, with_label: bool = False,
@@ -168,38 +156,33 @@ class ProxyServer:
         if spec.interp == "cubic" or spec.antialias:
             raise ValueError("the proxy pipeline resamples with warp_affine: use interp linear or "
                              "nearest, without antialias")
-        from .pipeline import Resampler, gpu_available
+        from .pipeline import Engine, Graph, gpu_available
+        from .pipeline.proxy_server import ProxyPipeline, dali_proxy_usable
 
         if device == "auto":
-            device = "gpu" if gpu_available() and _dali_proxy_usable("gpu") else "cpu"
+            device = "gpu" if gpu_available() and dali_proxy_usable("gpu") else "cpu"
         self.device = device
         self.spec = spec
         self.with_label = with_label
-        self.uses_dali_proxy = _dali_proxy_usable(device)
-        self._resampler = Resampler(device=device, batch_size=batch_size, interp=spec.interp,
-                                    dtype=spec.dtype, fill=spec.fill, with_label=with_label,
-                                    num_threads=num_threads, device_id=device_id,
-                                    host_feed=self.uses_dali_proxy, channels_first=True,
-                                    prefetch=prefetch if self.uses_dali_proxy else 1)
-        self._server = None
+        self.uses_dali_proxy = dali_proxy_usable(device)
+        self._graph = Graph.from_spec(spec, labels=int(with_label), channels_first=True, mode="warp")
+        self._engine = Engine(device, batch_size=batch_size, num_threads=num_threads,
+                              device_id=device_id)
+        self._proxy = None
         if self.uses_dali_proxy:
-            from nvidia.dali.plugin.pytorch.experimental import proxy as dali_proxy
-
-            if spec.intensity.active:
-                raise ValueError("intensity steps in the proxy are not wired yet: apply them on "
-                                 "the batch, or use medproc.resample_batch")
-            self._server = dali_proxy.DALIServer(self._resampler.pipeline("warp", False))
-        self.transform = ProxyTransform(spec, self._server.proxy if self._server else None,
+            self._proxy = ProxyPipeline(self._graph, spec.intensity.active, batch_size,
+                                        self._engine.num_threads, device_id, prefetch)
+        self.transform = ProxyTransform(spec, self._proxy.server.proxy if self._proxy else None,
                                         augment=augment, seed=seed)
 
     def __enter__(self):
-        if self._server is not None:
-            self._server.__enter__()
+        if self._proxy is not None:
+            self._proxy.server.__enter__()
         return self
 
     def __exit__(self, *exc):
-        if self._server is not None:
-            return self._server.__exit__(*exc)
+        if self._proxy is not None:
+            return self._proxy.server.__exit__(*exc)
         return False
 
     def loader(self, dataset, batch_size: int, num_workers: int = 0, **kw):
@@ -208,29 +191,24 @@ class ProxyServer:
         import torch.utils.data as tud
 
         kw.setdefault("collate_fn", collate)
-        if self._server is not None:
+        if self._proxy is not None:
             if num_workers > 0:
-                from nvidia.dali.plugin.pytorch.experimental import proxy as dali_proxy
-
-                return dali_proxy.DataLoader(self._server, dataset, batch_size=batch_size,
-                                             num_workers=num_workers, **kw)
+                return self._proxy.loader(dataset, batch_size, num_workers, **kw)
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
-            return _Mapped(base, self._server.produce_data)
+            return _Mapped(base, self._proxy.server.produce_data)
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)
         return _Mapped(base, self._run_fallback)
 
     def _run_fallback(self, batch: dict) -> dict:
         import torch
 
-        imgs = batch["image"]
-        labs = batch.get("label") if self.with_label else None
-        res = self._resampler.run([p.array for p in imgs], [p.plan for p in imgs],
-                                  [p.array for p in labs] if labs else None, as_torch=True)
+        from .pipeline import Job
+
+        jobs = [Job(p.array, p.plan, p.labels) for p in batch["image"]]
+        res = self._engine.run(jobs, self._graph, as_torch=True)
+        batch["image"] = torch.stack([r[0] for r in res])
         if self.with_label:
-            batch["image"] = torch.stack([r[0] for r in res])
             batch["label"] = torch.stack([r[1] for r in res])
-        else:
-            batch["image"] = torch.stack(list(res))
         return batch
 
 

@@ -22,9 +22,7 @@ def _canonical(vol: Volume, array=None):
     arr = vol.array if array is None else array
     if arr.ndim == 4:
         arr = arr[..., 0]
-    # medproc arrays are (k, j, i): go to nibabel's (i, j, k) first
-    arr = arr.transpose(2, 1, 0)
-    aff = vol.affine[:, [2, 1, 0, 3]]
+    aff = vol.affine
     ornt = io_orientation(aff)
     out = apply_orientation(arr, ornt)
     return out, aff @ inv_ornt_aff(ornt, arr.shape)
@@ -44,16 +42,18 @@ def qc_figure(before: Volume, after: Volume, path: str, label_before: Volume | N
     ``lesions`` is a sequence of ``(center_ras_mm, diameter_mm)``; each is drawn as a circle on
     every view whose slice cuts it, at its world position on each grid.
     """
-    import matplotlib
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Circle
+    except ImportError:
+        raise ImportError("QC pictures need matplotlib: pip install 'medproc[qc]'") from None
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Circle
-
-    from .io import atomic_path
+    from .io import atomic_write
 
     modality = before.meta.get("modality")
-    fig, axes = plt.subplots(2, 3, figsize=(12, 8.4), facecolor="black")
+    # a Figure of its own (no pyplot): the caller's matplotlib backend and figures are untouched
+    fig = Figure(figsize=(12, 8.4), facecolor="black")
+    axes = fig.subplots(2, 3)
     centre = before.voxel_to_world((np.array(before.shape) - 1) / 2.0)  # same world point on both
     for row, (vol, lab, name) in enumerate(((before, label_before, "before"), (after, label_after, "after"))):
         data, aff = _canonical(vol)
@@ -86,16 +86,6 @@ def qc_figure(before: Volume, after: Volume, path: str, label_before: Volume | N
             ax.axis("off")
     fig.suptitle(title, color="white", fontsize=10)
     fig.tight_layout()
-    tmp = atomic_path(path)
-    try:
+    with atomic_write(path) as tmp:
         fig.savefig(tmp, dpi=80, facecolor="black", format="png")
-        import os
-
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        import os
-
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return path

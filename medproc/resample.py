@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,19 +10,7 @@ from .plan import make_plan
 from .spec import Spec
 from .volume import Volume
 
-__all__ = ["resample", "resample_batch", "get_resampler"]
-
-
-@functools.lru_cache(maxsize=16)
-def get_resampler(device: str, interp: str, antialias: bool, dtype: str, fill, with_label: bool,
-                  batch_size: int, in_dtypes: tuple = (), num_threads: int | None = None):
-    """A cached :class:`~medproc.pipeline.Resampler` (building a DALI pipeline costs ~0.1 s).
-
-    ``in_dtypes`` is part of the key: a DALI external source keeps one input dtype."""
-    from .pipeline import Resampler
-
-    return Resampler(device=device, batch_size=batch_size, interp=interp, antialias=antialias,
-                     dtype=dtype, fill=fill, with_label=with_label, num_threads=num_threads)
+__all__ = ["resample", "resample_batch"]
 
 
 def _spec(spec: Spec | None, **kw) -> Spec:
@@ -34,50 +21,62 @@ def _spec(spec: Spec | None, **kw) -> Spec:
 def resample_batch(volumes: Sequence[Volume], spec: Spec, device: str = "cpu",
                    labels: Sequence[Volume] | None = None, batch_size: int = 8,
                    num_threads: int | None = None):
-    """Resample many volumes with one spec, batched through one DALI pipeline.
+    """Resample many volumes with one spec, batched through the engine.
 
-    ``num_threads`` sets DALI's CPU threads (default: all cores; 1 in batch workers).
+    Parameters
+    ----------
+    volumes : sequence of Volume
+        Voxels on the CPU (numpy) or the GPU (CUDA tensors, e.g. from
+        ``medproc.load(..., device="gpu")``: they stay there).
+    spec : Spec
+        The output grid and intensity steps.
+    device : {"cpu", "gpu"}
+        DALI backend.
+    labels : sequence of Volume, optional
+        One label map per volume, on its grid (nearest neighbour, dtype kept).
+    batch_size : int
+        Volumes per DALI batch.
+    num_threads : int, optional
+        DALI's CPU threads (default: all cores; 1 in batch workers).
 
-    Returns a list of Volumes, or of ``(image, label)`` pairs when ``labels`` is given (each
-    label on its image's grid; nearest neighbour, dtype kept).
+    Returns
+    -------
+    list
+        Volumes, or ``(image, label)`` pairs when ``labels`` is given. Outputs are numpy arrays,
+        or CUDA tensors when the inputs were on the GPU.
     """
+    from .pipeline import Engine, Graph, Job
+
     vols = list(volumes)
     labs = list(labels) if labels is not None else None
     if labs is not None:
+        if len(labs) != len(vols):
+            raise ValueError(f"{len(vols)} volumes but {len(labs)} labels")
         for v, lb in zip(vols, labs):
             if lb.shape != v.shape or not np.allclose(lb.affine, v.affine, atol=1e-4):
                 raise ValueError(
                     f"label {lb.meta.get('source', '')} is not on its image's grid "
                     f"({lb.shape} vs {v.shape}); resample it onto the image first"
                 )
-    bs = max(1, min(batch_size, len(vols)))
-    img_dt = np.result_type(*[v.array.dtype for v in vols])
-    lab_dt = np.result_type(*[lb.array.dtype for lb in labs]) if labs else None
-    if lab_dt == np.bool_:
-        lab_dt = np.dtype(np.uint8)
-    r = get_resampler(device, spec.interp, spec.antialias, str(np.dtype(spec.dtype)), spec.fill,
-                      labs is not None, bs, (str(img_dt), str(lab_dt)), num_threads)
-    plans = [make_plan(v.shape, v.affine, spec, v.array) for v in vols]
-    batches = []
-    for s in range(0, len(vols), bs):
-        sl = slice(s, s + bs)
-        lab_arrays = None
-        if labs is not None:
-            lab_arrays = [np.asarray(lb.array, dtype=lab_dt) for lb in labs[sl]]
-        batches.append(([np.asarray(v.array, dtype=img_dt) for v in vols[sl]], plans[sl], lab_arrays))
+    if not vols:
+        return []
+    on_gpu = any(v.device != "cpu" for v in vols)
+    if device == "cpu" and on_gpu:
+        vols = [v.numpy() for v in vols]
+        labs = [lb.numpy() for lb in labs] if labs else labs
+        on_gpu = False
+    plans = [make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None)
+             for v in vols]
+    jobs = [Job(v.array, p, () if labs is None else (labs[n].array,))
+            for n, (v, p) in enumerate(zip(vols, plans))]
+    engine = Engine(device, batch_size=max(1, min(batch_size, len(vols))), num_threads=num_threads)
+    results = engine.run(jobs, Graph.from_spec(spec, labels=0 if labs is None else 1),
+                         as_torch=on_gpu)
     out = []
-    i = 0
-    for res in r.run_batches(batches):
-        for item in res:
-            p, v = plans[i], vols[i]
-            meta = {"resampled_from": v.meta.get("source"), "device": device}
-            if labs is None:
-                out.append(v.with_array(item, p.out_affine, **meta))
-            else:
-                img, lab = item
-                out.append((v.with_array(img, p.out_affine, **meta),
-                            labs[i].with_array(lab, p.out_affine, **meta)))
-            i += 1
+    for n, (res, p, v) in enumerate(zip(results, plans, vols)):
+        meta = {"resampled_from": v.meta.get("source"), "device": device}
+        img = v.with_array(res[0], p.out_affine, **meta)
+        out.append(img if labs is None else (img, labs[n].with_array(res[1], p.out_affine, **meta)))
     return out
 
 

@@ -34,16 +34,17 @@ class Lesion:
 
 
 def grid_affine(shape, spacing, origin_lps, iop=(1, 0, 0, 0, 1, 0), tilt_deg: float = 0.0):
-    """RAS affine of array (slice, row, column) for a DICOM-style grid (LPS origin and IOP)."""
+    """RAS affine of voxels (i, j, k) = (column, row, slice) of a DICOM-style grid (LPS origin
+    and IOP); ``spacing`` is (column spacing, row spacing, slice step) in mm."""
     row, col = np.array(iop[:3], float), np.array(iop[3:], float)
     normal = np.cross(row, col)
-    step = normal * spacing[0]
+    step = normal * spacing[2]
     if tilt_deg:
-        step = step + col * spacing[0] * np.tan(np.radians(tilt_deg))
+        step = step + col * spacing[2] * np.tan(np.radians(tilt_deg))
     a = np.eye(4)
-    a[:3, 0] = step
+    a[:3, 0] = row * spacing[0]
     a[:3, 1] = col * spacing[1]
-    a[:3, 2] = row * spacing[2]
+    a[:3, 2] = step
     a[:3, 3] = origin_lps
     return LPS_TO_RAS @ a
 
@@ -55,13 +56,13 @@ def ct_phantom(shape, affine, lesions: list[Lesion], seed: int = 0) -> tuple[np.
     Geometry is defined in world RAS mm, so any grid (oblique, tilted) samples the same anatomy.
     """
     rng = np.random.default_rng(seed)
-    nz, ny, nx = shape
-    img = np.empty(shape, np.int16)
-    lab = np.zeros(shape, np.uint8)
+    nx, ny, nz = shape
+    img = np.empty(shape, np.int16, order="F")  # (i, j, k), i fastest: as readers return it
+    lab = np.zeros(shape, np.uint8, order="F")
     jj, ii = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
     centers = [LPS_TO_RAS[:3, :3] @ np.asarray(les.center_lps, float) for les in lesions]
     for k in range(nz):
-        idx = np.stack([np.full_like(jj, k), jj, ii], -1).astype(np.float64)
+        idx = np.stack([ii, jj, np.full_like(jj, k)], -1).astype(np.float64)  # (row j, column i)
         w = apply_affine(affine, idx)  # RAS
         x, y, z = w[..., 0], w[..., 1], w[..., 2]
         hu = np.full(x.shape, -1000.0)
@@ -75,9 +76,9 @@ def ct_phantom(shape, affine, lesions: list[Lesion], seed: int = 0) -> tuple[np.
             r2 = ((w - c) ** 2).sum(-1)
             m = r2 <= (les.diameter_mm / 2) ** 2
             hu[m] = les.hu
-            lab[k][m] = n
+            lab[:, :, k][m.T] = n
         hu += rng.normal(0, 12, hu.shape)
-        img[k] = np.clip(np.rint(hu), -1024, 3071)
+        img[:, :, k] = np.clip(np.rint(hu), -1024, 3071).T
     return img, lab
 
 
@@ -100,7 +101,7 @@ def write_dicom_series(
     seed: int = 0,
     signed: bool = False,
 ) -> list[str]:
-    """Write ``volume`` (int16 HU, array (slice, row, column)) as a CT DICOM series.
+    """Write ``volume`` (int16 HU, voxels (i, j, k) = (column, row, slice)) as a CT DICOM series.
 
     Stored values are unsigned (HU + 1024, RescaleIntercept -1024) as many scanners write them;
     ``signed`` stores signed 16-bit HU instead (PixelRepresentation 1, intercept 0).
@@ -116,13 +117,13 @@ def write_dicom_series(
     os.makedirs(folder, exist_ok=True)
     lps = LPS_TO_RAS @ volume.affine
     sp = np.sqrt((lps[:3, :3] ** 2).sum(0))
+    row_cos = lps[:3, 0] / sp[0]
     col_cos = lps[:3, 1] / sp[1]
-    row_cos = lps[:3, 2] / sp[2]
     normal = np.cross(row_cos, col_cos)
-    thick = float(lps[:3, 0] @ normal)
+    thick = float(lps[:3, 2] @ normal)
     study_uid = study_uid or _uid(rng)
     frame_uid = _uid(rng)
-    n = volume.shape[0]
+    n = volume.shape[2]
     names = [f"IM{i:05d}.dcm" for i in (rng.permutation(n) if shuffle_names else range(n))]
     today = datetime.date(2026, 1, 1).strftime("%Y%m%d")
     paths = []
@@ -146,13 +147,13 @@ def write_dicom_series(
         ds.SeriesDescription = description
         ds.InstanceNumber = n - k
         ds.ImageType = ["ORIGINAL", "PRIMARY", "AXIAL"]
-        ds.ImagePositionPatient = [f"{v:.6f}" for v in lps[:3, 3] + k * lps[:3, 0]]
+        ds.ImagePositionPatient = [f"{v:.6f}" for v in lps[:3, 3] + k * lps[:3, 2]]
         ds.ImageOrientationPatient = [f"{v:.8f}" for v in (*row_cos, *col_cos)]
-        ds.PixelSpacing = [f"{sp[1]:.6f}", f"{sp[2]:.6f}"]
+        ds.PixelSpacing = [f"{sp[1]:.6f}", f"{sp[0]:.6f}"]  # row spacing (along j), column (i)
         ds.SliceThickness = f"{thick:.6f}"
         if gantry_tilt is not None:
             ds.GantryDetectorTilt = f"{gantry_tilt:.4f}"
-        ds.Rows, ds.Columns = volume.shape[1], volume.shape[2]
+        ds.Rows, ds.Columns = volume.shape[1], volume.shape[0]
         ds.SamplesPerPixel = 1
         ds.PhotometricInterpretation = "MONOCHROME2"
         if signed:
@@ -165,10 +166,11 @@ def write_dicom_series(
             ds.RescaleIntercept = "-1024"
         ds.RescaleSlope, ds.RescaleType = "1", "HU"
         ds.WindowCenter, ds.WindowWidth = "40", "400"
+        px = np.ascontiguousarray(volume.array[:, :, k].T)  # (rows, columns)
         if signed:
-            stored = volume.array[k].astype(np.int16)
+            stored = px.astype(np.int16)
         else:
-            stored = (volume.array[k].astype(np.int32) + 1024).clip(0, 4095).astype(np.uint16)
+            stored = (px.astype(np.int32) + 1024).clip(0, 4095).astype(np.uint16)
         ds.PixelData = stored.tobytes()
         if transfer_syntax is not None:
             _compress(ds, stored, transfer_syntax)
@@ -216,7 +218,7 @@ def _lesions_for(affine, shape, rng, count: int) -> list[Lesion]:
         side = rng.choice([-70, 70])
         c_ras = np.array([side + rng.uniform(-25, 25), rng.uniform(-30, 40), 0.0])
         zc = apply_affine(affine, (np.array(shape) - 1) / 2.0)[2]
-        c_ras[2] = zc + rng.uniform(-0.25, 0.25) * shape[0] * abs(affine[2, 0]) + 0 * zc
+        c_ras[2] = zc + rng.uniform(-0.25, 0.25) * shape[2] * abs(affine[2, 2])
         d = float(rng.uniform(8, 16))
         ijk = apply_affine(inv, c_ras)
         margin = d / np.sqrt((affine[:3, :3] ** 2).sum(0))
@@ -258,18 +260,18 @@ def make_dataset(
     rows = []
     for c in range(cases):
         nz = int(rng.integers(slices[0], slices[1] + 1))
-        sp = (slice_mm, spacing_xy, spacing_xy)
+        sp = (spacing_xy, spacing_xy, slice_mm)
         fov = size * spacing_xy
         origin = (-fov / 2 + spacing_xy / 2, -fov / 2 + spacing_xy / 2 + 20, -nz * slice_mm / 2)
-        aff = grid_affine((nz, size, size), sp, origin)
-        les = _lesions_for(aff, (nz, size, size), rng, lesions)
-        img, lab = ct_phantom((nz, size, size), aff, les, seed=seed + c)
+        aff = grid_affine((size, size, nz), sp, origin)
+        les = _lesions_for(aff, (size, size, nz), rng, lesions)
+        img, lab = ct_phantom((size, size, nz), aff, les, seed=seed + c)
         vol = Volume(img, aff)
         uid = _uid(rng)
         name = f"case{c:03d}"
         write_dicom_series(os.path.join(out, "dicom", name), vol, uid, series_number=c + 1,
                            patient_id=f"PAT{c:04d}", seed=seed + c)
-        entry = {"name": name, "series_uid": uid, "lesions": les, "shape": (nz, size, size)}
+        entry = {"name": name, "series_uid": uid, "lesions": les, "shape": (size, size, nz)}
         if nifti:
             save(vol, os.path.join(out, "nifti", f"{name}.nii.gz"))
             save(Volume(lab, aff), os.path.join(out, "labels", f"{name}.nii.gz"))
@@ -287,7 +289,7 @@ def make_broken(folder: str, seed: int = 0) -> dict:
 
     rng = np.random.default_rng(seed + 99)
     os.makedirs(folder, exist_ok=True)
-    shape, sp = (12, 64, 64), (2.5, 2.0, 2.0)
+    shape, sp = (64, 64, 12), (2.0, 2.0, 2.5)
     aff = grid_affine(shape, sp, (-64, -64, -15))
     img, _ = ct_phantom(shape, aff, [], seed=seed)
     vol = Volume(img, aff)
@@ -320,7 +322,7 @@ def make_broken(folder: str, seed: int = 0) -> dict:
     # NIfTI full of NaNs
     p = os.path.join(folder, "nan.nii.gz")
     arr = img.astype(np.float32)
-    arr[3, 10:20, 10:20] = np.nan
+    arr[10:20, 10:20, 3] = np.nan
     save(Volume(arr, aff), p)
     out["nan"] = p
     return out
@@ -333,8 +335,8 @@ def make_bundled(out: str = "sample_data") -> None:
     rng = np.random.default_rng(2026)
     rows = []
     # 1) axial CT series, 2.9 x 2.9 x 2.5 mm
-    shape = (40, 112, 112)
-    aff = grid_affine(shape, (2.5, 2.9, 2.9), (-161.0, -141.0, -50.0))
+    shape = (112, 112, 40)
+    aff = grid_affine(shape, (2.9, 2.9, 2.5), (-161.0, -141.0, -50.0))
     les = [Lesion((-62.0, -10.0, 5.0), 14.0, 70.0), Lesion((75.0, 15.0, -20.0), 10.0, 55.0)]
     img, lab = ct_phantom(shape, aff, les, seed=1)
     uid1 = _UID_ROOT + "2026.1.1"
@@ -344,8 +346,8 @@ def make_bundled(out: str = "sample_data") -> None:
     # 2) oblique, anisotropic series (15 degrees about the R-L axis) in the same study
     c, s = np.cos(np.radians(15)), np.sin(np.radians(15))
     iop = (1, 0, 0, 0, c, s)
-    shape2 = (30, 96, 96)
-    aff2 = grid_affine(shape2, (3.0, 3.2, 3.2), (-152.0, -150.0, -40.0), iop=iop)
+    shape2 = (96, 96, 30)
+    aff2 = grid_affine(shape2, (3.2, 3.2, 3.0), (-152.0, -150.0, -40.0), iop=iop)
     img2, _ = ct_phantom(shape2, aff2, les, seed=2)
     uid2 = _UID_ROOT + "2026.1.2"
     write_dicom_series(os.path.join(out, "dicom", "ct_oblique"), Volume(img2, aff2), uid2,
@@ -353,8 +355,8 @@ def make_bundled(out: str = "sample_data") -> None:
     rows += [(uid2, x) for x in les]
     # 3) NIfTI cases with label maps
     for n in range(2):
-        shp = (36, 100, 100)
-        a = grid_affine(shp, (2.0 + n, 3.0, 3.0), (-148.5, -128.5, -36.0 - 4 * n))
+        shp = (100, 100, 36)
+        a = grid_affine(shp, (3.0, 3.0, 2.0 + n), (-148.5, -128.5, -36.0 - 4 * n))
         lz = _lesions_for(a, shp, rng, 2)
         im, lb = ct_phantom(shp, a, lz, seed=10 + n)
         name = f"case{n + 1:03d}"

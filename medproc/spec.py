@@ -1,9 +1,8 @@
 """The declarative preprocessing spec: what the output should look like, not how to get there.
 
-Axis order convention: ``spacing``, ``shape`` and ``crop`` are given in NIfTI order
-``(i, j, k)`` of the *output* (like MONAI's ``pixdim``), i.e. for the array axes ``(2, 1, 0)``;
-orientation codes likewise name axes ``(i, j, k)`` (``"RAS"``: i -> Right, j -> Anterior, k ->
-Superior), as nibabel, MONAI and ITK-SNAP users read them.
+Axis order: ``spacing``, ``shape`` and ``crop`` are given in NIfTI order ``(i, j, k)`` of the
+*output* (like MONAI's ``pixdim``), the order of ``Volume.shape`` and ``Volume.spacing``;
+orientation codes name axes ``(i, j, k)`` (``"RAS"``: i -> Right, j -> Anterior, k -> Superior).
 """
 
 from __future__ import annotations
@@ -74,6 +73,7 @@ class Intensity:
 
     @property
     def active(self) -> bool:
+        """Whether any intensity step is set."""
         return bool(self.clip or self.percentiles or self.scale or self.zscore)
 
 
@@ -153,4 +153,13 @@ class Spec:
             object.__setattr__(self, "intensity", Intensity(**self.intensity))
 
     def replace(self, **kw) -> Spec:
+        """A copy with the given fields changed (validated again)."""
         return replace(self, **kw)
+
+    @property
+    def needs_array(self) -> bool:
+        """Whether planning needs the voxels, not only the geometry: foreground crops and
+        intensity statistics (percentiles, z-score, scale without a clip window)."""
+        it = self.intensity
+        return bool(self.crop_foreground is not None or it.percentiles or it.zscore
+                    or (it.scale and not it.clip))

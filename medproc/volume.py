@@ -11,18 +11,23 @@ from .geometry import apply_affine, as_affine, axcodes, spacing_of
 __all__ = ["Volume"]
 
 
+def _is_tensor(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "device")
+
+
 class Volume:
     """A 3D image (optionally with a trailing channel axis) on a world grid.
 
     Parameters
     ----------
     array : array_like
-        Voxel data, shape ``(n0, n1, n2)`` or ``(n0, n1, n2, channels)``. Readers return
-        C-contiguous arrays whose axis 0 is the slowest (for DICOM the slice axis, for NIfTI
-        the file's k axis), i.e. the reverse of nibabel's ``(i, j, k)`` order; the affine says
-        which way each axis points, so no layout is assumed anywhere else.
+        Voxel data indexed ``(i, j, k)`` or ``(i, j, k, channels)``, NIfTI's axis order (as
+        nibabel, MONAI and TorchIO use): for DICOM, i runs along a row (column index), j down a
+        column (row index) and k through the slices. Readers return the file's memory as is,
+        which for DICOM and NIfTI is Fortran order (i fastest). A numpy array, or a torch tensor
+        (e.g. CUDA, from ``medproc.load(..., device="gpu")``).
     affine : array_like
-        4x4 matrix mapping an index ``(a0, a1, a2)`` of ``array`` to RAS millimetres. Copied
+        4x4 matrix mapping an index ``(i, j, k)`` of ``array`` to RAS millimetres. Copied
         into a new float64 array.
     meta : dict, optional
         Free-form metadata (source path, modality, series UID, warnings...). Copied.
@@ -30,8 +35,8 @@ class Volume:
     Examples
     --------
     >>> v = Volume(np.zeros((4, 5, 6), np.int16), np.diag([3.0, 2.0, 1.0, 1.0]))
-    >>> v.spacing.tolist(), v.orientation
-    ([3.0, 2.0, 1.0], 'SAR')
+    >>> v.shape, v.spacing.tolist(), v.orientation
+    ((4, 5, 6), [3.0, 2.0, 1.0], 'RAS')
     >>> v.voxel_to_world([1, 1, 1]).tolist()
     [3.0, 2.0, 1.0]
     """
@@ -39,13 +44,13 @@ class Volume:
     __slots__ = ("array", "affine", "meta")
 
     def __init__(self, array, affine, meta: dict[str, Any] | None = None):
-        arr = np.asarray(array)
+        arr = array if _is_tensor(array) else np.asarray(array)
         if arr.ndim not in (3, 4):
             raise ValueError(
-                f"Volume array must be 3D (n0, n1, n2) or 4D with trailing channels, "
-                f"got shape {arr.shape}; add an axis with arr[None] for a single slice"
+                f"Volume array must be 3D (i, j, k) or 4D with trailing channels, "
+                f"got shape {tuple(arr.shape)}; add an axis with arr[..., None] for a single slice"
             )
-        if arr.dtype.kind not in "biuf":
+        if not _is_tensor(arr) and arr.dtype.kind not in "biuf":
             raise ValueError(f"Volume array must be boolean, integer or float, got {arr.dtype}")
         self.array = arr
         self.affine = as_affine(affine)
@@ -54,7 +59,7 @@ class Volume:
     # geometry ----------------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, int, int]:
-        """Spatial shape (the first three axes)."""
+        """Spatial shape ``(ni, nj, nk)`` (the first three axes)."""
         return tuple(self.array.shape[:3])  # type: ignore[return-value]
 
     @property
@@ -64,7 +69,7 @@ class Volume:
 
     @property
     def spacing(self) -> np.ndarray:
-        """Voxel spacing in mm along array axes 0, 1, 2."""
+        """Voxel spacing in mm along i, j, k."""
         return spacing_of(self.affine)
 
     @property
@@ -74,17 +79,48 @@ class Volume:
 
     @property
     def orientation(self) -> str:
-        """Orientation codes as nibabel/NIfTI name them: axes ``(i, j, k)`` = array axes
-        ``(2, 1, 0)``. A DICOM axial series is ``"LPS"`` (column -> Left, row -> Posterior,
-        slice -> Superior); ``medproc.resample(v, orientation="RAS")`` gives ``"RAS"``."""
-        return axcodes(self.affine)[::-1]
+        """Orientation codes of axes ``(i, j, k)``, as nibabel names them. A DICOM axial series
+        is ``"LPS"`` (i -> Left, j -> Posterior, k -> Superior);
+        ``medproc.resample(v, orientation="RAS")`` gives ``"RAS"``."""
+        return axcodes(self.affine)
+
+    @property
+    def dtype(self):
+        """The array's dtype (numpy or torch)."""
+        return self.array.dtype
+
+    @property
+    def device(self) -> str:
+        """``"cpu"`` for a numpy array, else the tensor's device (``"cuda:0"``...)."""
+        return str(self.array.device) if _is_tensor(self.array) else "cpu"
+
+    def to(self, device: str) -> Volume:
+        """This volume with its voxels on ``device``: ``"cpu"`` (numpy), ``"gpu"`` (= the
+        current CUDA device) or ``"cuda:N"`` (torch tensors; needs PyTorch with CUDA)."""
+        if device == "cpu":
+            return self.numpy()
+        try:
+            import torch
+        except ImportError:
+            raise ImportError(f"Volume.to({device!r}) needs PyTorch: pip install torch") from None
+        dev = "cuda" if device == "gpu" else device
+        arr = self.array if _is_tensor(self.array) else torch.from_numpy(np.asarray(self.array))
+        if arr.dtype == torch.bool:
+            arr = arr.to(torch.uint8)
+        return self.with_array(arr.to(dev, non_blocking=True))
+
+    def numpy(self) -> Volume:
+        """This volume with its data as a numpy array (a copy from the GPU; itself if already)."""
+        if not _is_tensor(self.array):
+            return self
+        return self.with_array(self.array.detach().cpu().numpy())
 
     def voxel_to_world(self, index) -> np.ndarray:
-        """RAS mm of (fractional) array indices, shape ``(..., 3)``."""
+        """RAS mm of (fractional) voxel indices ``(i, j, k)``, shape ``(..., 3)``."""
         return apply_affine(self.affine, np.asarray(index, dtype=np.float64))
 
     def world_to_voxel(self, points) -> np.ndarray:
-        """Fractional array indices of RAS mm points, shape ``(..., 3)``."""
+        """Fractional voxel indices ``(i, j, k)`` of RAS mm points, shape ``(..., 3)``."""
         return apply_affine(np.linalg.inv(self.affine), np.asarray(points, dtype=np.float64))
 
     # derived volumes ---------------------------------------------------------------------
@@ -100,12 +136,15 @@ class Volume:
         )
 
     def __array__(self, dtype=None, copy=None):
-        return self.array if dtype is None else self.array.astype(dtype)
+        a = self.numpy().array
+        return a if dtype is None else a.astype(dtype)
 
     def __repr__(self) -> str:
         sp = ", ".join(f"{s:.4g}" for s in self.spacing)
         src = self.meta.get("source")
         return (
-            f"Volume(shape={self.array.shape}, dtype={self.array.dtype}, spacing=({sp}) mm, "
-            f"orientation={self.orientation}" + (f", source={src!r})" if src else ")")
+            f"Volume(shape={tuple(self.array.shape)}, dtype={self.array.dtype}, spacing=({sp}) mm, "
+            f"orientation={self.orientation}"
+            + (f", device={self.device}" if self.device != "cpu" else "")
+            + (f", source={src!r})" if src else ")")
         )

@@ -79,10 +79,10 @@ class Lesions:
     def on_grid(self, affine: np.ndarray, shape) -> list[dict]:
         """Where each lesion sits on a grid: one dict per lesion.
 
-        ``center_index`` indexes a medproc array ``[a0, a1, a2]``; ``center_voxel`` is the same
-        point as an index into the array nibabel loads from the saved NIfTI ``(i, j, k)``;
-        ``inside`` says whether the centre lies in the grid (a lesion that left a crop is
-        flagged, never dropped); ``size_voxels`` is the extent along each array axis.
+        ``center_voxel`` is the fractional voxel index ``(i, j, k)`` (``affine @ center_voxel``
+        gives ``center_world_ras``; the same index into the array nibabel loads from the saved
+        NIfTI); ``inside`` says whether the centre lies in the grid (a lesion that left a crop
+        is flagged, never dropped); ``size_voxels`` is the extent along i, j, k.
         """
         inv = np.linalg.inv(np.asarray(affine, dtype=np.float64))
         idx = apply_affine(inv, self.centers) if len(self) else np.zeros((0, 3))
@@ -99,8 +99,7 @@ class Lesions:
                 "kind": self.kinds[n],
                 "label": int(self.labels[n]),
                 "center_world_ras": [round(float(x), 4) for x in self.centers[n]],
-                "center_index": [round(float(x), 4) for x in idx[n]],
-                "center_voxel": [round(float(x), 4) for x in idx[n][::-1]],
+                "center_voxel": [round(float(x), 4) for x in idx[n]],
                 "size_mm": [round(float(x), 4) for x in self.sizes[n]],
                 "diameter_mm": round(float(self.diameters[n]), 4),
                 "size_voxels": [round(float(x), 4) for x in ext / sp],

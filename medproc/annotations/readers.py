@@ -9,12 +9,13 @@ import os
 import numpy as np
 
 from ..errors import MedprocError, ReadError
+from ..geometry import LPS_TO_RAS
 from ..volume import Volume
 from .lesions import Lesions
 
 __all__ = ["read_luna_csv", "read_json", "read_seg", "read_rtstruct", "BOX_MODES"]
 
-_FLIP = np.array([-1.0, -1.0, 1.0])  # LPS <-> RAS on coordinates
+_FLIP = LPS_TO_RAS.diagonal()[:3]  # LPS <-> RAS on coordinates
 BOX_MODES = ("cccwhd", "xyzxyz")
 
 
@@ -188,15 +189,15 @@ def read_seg(path) -> Volume:
         k = slot_of_pos[float(np.round(d[i], 3))]
         lab[k][px[i] > 0] = seg
     names = {int(s.SegmentNumber): str(s.get("SegmentLabel", "")) for s in ds.get("SegmentSequence", [])}
-    return Volume(lab, geom.affine, {"source": path, "format": "dicom-seg", "segments": names,
+    return Volume(lab.transpose(2, 1, 0), geom.affine, {"source": path, "format": "dicom-seg", "segments": names,
                                      "warnings": geom.warnings})
 
 
 def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
     """Rasterise RTSTRUCT contours onto ``image``'s grid: value = ROI number (0 outside).
 
-    Closed planar contours (LPS mm) are mapped to ``image``'s array indices; a contour must lie
-    on a slice of the image (within 0.5 voxel along axis 0); its interior voxels (centres inside
+    Closed planar contours (LPS mm) are mapped to ``image``'s voxel indices; a contour must lie
+    on a slice of the image (within 0.5 voxel along k); its interior voxels (centres inside
     the polygon) get the ROI number. ``roi`` keeps one ROI (by name or number).
     """
     import pydicom
@@ -217,8 +218,8 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
         roi = hits[0]
     inv = np.linalg.inv(image.affine)
     out = np.zeros(image.shape, np.uint16)
-    jj, ii = np.mgrid[: image.shape[1], : image.shape[2]]
-    pix = np.stack([jj.ravel(), ii.ravel()], 1).astype(float)
+    ii, jj = np.mgrid[: image.shape[0], : image.shape[1]]
+    pix = np.stack([ii.ravel(), jj.ravel()], 1).astype(float)
     for rc in ds.ROIContourSequence:
         num = int(rc.ReferencedROINumber)
         if roi is not None and num != roi:
@@ -232,13 +233,13 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
             except (AttributeError, ValueError) as e:
                 raise ReadError(f"{where}: malformed ContourData ({e})", path) from None
             idx = (inv[:3, :3] @ (pts * _FLIP).T).T + inv[:3, 3]
-            k = np.round(idx[:, 0])
-            if np.ptp(idx[:, 0]) > 0.5 or np.abs(idx[:, 0] - k).max() > 0.5:
+            k = np.round(idx[:, 2])
+            if np.ptp(idx[:, 2]) > 0.5 or np.abs(idx[:, 2] - k).max() > 0.5:
                 raise ReadError(f"{where}: the contour does not lie on a slice of the image grid", path)
             k = int(k[0])
-            if not 0 <= k < image.shape[0]:
+            if not 0 <= k < image.shape[2]:
                 continue  # outside this image's slices
-            inside = Path(idx[:, 1:]).contains_points(pix).reshape(image.shape[1:])
-            out[k][inside] = num
+            inside = Path(idx[:, :2]).contains_points(pix).reshape(image.shape[:2])
+            out[:, :, k][inside] = num
     dtype = np.uint8 if out.max() < 256 else np.uint16
     return image.with_array(out.astype(dtype), source=path, format="rtstruct", rois=names)

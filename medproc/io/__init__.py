@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
-import tempfile
 
 from ..errors import ReadError
 from ..volume import Volume
+from .atomic import atomic_path, atomic_write
+from .writers import FORMATS, save
 
-__all__ = ["load", "save", "kind_of", "atomic_path", "stem", "IMAGE_EXT"]
+__all__ = ["load", "save", "kind_of", "atomic_path", "atomic_write", "stem", "IMAGE_EXT",
+           "FORMATS"]
 
 NIFTI_EXT = (".nii", ".nii.gz")
 ITK_EXT = (".nrrd", ".nhdr", ".mha", ".mhd")
@@ -42,7 +44,8 @@ def kind_of(path) -> str | None:
     return "dicom" if is_dicom_file(p) else None
 
 
-def load(path, series=None, nan: str = "error", workers: int | None = None) -> Volume:
+def load(path, series=None, nan: str = "error", workers: int | None = None,
+         device: str = "cpu") -> Volume:
     """Load a volume.
 
     Parameters
@@ -60,12 +63,24 @@ def load(path, series=None, nan: str = "error", workers: int | None = None) -> V
     workers : int, optional
         DICOM: processes decoding compressed files (JPEG 2000, JPEG lossless...). Default:
         all cores (up to 16) for series of 24 compressed files or more; 1 decodes in this process.
+    device : {"cpu", "gpu"}
+        ``"gpu"``: the voxels come back as a CUDA tensor. Compressed DICOM is decoded on the GPU
+        where a decoder plugin proves the encoding (:mod:`medproc.io.decoders`), on the CPU and
+        copied otherwise; ``meta["decode"]`` says which.
 
     Returns
     -------
     Volume
-        ``.array`` C-contiguous, axis 0 the slowest (DICOM: the slice axis); ``.affine`` maps
-        array indices to RAS mm; ``.meta['warnings']`` lists the geometry warnings.
+        ``.array`` indexed ``(i, j, k)`` as nibabel's (DICOM: column, row, slice), in the file's
+        memory order; ``.affine`` maps ``(i, j, k)`` to RAS mm; ``.meta['warnings']`` lists the
+        geometry warnings.
+
+    Examples
+    --------
+    >>> import medproc, nibabel
+    >>> p = "sample_data/nifti/images/case000.nii.gz"
+    >>> medproc.load(p).shape == nibabel.load(p).shape  # doctest: +SKIP
+    True
 
     Raises
     ------
@@ -75,15 +90,17 @@ def load(path, series=None, nan: str = "error", workers: int | None = None) -> V
     p = os.fspath(path)
     if not os.path.exists(p):
         raise ReadError("no such file or folder", p)
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     kind = kind_of(p)
     if kind == "nifti":
         from .nifti import load_nifti
 
-        return load_nifti(p, nan)
+        return load_nifti(p, nan).to(device)
     if kind == "itk":
         from .sitk_io import load_sitk
 
-        return load_sitk(p, nan)
+        return load_sitk(p, nan).to(device)
     if kind == "dicom" or kind is None:
         from .dicom_read import load_dicom
 
@@ -91,53 +108,5 @@ def load(path, series=None, nan: str = "error", workers: int | None = None) -> V
             from .dicom_scan import read_header
 
             read_header(p, force=True)
-        return load_dicom(p, series=series, workers=workers)
+        return load_dicom(p, series=series, workers=workers, device=device)
     raise ReadError("unknown format", p)  # pragma: no cover
-
-
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def atomic_path(path: str) -> str:
-    """A temporary name beside ``path`` (same folder, same extension) for an atomic write.
-
-    The file gets the usual permissions (0666 less the umask), not mkstemp's private 0600, so
-    the renamed output is readable like any other file the user writes."""
-    d, name = os.path.split(os.path.abspath(path))
-    ext = ".nii.gz" if name.lower().endswith(".nii.gz") else os.path.splitext(name)[1]
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".part{ext}", dir=d)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_UMASK)
-    return tmp
-
-
-def save(volume: Volume, path) -> str:
-    """Write ``volume`` atomically (temporary file + rename) as NIfTI or an ITK format.
-
-    The format follows the extension: ``.nii``/``.nii.gz`` (nibabel; a sheared affine is kept in
-    the sform), ``.nrrd``/``.mha``/``.mhd`` (SimpleITK). Returns the path written.
-    """
-    p = os.fspath(path)
-    low = p.lower()
-    os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-    tmp = atomic_path(p)
-    try:
-        if low.endswith(NIFTI_EXT):
-            from .nifti import save_nifti
-
-            save_nifti(volume, tmp)
-        elif low.endswith((".nrrd", ".mha")):
-            from .sitk_io import save_sitk
-
-            save_sitk(volume, tmp)
-        else:
-            raise ValueError(
-                f"cannot save {p!r}: use a .nii.gz, .nii, .nrrd or .mha name "
-                "(.mhd/.nhdr write two files and cannot be written atomically)"
-            )
-        os.replace(tmp, p)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return p

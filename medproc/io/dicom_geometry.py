@@ -7,7 +7,7 @@ in float64 and from headers alone (so ``medproc inspect`` needs no pixel data):
 - the slice step as a least-squares line fit through *all* positions (not the first step);
 - missing slices, duplicate positions and wildly uneven spacing (errors: the grid would be
   wrong), mildly uneven spacing and gantry tilt (warnings with the numbers);
-- the index -> RAS affine of the array ``(slice, row, column)``. A tilted series keeps every voxel
+- the index -> RAS affine of the array ``(column, row, slice)`` = ``(i, j, k)``. A tilted series keeps every voxel
   where the scanner put it: the slice axis follows the positions, so the affine is sheared.
 """
 
@@ -39,7 +39,7 @@ TILT_DEG = 0.01
 @dataclass
 class SeriesGeometry:
     order: list[int]  # frame indices, in array slice order
-    affine: np.ndarray  # index (slice, row, column) -> RAS mm
+    affine: np.ndarray  # index (i, j, k) = (column, row, slice) -> RAS mm
     warnings: list[str] = field(default_factory=list)
     slice_positions: np.ndarray | None = None  # along the normal, mm, sorted
     tilt_deg: float = 0.0
@@ -75,10 +75,8 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
             "the affine is a placeholder (identity directions, origin 0)"
         )
         step = declared or 1.0
-        # array (frame, row, column): column -> +x, row -> +y, frame -> +z (in LPS)
-        aff_lps = np.array(
-            [[0, 0, ps[1], 0], [0, ps[0], 0, 0], [step, 0, 0, 0], [0, 0, 0, 1]], dtype=np.float64
-        )
+        # (column, row, frame): column -> +x, row -> +y, frame -> +z (in LPS)
+        aff_lps = np.diag([ps[1], ps[0], step, 1.0])
         order = list(range(len(frames)))
         return SeriesGeometry(order, lps_to_ras(aff_lps), warnings)
 
@@ -171,9 +169,9 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
                 "Resample to get an orthogonal grid"
             )
     aff_lps = np.eye(4)
-    aff_lps[:3, 0] = step_vec
-    aff_lps[:3, 1] = col_cos * ps[0]  # row index moves down a column
-    aff_lps[:3, 2] = row_cos * ps[1]  # column index moves along a row
+    aff_lps[:3, 0] = row_cos * ps[1]  # i (column index) moves along a row
+    aff_lps[:3, 1] = col_cos * ps[0]  # j (row index) moves down a column
+    aff_lps[:3, 2] = step_vec  # k: the slices
     aff_lps[:3, 3] = origin
     return SeriesGeometry(
         [int(i) for i in order], lps_to_ras(aff_lps), warnings, d_sorted, tilt

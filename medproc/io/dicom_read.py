@@ -17,7 +17,8 @@ from ..volume import Volume
 from .dicom_geometry import series_geometry
 from .dicom_scan import DicomSeries, find_series
 
-__all__ = ["load_dicom", "read_series", "select_series", "rescaled_dtype", "decode_workers"]
+__all__ = ["load_dicom", "read_series", "select_series", "rescale", "rescaled_dtype",
+           "decode_workers", "series_meta"]
 
 _DECODER_HINT = (
     "pydicom needs a decoder plugin for this transfer syntax: "
@@ -97,34 +98,55 @@ def rescaled_dtype(smin: int, smax: int, slopes: np.ndarray, intercepts: np.ndar
     return None
 
 
-def _rescaled(stored: np.ndarray, slopes: np.ndarray, intercepts: np.ndarray) -> np.ndarray:
-    """Apply RescaleSlope/Intercept per slice; integer output when the result is integral.
+def rescale(stored, slopes: np.ndarray, intercepts: np.ndarray):
+    """Apply RescaleSlope/Intercept per slice (``stored`` is slice-first, numpy or torch);
+    integer output when the result is integral (:func:`rescaled_dtype`), else float32. The one
+    rule for the CPU reader and the GPU decoder.
 
     ``stored`` is owned by the caller and may be reused in place (no copy of a whole series
     when, e.g., 12-bit unsigned CT becomes int16 HU)."""
     if np.all(slopes == 1) and np.all(intercepts == 0):
         return stored
+    tensor = not isinstance(stored, np.ndarray)
     shape = (-1,) + (1,) * (stored.ndim - 1)
-    if stored.dtype.kind in "iu":
+
+    def cast(x, dt):
+        if not tensor:
+            return x.astype(dt)
+        import torch
+
+        return x.to(getattr(torch, np.dtype(dt).name))
+
+    def per_slice(v, dt):
+        v = np.ascontiguousarray(v, dtype=dt).reshape(shape)
+        if not tensor:
+            return v
+        import torch
+
+        return torch.from_numpy(v).to(stored.device)
+
+    integer = (not stored.is_floating_point()) if tensor else stored.dtype.kind in "iu"
+    if integer:
         smin, smax = int(stored.min()), int(stored.max())
         dt = rescaled_dtype(smin, smax, slopes, intercepts)
         if dt is not None:
             info = np.iinfo(dt)
-            if dt.itemsize == stored.dtype.itemsize and smin >= info.min and smax <= info.max:
+            if (not tensor and dt.itemsize == stored.dtype.itemsize and smin >= info.min
+                    and smax <= info.max):
                 out = stored.view(dt)  # same bits, same values: reinterpret, no copy
             else:
-                out = stored.astype(dt)
+                out = cast(stored, dt)
             m = int(slopes[0])
             if m != 1:
-                out *= dt.type(m)
+                out *= m
             if np.all(intercepts == intercepts[0]):
-                out += dt.type(intercepts[0])
+                out += int(intercepts[0])
             else:
-                out += intercepts.astype(dt).reshape(shape)
+                out += per_slice(intercepts, dt)
             return out
-    out = stored.astype(np.float32)
-    out *= slopes.astype(np.float32).reshape(shape)
-    out += intercepts.astype(np.float32).reshape(shape)
+    out = cast(stored, np.float32)
+    out *= per_slice(slopes, np.float32)
+    out += per_slice(intercepts, np.float32)
     return out
 
 
@@ -158,12 +180,29 @@ def _pool(n: int) -> ProcessPoolExecutor:
     return ex
 
 
-def read_series(series: DicomSeries, workers: int | None = None) -> Volume:
+def read_series(series: DicomSeries, workers: int | None = None, device: str = "cpu") -> Volume:
     """Decode ``series`` (every file once) and return it as a Volume with an exact RAS affine.
 
-    ``workers``: processes decoding compressed files (see :func:`decode_workers`; default
-    automatic, 1 = in this process). Uncompressed files are read in this process.
+    Parameters
+    ----------
+    series : DicomSeries
+        A series found by :func:`~medproc.io.dicom_scan.find_series`.
+    workers : int, optional
+        Processes decoding compressed files on the CPU (see :func:`decode_workers`; default
+        automatic, 1 = in this process). Uncompressed files are read in this process.
+    device : {"cpu", "gpu"}
+        ``"gpu"`` returns the voxels as a CUDA tensor, decoded on the GPU by the first decoder
+        plugin that is available for the series' encoding (see :mod:`medproc.io.decoders`),
+        else decoded on the CPU and copied. ``meta["decode"]`` says which decoder ran and
+        ``meta["decode_note"]`` why the GPU decoder did not, when it did not.
     """
+    from .decoders import read_with_plugins
+
+    return read_with_plugins(series, device, workers)
+
+
+def read_series_cpu(series: DicomSeries, workers: int | None = None) -> Volume:
+    """The CPU path of :func:`read_series` (pydicom's decoders, native files read directly)."""
     geom = series_geometry(series)
     frames = [series.frames[i] for i in geom.order]
     slot_of: dict[str, list[tuple[int, int | None]]] = {}
@@ -206,12 +245,19 @@ def read_series(series: DicomSeries, workers: int | None = None) -> Volume:
             stored[slot] = px[0 if idx is None else idx]
     slopes = np.array([f.slope for f in frames], dtype=np.float64)
     intercepts = np.array([f.intercept for f in frames], dtype=np.float64)
-    array = _rescaled(stored, slopes, intercepts)
+    array = rescale(stored, slopes, intercepts)  # (slice, row, column[, sample]), C order
+    array = array.transpose(2, 1, 0) if array.ndim == 3 else array.transpose(2, 1, 0, 3)
+    decode = "cpu (pydicom)" if used_pydicom else "cpu (native)"
+    return Volume(array, geom.affine, series_meta(series, geom, decode))
+
+
+def series_meta(series: DicomSeries, geom, decode: str) -> dict:
+    """A read series' metadata (and its geometry warnings, issued as GeometryWarning)."""
     source = series.files[0] if len(series.files) == 1 else os.path.commonpath(series.files)
     for w in geom.warnings:
-        warnings.warn(f"{source}: {w}", GeometryWarning, stacklevel=3)
+        warnings.warn(f"{source}: {w}", GeometryWarning, stacklevel=4)
     i = series.info
-    meta = {
+    return {
         "source": source,
         "format": "dicom",
         "series_uid": series.uid,
@@ -221,10 +267,9 @@ def read_series(series: DicomSeries, workers: int | None = None) -> Volume:
         "modality": i.get("Modality"),
         "transfer_syntax": str(getattr(i.get("TransferSyntaxUID"), "name", i.get("TransferSyntaxUID"))),
         "n_files": len(series.files),
-        "decode": "cpu (pydicom)" if used_pydicom else "cpu (native)",
+        "decode": decode,
         "warnings": list(geom.warnings),
     }
-    return Volume(array, geom.affine, meta)
 
 
 def select_series(found: list[DicomSeries], series, where: str) -> DicomSeries:
@@ -256,11 +301,11 @@ def select_series(found: list[DicomSeries], series, where: str) -> DicomSeries:
     raise SeriesError(f"series={series!r} {what} series here:{hint}\n{listing}", where)
 
 
-def load_dicom(path, series=None, workers: int | None = None) -> Volume:
+def load_dicom(path, series=None, workers: int | None = None, device: str = "cpu") -> Volume:
     """Load one DICOM volume from a file or a folder tree (see :func:`medproc.load`)."""
     path = os.fspath(path)
     found, skipped = find_series(path)
     if not found:
         reasons = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped[:5])
         raise ReadError(f"no DICOM image found ({len(skipped)} file(s) skipped: {reasons})", path)
-    return read_series(select_series(found, series, path), workers=workers)
+    return read_series(select_series(found, series, path), workers=workers, device=device)

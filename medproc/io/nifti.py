@@ -1,7 +1,7 @@
 """NIfTI through nibabel.
 
-nibabel's arrays are ``(i, j, k)`` in Fortran order; medproc's are the same memory seen as
-``(k, j, i)`` in C order (a transpose, no copy), with the affine's columns reversed to match.
+nibabel's arrays are ``(i, j, k)`` (Fortran order on disk): medproc keeps them as they are, with
+nibabel's affine.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from ..errors import ReadError
 from ..geometry import is_orthogonal
 from ..volume import Volume
 
-__all__ = ["load_nifti", "save_nifti", "to_nibabel", "check_finite"]
+__all__ = ["load_nifti", "to_nibabel", "check_finite"]
 
 NAN_POLICIES = ("error", "zero", "keep")
 
@@ -33,8 +33,6 @@ def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
                         f"nan='zero' (convert: --nan zero) to set them to 0", path)
     return np.where(finite, array, 0).astype(array.dtype)
 
-_REV = [2, 1, 0, 3]  # affine columns: (i, j, k) <-> (k, j, i)
-
 
 def load_nifti(path: str, nan: str = "error") -> Volume:
     import nibabel as nib
@@ -50,18 +48,14 @@ def load_nifti(path: str, nan: str = "error") -> Volume:
         data = data[:, :, None]
     if data.ndim > 4:
         data = data.reshape(data.shape[:3] + (-1,))
-    if data.ndim == 4:
-        array = data.transpose(2, 1, 0, 3)
-    else:
-        array = data.transpose(2, 1, 0)
-    array = check_finite(array, path, nan)
+    array = check_finite(data, path, nan)
     hdr = img.header
     warnings = []
     sform, scode = img.get_sform(coded=True)
     qform, qcode = img.get_qform(coded=True)
     if not scode and not qcode:
         warnings.append("neither sform nor qform is set: the affine is nibabel's best guess")
-    affine = img.affine[:, _REV]
+    affine = img.affine
     meta = {
         "source": str(path),
         "format": "nifti",
@@ -69,18 +63,17 @@ def load_nifti(path: str, nan: str = "error") -> Volume:
         "intent": str(hdr.get_intent()[0]),
         "warnings": warnings,
     }
-    return Volume(np.ascontiguousarray(array) if array.ndim == 3 else array, affine, meta)
+    return Volume(array, affine, meta)
 
 
 def to_nibabel(volume: Volume):
     """The Volume as a ``nibabel.Nifti1Image`` (sform and, when possible, qform set)."""
     import nibabel as nib
 
-    arr = volume.array
-    data = arr.transpose(2, 1, 0) if arr.ndim == 3 else arr.transpose(2, 1, 0, 3)
+    data = volume.numpy().array
     if data.dtype == np.bool_:
         data = data.astype(np.uint8)
-    affine = volume.affine[:, _REV]
+    affine = volume.affine
     img = nib.Nifti1Image(data, affine)
     img.set_sform(affine, code=1)
     if is_orthogonal(affine):
@@ -89,9 +82,3 @@ def to_nibabel(volume: Volume):
         img.set_qform(None, code=0)
     img.header.set_xyzt_units("mm")
     return img
-
-
-def save_nifti(volume: Volume, path: str) -> None:
-    import nibabel as nib
-
-    nib.save(to_nibabel(volume), path)

@@ -1,7 +1,8 @@
 """NRRD, MetaImage (.mha/.mhd) and other ITK formats through SimpleITK.
 
-SimpleITK's ``GetArrayFromImage`` is C-ordered ``(z, y, x)``, which is medproc's layout, so the
-affine is ITK's index (x, y, z) -> LPS mapping with its columns reversed and converted to RAS.
+SimpleITK's ``GetArrayFromImage`` is C-ordered ``(z, y, x)``; medproc's array is its transpose
+``(x, y, z)`` = ``(i, j, k)`` (a view, no copy), and the affine is ITK's index (x, y, z) -> LPS
+mapping converted to RAS.
 """
 
 from __future__ import annotations
@@ -9,20 +10,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MedprocError, ReadError
-from ..geometry import is_orthogonal, lps_to_ras, spacing_of
+from ..geometry import LPS_TO_RAS, is_orthogonal, lps_to_ras, spacing_of
 from ..volume import Volume
 
 __all__ = ["load_sitk", "save_sitk", "sitk_affine", "to_sitk", "resample_filter"]
 
 
 def sitk_affine(img) -> np.ndarray:
-    """index (z, y, x) of ``GetArrayFromImage(img)`` -> RAS mm."""
+    """ITK index (x, y, z) = medproc's (i, j, k) -> RAS mm."""
     dim = img.GetDimension()
     d = np.array(img.GetDirection(), dtype=np.float64).reshape(dim, dim)
     m = np.eye(4)
     m[:dim, :dim] = d * np.array(img.GetSpacing(), dtype=np.float64)
     m[:dim, 3] = img.GetOrigin()
-    return lps_to_ras(m[:, [2, 1, 0, 3]])
+    return lps_to_ras(m)
 
 
 def load_sitk(path: str, nan: str = "error") -> Volume:
@@ -38,6 +39,7 @@ def load_sitk(path: str, nan: str = "error") -> Volume:
     if img.GetDimension() != 3:
         raise ReadError(f"is {img.GetDimension()}D; medproc reads 3D volumes", path)
     array = sitk.GetArrayFromImage(img)  # (z, y, x[, c])
+    array = array.transpose(2, 1, 0) if array.ndim == 3 else array.transpose(2, 1, 0, 3)
     from .nifti import check_finite
 
     array = check_finite(array, path, nan)
@@ -54,11 +56,12 @@ def to_sitk(volume: Volume):
             "this volume's affine is sheared (e.g. gantry tilt) and ITK images cannot store "
             "shear: resample it first (medproc.resample) or save as NIfTI"
         )
-    arr = volume.array
+    arr = volume.numpy().array
     if arr.dtype == np.bool_:
         arr = arr.astype(np.uint8)
-    img = sitk.GetImageFromArray(arr, isVector=arr.ndim == 4)
-    lps = lps_to_ras(volume.affine)[:, [2, 1, 0, 3]]
+    zyx = arr.transpose(2, 1, 0) if arr.ndim == 3 else arr.transpose(2, 1, 0, 3)
+    img = sitk.GetImageFromArray(zyx, isVector=arr.ndim == 4)
+    lps = lps_to_ras(volume.affine)
     sp = spacing_of(lps)
     img.SetSpacing(sp.tolist())
     img.SetOrigin(lps[:3, 3].tolist())
@@ -83,11 +86,11 @@ def resample_filter(out_affine, out_shape, interp: str = "linear", pixel=None, m
     f.SetOutputOrigin(ref.GetOrigin())
     f.SetOutputSpacing(ref.GetSpacing())
     f.SetOutputDirection(ref.GetDirection())
-    f.SetSize([int(x) for x in tuple(out_shape)[::-1]])
+    f.SetSize([int(x) for x in tuple(out_shape)[:3]])
     f.SetInterpolator(sitk.sitkLinear if interp == "linear" else sitk.sitkNearestNeighbor)
     f.SetOutputPixelType(sitk.sitkFloat32 if pixel is None else pixel)
     if motion is not None and not np.allclose(motion, np.eye(4)):
-        m = lps_to_ras(np.linalg.inv(motion)) @ np.diag([-1.0, -1.0, 1.0, 1.0])  # in LPS
+        m = lps_to_ras(np.linalg.inv(motion)) @ LPS_TO_RAS  # the same motion in LPS
         t = sitk.AffineTransform(3)
         t.SetMatrix(m[:3, :3].ravel().tolist())
         t.SetTranslation(m[:3, 3].tolist())

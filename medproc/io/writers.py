@@ -1,8 +1,9 @@
-"""Fast, atomic output writers for batch conversion.
+"""The one writer: a :class:`~medproc.Volume` to NIfTI, ITK formats or the ``.npy`` training
+cache, atomically.
 
 ``.nii.gz`` is written by serialising the NIfTI image once and compressing it with ISA-L's
 igzip (the ``isal`` package): 2-5x faster than zlib, and the decompressed bytes are exactly
-nibabel's. Every file is written to a temporary name beside the target and renamed.
+nibabel's.
 """
 
 from __future__ import annotations
@@ -13,50 +14,63 @@ import os
 import numpy as np
 
 from ..volume import Volume
-from . import atomic_path
+from .atomic import atomic_write
 
-__all__ = ["write_volume", "FORMATS"]
+__all__ = ["save", "FORMATS"]
 
+#: the formats ``medproc convert --format`` offers
 FORMATS = ("nii.gz", "nii", "npy")
 
 
-def _replace(tmp: str, path: str) -> None:
-    os.replace(tmp, path)
+def save(volume: Volume, path, compresslevel: int = 1) -> str:
+    """Write ``volume`` atomically (temporary file + rename); the format follows the extension.
 
+    Parameters
+    ----------
+    volume : Volume
+        Voxels on the CPU or the GPU (copied back).
+    path : str or path-like
+        ``.nii.gz`` (igzip at ``compresslevel``) or ``.nii`` (nibabel; a sheared affine is kept
+        in the sform), ``.nrrd`` or ``.mha`` (SimpleITK), or ``.npy``: the training cache read by
+        DALI's numpy reader, the array as is (``(i, j, k)``, Fortran order) plus
+        ``<name>.json`` with the affine.
+    compresslevel : int
+        gzip level of ``.nii.gz`` (nibabel's default is 1 too).
 
-def write_volume(volume: Volume, path: str, compresslevel: int = 1) -> str:
-    """Write ``volume`` atomically; the format follows the extension (.nii.gz, .nii, .npy).
-
-    ``.npy`` is the training cache read by DALI's numpy reader: the array as is (C order,
-    axis 0 slowest) plus ``<name>.json`` with the affine and metadata.
+    Returns
+    -------
+    str
+        The path written.
     """
-    from .nifti import to_nibabel
+    p = os.fspath(path)
+    low = p.lower()
+    volume = volume.numpy()
+    if low.endswith((".nii.gz", ".nii")):
+        from .nifti import to_nibabel
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
-    low = path.lower()
-    tmp = atomic_path(path)
-    try:
-        if low.endswith(".nii.gz"):
+        raw = to_nibabel(volume).to_bytes()
+        if low.endswith(".gz"):
             from isal import igzip
 
-            raw = to_nibabel(volume).to_bytes()
-            with open(tmp, "wb") as f:
-                f.write(igzip.compress(raw, compresslevel=compresslevel))
-        elif low.endswith(".nii"):
-            with open(tmp, "wb") as f:
-                f.write(to_nibabel(volume).to_bytes())
-        elif low.endswith(".npy"):
-            np.save(tmp, np.ascontiguousarray(volume.array), allow_pickle=False)
-            side = path[:-4] + ".json"
-            stmp = atomic_path(side)
-            with open(stmp, "w") as f:
-                json.dump({"affine": volume.affine.tolist(), "shape": list(volume.array.shape),
-                           "dtype": str(volume.array.dtype)}, f)
-            _replace(stmp, side)
-        else:
-            raise ValueError(f"cannot write {path!r}: use one of {FORMATS}")
-        _replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+            raw = igzip.compress(raw, compresslevel=compresslevel)
+        with atomic_write(p) as tmp, open(tmp, "wb") as f:
+            f.write(raw)
+    elif low.endswith((".nrrd", ".mha")):
+        from .sitk_io import save_sitk
+
+        with atomic_write(p) as tmp:
+            save_sitk(volume, tmp)
+    elif low.endswith(".npy"):
+        arr = volume.array
+        with atomic_write(p) as tmp:
+            np.save(tmp, arr if arr.flags.f_contiguous else np.asfortranarray(arr),
+                    allow_pickle=False)
+        with atomic_write(p[:-4] + ".json") as tmp, open(tmp, "w") as f:
+            json.dump({"affine": volume.affine.tolist(), "shape": list(arr.shape),
+                       "dtype": str(arr.dtype), "axes": "ijk"}, f)
+    else:
+        raise ValueError(
+            f"cannot save {p!r}: use a .nii.gz, .nii, .nrrd, .mha or .npy name "
+            "(.mhd/.nhdr write two files and cannot be written atomically)"
+        )
+    return p

@@ -7,9 +7,10 @@
    MONAI's RandCropByPosNegLabeld) from the precomputed indices; a random flip / rot90 /
    rotation+scaling is drawn per patch; only the region of the cached volume that the
    augmented patch touches is read (memory-mapped) and shipped.
-3. **Per batch (DALI, GPU or CPU backend).** One ``warp_affine`` per patch executes crop +
-   augmentation + the reordering into MONAI's (C, i, j, k) layout as one matrix, for the image
-   (linear, with a random intensity scale/shift) and the label (nearest); batched.
+3. **Per batch (the engine, GPU or CPU backend).** One ``warp_affine`` per patch executes crop +
+   augmentation as one matrix, for the image (linear, with a random intensity scale/shift) and
+   the label (nearest), batched, into MONAI's (C, i, j, k) layout. Steps 2 and 3 run in the
+   engine's background thread, ``prefetch`` batches ahead of the training loop.
 
 Batches are dicts with ``"image"`` and ``"label"`` MetaTensors of shape (B, 1, i, j, k) on the
 device, with per-sample affines (B, 4, 4) as MONAI collates them, plus ``"lesions"`` (per
@@ -27,12 +28,12 @@ import numpy as np
 import torch
 from monai.data import MetaTensor
 
+from dataclasses import replace
+
 from ..plan import Plan, affine_map, flip_map
 from ..spec import Spec
 
 __all__ = ["PatchLoader"]
-
-_P = np.eye(4)[[2, 1, 0, 3]]  # (i, j, k) <-> (k, j, i), its own inverse
 
 
 class PatchLoader:
@@ -66,6 +67,8 @@ class PatchLoader:
         Data-parallel sharding: this loader takes cases ``shard_id::num_shards``.
     device_id : int
         GPU of this shard.
+    prefetch : int
+        Batches prepared ahead of the training loop, in the engine's background thread.
     """
 
     def __init__(self, datalist, spec: Spec, patch_size: Sequence[int], batch_size: int = 2,
@@ -74,7 +77,7 @@ class PatchLoader:
                  intensity_scale: float = 0.0, intensity_shift: float = 0.0, device: str = "cpu",
                  cache_dir: str = ".medproc_cache", shard_id: int = 0, num_shards: int = 1,
                  device_id: int = 0, seed: int = 0, data_key: str = "training", base_dir: str | None = None,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, prefetch: int = 2):
         if isinstance(datalist, (str, os.PathLike)):
             from monai.data import load_decathlon_datalist
 
@@ -96,46 +99,43 @@ class PatchLoader:
         self.cache_dir = cache_dir
         self.rng = np.random.default_rng([seed, shard_id])
         self.epoch = 0
-        from ..pipeline import Resampler
+        from ..pipeline import Engine, Graph
 
-        self._resampler = Resampler(device=device, batch_size=batch_size, interp="linear",
-                                    with_label=True, channels_first=True, device_id=device_id,
-                                    num_threads=num_threads, mode="warp")  # crop + augment + layout: one matrix
+        self.prefetch = prefetch
+        self._engine = Engine(device, batch_size=batch_size, num_threads=num_threads,
+                              device_id=device_id)
+        self._graph = Graph(labels=1, channels_first=True, mode="warp")  # crop + augment: one matrix
         self.volumes = [self._cached(c) for c in self.cases]
 
     # cache ---------------------------------------------------------------------------------
     def _cached(self, case: dict) -> dict:
-        from ..io import load
-        from ..io.writers import write_volume
-        from ..pipeline.resample import Resampler  # noqa: F401  (same pipeline module)
+        from ..io import atomic_write, load, save
         from ..resample import resample_batch
 
-        key = hashlib.sha1(json.dumps([str(case.get("image")), str(case.get("label")), repr(self.spec)],
+        key = hashlib.sha1(json.dumps(["ijk", str(case.get("image")), str(case.get("label")), repr(self.spec)],
                                       sort_keys=True).encode()).hexdigest()[:16]
         base = os.path.join(self.cache_dir, key)
         meta_path = base + ".json"
         if not os.path.exists(meta_path):
             os.makedirs(self.cache_dir, exist_ok=True)
-            img = load(case["image"])
-            lab = load(case["label"]) if case.get("label") else None
+            dev = self.device
+            img = load(case["image"], device=dev)  # decoded on the GPU where proven
+            lab = load(case["label"], device=dev) if case.get("label") else None
             res = resample_batch([img], self.spec, labels=[lab] if lab is not None else None,
                                  device=self.device)[0]
             out, out_lab = res if lab is not None else (res, None)
-            write_volume(out, base + "_image.npy")
+            save(out, base + "_image.npy")
             if out_lab is not None:
-                write_volume(out_lab, base + "_label.npy")
+                out_lab = out_lab.numpy()
+                save(out_lab, base + "_label.npy")
                 fg = np.flatnonzero(out_lab.array > 0)
             else:
                 fg = np.zeros(0, np.int64)
             np.save(base + "_fg.npy", fg.astype(np.int64))
             doc = {"image": str(case["image"]), "label": str(case.get("label")), "shape": list(out.shape),
                    "affine": out.affine.tolist(), "has_label": out_lab is not None}
-            from ..io import atomic_path
-
-            tmp = atomic_path(meta_path)
-            with open(tmp, "w") as f:
-                json.dump(doc, f)
-            os.replace(tmp, meta_path)  # written last: its presence means the entry is complete
+            with atomic_write(meta_path) as tmp, open(tmp, "w") as f:
+                json.dump(doc, f)  # written last: its presence means the entry is complete
         doc = json.load(open(meta_path))
         vol = {
             "case": case,
@@ -149,14 +149,14 @@ class PatchLoader:
 
     # sampling ------------------------------------------------------------------------------
     def _augment(self) -> np.ndarray:
-        """An index map on the patch grid (array order k, j, i)."""
-        shape = self.patch[::-1]
+        """A random index map on the patch grid (i, j, k): flips, rot90, rotation + scaling."""
+        shape = self.patch
         t = np.eye(4)
         for ax in range(3):
             if self.rng.random() < self.flip_prob:
                 t = t @ flip_map(shape, [ax])
-        if self.rot90_prob and self.rng.random() < self.rot90_prob and shape[1] == shape[2]:
-            t = t @ affine_map(shape, (1, 1, 1), rotate_deg=(90.0 * self.rng.integers(1, 4), 0, 0))
+        if self.rot90_prob and self.rng.random() < self.rot90_prob and shape[0] == shape[1]:
+            t = t @ affine_map(shape, (1, 1, 1), rotate_deg=(0, 0, 90.0 * self.rng.integers(1, 4)))
         if self.rotate_range or self.scale_range:
             rot = self.rng.uniform(-self.rotate_range, self.rotate_range, 3)
             sc = 1 + self.rng.uniform(-self.scale_range, self.scale_range, 3)
@@ -164,69 +164,52 @@ class PatchLoader:
         return t
 
     def _sample(self, vol: dict):
+        """One patch: its plan (crop + augmentation, re-based onto the input region it reads)
+        and that region of the cached image and label."""
         shape = np.array(vol["image"].shape[:3])
-        psz = np.array(self.patch[::-1])  # array order
+        psz = np.array(self.patch)
         if vol["fg"].size and self.rng.random() < self.pos_ratio:
             centre = np.array(np.unravel_index(vol["fg"][self.rng.integers(vol["fg"].size)], shape))
         else:
             centre = np.array([self.rng.integers(0, n) for n in shape])
-        start = np.clip(centre - psz // 2, 0, np.maximum(shape - psz, 0))
-        t = self._augment()
-        # output index (i, j, k) -> patch index (k, j, i) -> augmented -> volume index
-        to_vol = np.eye(4)
-        to_vol[:3, 3] = start
-        m = to_vol @ t @ _P
-        corners = np.array([[a, b, c, 1] for a in (0, self.patch[0] - 1) for b in (0, self.patch[1] - 1)
-                            for c in (0, self.patch[2] - 1)], float)
-        src = (m @ corners.T).T[:, :3]
-        lo = np.clip(np.floor(src.min(0)).astype(int) - 1, 0, shape - 1)
-        hi = np.clip(np.ceil(src.max(0)).astype(int) + 2, lo + 1, shape)
-        region = tuple(slice(a, b) for a, b in zip(lo, hi))
-        img = np.ascontiguousarray(vol["image"][region])
-        lab = np.ascontiguousarray(vol["label"][region]) if vol["label"] is not None else np.zeros(img.shape, np.uint8)
-        shift = np.eye(4)
-        shift[:3, 3] = -lo
-        matrix = shift @ m
-        # the patch grid in world: volume affine moved to the patch start, axes in (i, j, k)
-        out_affine = vol["affine"] @ to_vol @ _P
-        region_affine = vol["affine"] @ np.linalg.inv(shift)
-        plan = Plan(tuple(img.shape), region_affine, tuple(self.patch), out_affine, matrix)
-        plan.motion = out_affine @ np.linalg.inv(_P @ t @ _P) @ np.linalg.inv(out_affine)
+        crop = np.eye(4)
+        crop[:3, 3] = np.clip(centre - psz // 2, 0, np.maximum(shape - psz, 0))
+        plan = Plan(tuple(shape), vol["affine"], self.patch, vol["affine"] @ crop, crop)
+        region, plan = plan.augmented(self._augment()).input_region()
+        img = vol["image"][region]
+        lab = vol["label"][region] if vol["label"] is not None else np.zeros(img.shape, np.uint8)
         if self.intensity_scale or self.intensity_shift:
             a = 1 + self.rng.uniform(-self.intensity_scale, self.intensity_scale)
             b = self.rng.uniform(-self.intensity_shift, self.intensity_shift)
-            plan.intensity = (-np.inf, np.inf, float(a), float(b))
+            plan = replace(plan, intensity=(-np.inf, np.inf, float(a), float(b)))
         return img, lab, plan
 
-    def _batches(self) -> Iterator[tuple]:
+    def _items(self) -> Iterator[tuple]:
+        """Engine items ``(jobs, graph, (plans, volumes))``, one per batch of an epoch."""
+        from ..pipeline import Job
+
         order = self.rng.permutation(len(self.volumes))
-        items = [(v, s) for v in order for s in range(self.num_samples)]
+        items = [v for v in order for _ in range(self.num_samples)]
         for b in range(0, len(items), self.batch_size):
-            chunk = items[b:b + self.batch_size]
-            sampled = [self._sample(self.volumes[v]) for v, _ in chunk]
-            imgs, labs, plans = zip(*sampled)
-            yield list(imgs), list(plans), list(labs), [self.volumes[v] for v, _ in chunk]
+            vols = [self.volumes[v] for v in items[b:b + self.batch_size]]
+            sampled = [self._sample(v) for v in vols]
+            jobs = [Job(img, plan, (lab,)) for img, lab, plan in sampled]
+            yield jobs, self._graph, ([p for _, _, p in sampled], vols)
 
     def __len__(self) -> int:
         return -(-len(self.volumes) * self.num_samples // self.batch_size)
 
     def __iter__(self):
         self.epoch += 1
-        meta: list = []
-
-        def feed():
-            for imgs, plans, labs, vols in self._batches():
-                meta.append((plans, vols))
-                yield imgs, plans, labs
-
-        for outs in self._resampler.run_batches(feed(), as_torch=True):
-            plans, vols = meta.pop(0)
-            img = torch.stack([o[0] for o in outs])
-            lab = torch.stack([o[1] for o in outs])
+        for res, (plans, vols) in self._engine.stream(self._items(), as_torch=True,
+                                                      ahead=self.prefetch):
+            img = torch.stack([r[0] for r in res])
+            lab = torch.stack([r[1] for r in res])
             aff = torch.as_tensor(np.stack([p.out_affine for p in plans]))
             yield {
                 "image": MetaTensor(img, affine=aff),
                 "label": MetaTensor(lab, affine=aff),
-                "lesions": [p.lesions_on_grid(v["lesions"]) if v["lesions"] is not None else [] for p, v in zip(plans, vols)],
+                "lesions": [p.lesions_on_grid(v["lesions"]) if v["lesions"] is not None else []
+                            for p, v in zip(plans, vols)],
                 "case": [v["case"] for v in vols],
             }

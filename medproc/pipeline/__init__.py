@@ -1,5 +1,12 @@
-"""DALI execution layer: the only place medproc imports NVIDIA DALI."""
+"""The DALI layer: the only place medproc imports NVIDIA DALI.
 
-from .resample import Resampler, dali_available, gpu_available
+Everything goes through :class:`Engine` (see :mod:`medproc.pipeline.engine` for its contract:
+pipelines per thread and process, fork-safe, running ahead). This package imports nothing from
+``medproc.io`` or the connectors.
+"""
 
-__all__ = ["Resampler", "dali_available", "gpu_available"]
+from .engine import Engine, ForkError, Job, cached_pipeline, dali_available, gpu_available
+from .graphs import Graph
+
+__all__ = ["Engine", "ForkError", "Graph", "Job", "cached_pipeline", "dali_available",
+           "gpu_available"]

@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 __all__ = ["support_key", "support_table", "gpu_config", "decode_path", "decode_frames_gpu",
-           "read_series_gpu", "config_applies", "stream_header", "j2k_unsigned", "sof_first", "CONFIGS"]
+           "config_applies", "stream_header", "j2k_unsigned", "sof_first", "CONFIGS"]
 
 _TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_decode_support.json")
 
@@ -98,8 +98,20 @@ def decode_path(info: dict) -> str:
     return "cpu (pydicom)"
 
 
-@functools.lru_cache(maxsize=8)
 def _pipe(dtype: str | None, batch_size: int, device_id: int, num_threads: int):
+    from .engine import cached_pipeline
+
+    key = ("decode", dtype, batch_size, device_id, num_threads)
+    return cached_pipeline(key, lambda: _build(dtype, batch_size, device_id, num_threads), "gpu")
+
+
+def _drop_pipe(dtype, batch_size, device_id, num_threads):
+    from .engine import drop_cached
+
+    drop_cached(("decode", dtype, batch_size, device_id, num_threads))
+
+
+def _build(dtype: str | None, batch_size: int, device_id: int, num_threads: int):
     from nvidia.dali import fn, pipeline_def, types
 
     kw = {}
@@ -237,7 +249,8 @@ def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, 
     import torch
     from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-    pipe = _pipe(config.get("dtype"), batch_size, device_id, num_threads or min(8, os.cpu_count() or 1))
+    key = (config.get("dtype"), batch_size, device_id, num_threads or min(8, os.cpu_count() or 1))
+    pipe = _pipe(*key)
     sizes = [stream_header(f) for f in frames] if config["fix"] == "precision" else [None] * len(frames)
     if config.get("stream"):
         frames = [_STREAMS[config["stream"]](f) for f in frames]
@@ -248,7 +261,7 @@ def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, 
             pipe.feed_input("enc", chunk)
             (res,) = pipe.run()
         except Exception:
-            _pipe.cache_clear()  # a failed DALI pipeline cannot run again: build a new one next time
+            _drop_pipe(*key)  # a failed DALI pipeline cannot run again: build a new one next time
             raise
         for i in range(len(chunk)):
             t = res[i]
@@ -257,48 +270,3 @@ def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, 
             dst = dst[..., 0] if dst.shape[-1] == 1 else dst
             out.append(_fix(dst, config["fix"], bits_stored, signed, sizes[s + i]))
     return out
-
-
-def read_series_gpu(series, device_id: int = 0):
-    """Decode a series on the GPU (its encoding must be in the support table).
-
-    Returns ``(tensor, affine, meta)``: a CUDA tensor (slices, rows, columns) in slice order,
-    rescaled like the CPU reader (integer when integral, else float32), the RAS affine and the
-    metadata. Feed it to :class:`~medproc.pipeline.Resampler` directly (no host round trip).
-    """
-    import pydicom
-    import torch
-    from pydicom.encaps import generate_frames
-
-    from ..io.dicom_geometry import series_geometry
-
-    config = gpu_config(series.info)
-    if config is None:
-        raise ValueError(f"{support_key(series.info)} is not proven for GPU decoding; use the CPU reader")
-    geom = series_geometry(series)
-    frames = [series.frames[i] for i in geom.order]
-    encoded: dict = {}
-    for path in {f.path for f in frames}:
-        ds = pydicom.dcmread(path)
-        nf = int(ds.get("NumberOfFrames") or 1)
-        encoded[path] = list(generate_frames(ds.PixelData, number_of_frames=nf))
-    data = [encoded[f.path][f.index or 0] for f in frames]
-    bits = int(series.info.get("BitsStored") or 16)
-    signed = bool(int(series.info.get("PixelRepresentation") or 0))
-    dec = decode_frames_gpu(data, config, bits, signed, device_id=device_id)
-    stack = torch.stack(dec)
-    from ..io.dicom_read import rescaled_dtype
-
-    slopes = np.array([f.slope for f in frames], dtype=np.float64)
-    inter = np.array([f.intercept for f in frames], dtype=np.float64)
-    dt = rescaled_dtype(int(stack.min()), int(stack.max()), slopes, inter)
-    if np.all(slopes == 1) and np.all(inter == 0):
-        out = stack
-    elif dt is not None:  # the CPU reader's rule: integer when integral
-        tdt = getattr(torch, dt.name)
-        out = stack.to(tdt) * int(slopes[0]) + torch.as_tensor(inter, device=stack.device).to(tdt).view(-1, 1, 1)
-    else:
-        out = stack.to(torch.float32) * torch.as_tensor(slopes, dtype=torch.float32, device=stack.device).view(-1, 1, 1) \
-            + torch.as_tensor(inter, dtype=torch.float32, device=stack.device).view(-1, 1, 1)
-    meta = {"decode": "gpu (nvImageCodec)", "series_uid": series.uid, "warnings": list(geom.warnings)}
-    return out, geom.affine, meta

@@ -1,0 +1,50 @@
+"""Atomic writes: every file medproc writes goes to a temporary name beside its target and is
+renamed into place, so a crash or ``kill -9`` never leaves a half-written file under its name."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+
+__all__ = ["atomic_path", "atomic_write"]
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
+def atomic_path(path: str) -> str:
+    """A new temporary file beside ``path`` (same folder, same extension) for an atomic write.
+
+    The file gets the usual permissions (0666 less the umask), not mkstemp's private 0600, so
+    the renamed output is readable like any other file the user writes."""
+    d, name = os.path.split(os.path.abspath(path))
+    ext = ".nii.gz" if name.lower().endswith(".nii.gz") else os.path.splitext(name)[1]
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".part{ext}", dir=d)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)
+    return tmp
+
+
+@contextlib.contextmanager
+def atomic_write(path: str) -> Iterator[str]:
+    """Yield a temporary path to write; on success it replaces ``path``, on error it is removed.
+
+    >>> import json, tempfile, os
+    >>> out = os.path.join(tempfile.mkdtemp(), "doc.json")
+    >>> with atomic_write(out) as tmp:
+    ...     with open(tmp, "w") as f:
+    ...         json.dump({"ok": True}, f)
+    >>> json.load(open(out))
+    {'ok': True}
+    """
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = atomic_path(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,457 @@
+"""The engine: the one door to DALI. Every connector (resample, convert, the MONAI transforms,
+``PatchLoader``, the proxy, GPU decoding) runs its voxel work through it.
+
+Contract
+--------
+- **Pipelines are built and cached here, per process and per thread.** A DALI pipeline is
+  never used by two threads at once: each thread that calls the engine gets its own (built on
+  first use, ~0.1 s, then reused). :class:`Engine` objects hold no pipelines and may be shared.
+- **Fork-safe.** A pipeline built before a ``fork()`` is never touched in the child (DALI's
+  worker threads do not survive a fork: using it hangs). A forked child (a PyTorch DataLoader
+  worker) builds its own CPU pipelines. GPU pipelines cannot run in a child forked after CUDA
+  was initialised in the parent: that fails at once with :class:`ForkError`, saying what to do.
+- **Runs ahead.** :meth:`Engine.map` feeds batch n + 1 (its host -> device copy started on a
+  side stream, from pinned memory) before it waits for batch n; :meth:`Engine.stream` does the
+  host work (sampling, reading), feeding and DALI execution in a background thread, ``ahead``
+  batches in advance, while the caller consumes.
+- **One axis order.** Inputs and outputs are indexed ``(i, j, k[, C])`` (or ``(C, i, j, k)``
+  with ``Graph(channels_first=True)``); DALI's DHWC layout is private to this package.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..plan import Plan
+from .graphs import Graph, build_resample, plan_inputs, to_dhwc
+
+__all__ = ["Engine", "Job", "Graph", "ForkError", "dali_available", "gpu_available", "drop_cached",
+           "cached_pipeline"]
+
+INSTALL = "pip install nvidia-dali-cuda120"
+
+
+class ForkError(RuntimeError):
+    """A GPU pipeline was asked for in a process forked after CUDA was initialised."""
+
+
+def dali_available() -> bool:
+    """Whether NVIDIA DALI can be imported here."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_GPU: dict[int, bool] = {}
+
+
+def gpu_available() -> bool:
+    """Whether DALI sees an NVIDIA GPU (cached per process)."""
+    pid = os.getpid()
+    if pid not in _GPU:
+        ok = False
+        if dali_available():
+            try:
+                from nvidia.dali.backend import GetCUDADeviceCount
+
+                ok = GetCUDADeviceCount() > 0
+            except Exception:  # noqa: BLE001
+                ok = False
+        _GPU[pid] = ok
+    return _GPU[pid]
+
+
+# --- the per-process, per-thread pipeline cache ---------------------------------------------
+_LOCK = threading.Lock()
+_CACHE: dict[tuple, object] = {}  # (thread ident, key) -> pipeline or runner, this process only
+_GRAVE: list = []  # objects inherited through fork: kept alive, never used or destroyed
+_STATE = {"pid": os.getpid(), "cuda_parent": False, "cuda_here": False}
+
+
+def _cuda_initialised() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(_STATE["cuda_here"] or (torch is not None and torch.cuda.is_initialized()))
+
+
+def _before_fork():
+    _STATE["cuda_at_fork"] = _cuda_initialised()
+
+
+def _after_fork_child():
+    _GRAVE.append(dict(_CACHE))  # destroying them here could wait on threads that do not exist
+    _CACHE.clear()
+    _GPU.clear()
+    _STATE.update(pid=os.getpid(), cuda_parent=_STATE.get("cuda_at_fork", False), cuda_here=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
+
+
+def cached_pipeline(key: tuple, build, device: str = "cpu"):
+    """The calling thread's object for ``key`` in this process, built by ``build()`` on first
+    use. Objects of threads that have ended are dropped; nothing crosses a fork."""
+    if device == "gpu":
+        if _STATE["cuda_parent"]:
+            raise ForkError(
+                "medproc: a GPU pipeline was requested in a process forked after CUDA was "
+                "initialised in its parent (e.g. a DataLoader worker with the default 'fork' "
+                "start method); CUDA cannot run here. Keep the GPU work in the main process "
+                "(PatchLoader and the proxy do), use device='cpu' in workers, or start the "
+                "workers with multiprocessing_context='spawn'"
+            )
+        _STATE["cuda_here"] = True
+    ident = threading.get_ident()
+    obj = _CACHE.get((ident, key))
+    if obj is None:
+        with _LOCK:
+            alive = {t.ident for t in threading.enumerate()}
+            for k in [k for k in _CACHE if k[0] not in alive]:
+                del _CACHE[k]
+        obj = build()
+        _CACHE[(ident, key)] = obj
+    return obj
+
+
+# --- jobs and runners -----------------------------------------------------------------------
+@dataclass
+class Job:
+    """One sample for the engine: an image ``(i, j, k[, C])`` (numpy, or a torch tensor on the
+    CPU or the GPU), its plan, and label maps on the same grid (nearest neighbour)."""
+
+    image: object
+    plan: Plan
+    labels: Sequence = field(default_factory=tuple)
+
+
+def _dtype_name(a) -> str:
+    return str(a.dtype).replace("torch.", "")
+
+
+#: the dtypes both DALI resamplers (warp_affine, resize) take, on the CPU and the GPU
+_DALI_DTYPES = ("uint8", "int16", "float32")
+
+
+def _is_torch(a) -> bool:
+    return hasattr(a, "to") and not isinstance(a, np.ndarray)
+
+
+def _astype(a, dtype: str):
+    if _is_torch(a):
+        import torch
+
+        return a.to(getattr(torch, dtype))
+    return a.astype(dtype)
+
+
+def _feed_dtype(a, label: bool) -> str:
+    """The dtype ``a`` is fed to DALI in: its own when DALI takes it; otherwise, exactly,
+    int16 for integer labels that fit, else float32 (exact for |values| < 2^24)."""
+    name = _dtype_name(a)
+    if name in _DALI_DTYPES:
+        return name
+    if name == "bool":
+        return "uint8"
+    if label:
+        if "float" in name or "complex" in name:
+            raise ValueError(f"label maps must hold integers, got {name}")
+        n = a.numel() if _is_torch(a) else a.size
+        lo, hi = (int(a.min()), int(a.max())) if n else (0, 0)
+        if -(2**15) <= lo and hi < 2**15:
+            return "int16"
+        if -(2**24) <= lo and hi <= 2**24:
+            return "float32"
+        raise ValueError(f"label values {lo}..{hi} cannot be resampled exactly (|v| > 2^24)")
+    return "float32"
+
+
+class _Runner:
+    """One DALI pipeline with its staging buffers; used by one thread only."""
+
+    def __init__(self, engine: Engine, graph: Graph, mode: str, intensity: bool):
+        self.device, self.device_id = engine.device, engine.device_id
+        self.graph, self.mode, self.intensity = graph, mode, intensity
+        self.pipe = build_resample(graph, mode, intensity, engine.device, engine.batch_size,
+                                   engine.num_threads, engine.device_id)
+        self._stream = None
+        self._rings: list[list] = [[], [], []]  # pinned staging, one set per batch in flight
+        self._ring = 0
+
+    def start(self, jobs: list[Job]) -> int:
+        dhwc = [[to_dhwc(j.image)] + [to_dhwc(lb) for lb in j.labels] for j in jobs]
+        names = ["img"] + [f"lab{n}" for n in range(self.graph.labels)]
+        if self.device == "gpu":
+            import torch
+
+            ring = self._rings[self._ring]
+            self._ring = (self._ring + 1) % len(self._rings)
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=self.device_id)
+            flat = self._to_device([a for row in dhwc for a in row], ring)
+            n = len(names)
+            for c, name in enumerate(names):
+                self.pipe.feed_input(name, flat[c::n], layout="DHWC",
+                                     cuda_stream=self._stream.cuda_stream)
+        else:
+            for c, name in enumerate(names):
+                self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
+        for name, vals in plan_inputs([j.plan for j in jobs], self.mode, self.intensity).items():
+            self.pipe.feed_input(name, vals)
+        self.pipe.schedule_run()
+        return len(jobs)
+
+    def _to_device(self, arrays: list, ring: list) -> list:
+        """Host arrays -> CUDA tensors: staged in pinned memory, copied on a side stream. A
+        staging set is reused every third batch, when the copy that read it has finished."""
+        import torch
+
+        out = []
+        with torch.cuda.stream(self._stream):
+            for n, a in enumerate(arrays):
+                t = a if isinstance(a, torch.Tensor) else torch.from_numpy(a)
+                if t.device.type == "cpu" and not t.is_pinned():
+                    nbytes = t.numel() * t.element_size()
+                    if n >= len(ring) or ring[n].numel() < nbytes:
+                        buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=True)
+                        ring[n:n + 1] = [buf]
+                    staged = ring[n][:nbytes].view(t.dtype).view(t.shape)
+                    staged.copy_(t)
+                    t = staged
+                out.append(t.to(f"cuda:{self.device_id}", non_blocking=True))
+        return out
+
+    def collect(self, n: int, as_torch: bool, stream=None) -> list[tuple]:
+        outs = self.pipe.outputs()
+        res = []
+        for i in range(n):
+            arrs = [self._out(o[i], as_torch, stream) for o in outs]
+            if not self.graph.channels_first:  # DHWC -> (i, j, k[, C]), a view
+                arrs = [_from_dhwc(a) for a in arrs]
+            res.append(tuple(arrs))
+        return res
+
+
+    def _out(self, t, as_torch: bool, stream):
+        if self.device == "cpu":
+            a = np.array(t)
+            if as_torch:
+                import torch
+
+                return torch.from_numpy(a)
+            return a
+        import torch
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        dst = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=f"cuda:{self.device_id}")
+        s = stream or torch.cuda.current_stream(self.device_id)
+        feed_ndarray(t, dst, cuda_stream=s)
+        if as_torch:
+            return dst
+        s.synchronize()
+        return dst.cpu().numpy()
+
+
+def _from_dhwc(a):
+    """DALI's (k, j, i, C) output as (i, j, k) or (i, j, k, C): a view."""
+    if a.shape[-1] == 1:
+        a = a[..., 0]
+        return a.permute(2, 1, 0) if _is_torch(a) else a.transpose(2, 1, 0)
+    return a.permute(2, 1, 0, 3) if _is_torch(a) else a.transpose(2, 1, 0, 3)
+
+
+def _restored(res: list[tuple], restore: list[str]) -> list[tuple]:
+    """Labels back in the dtype they came in (they were fed in one DALI resamples exactly)."""
+    if not any(_dtype_name(row[c + 1]) != d for row in res[:1] for c, d in enumerate(restore)):
+        return res
+    return [(row[0], *(_astype(x, d) for x, d in zip(row[1:], restore))) for row in res]
+
+
+# --- the public door ------------------------------------------------------------------------
+class Engine:
+    """Run resampling jobs through DALI (see the module doc for the contract).
+
+    Parameters
+    ----------
+    device : {"cpu", "gpu"}
+        DALI backend. ``"gpu"`` needs an NVIDIA GPU and PyTorch with CUDA.
+    batch_size : int
+        Largest batch a pipeline takes; longer job lists are split.
+    num_threads : int, optional
+        DALI CPU threads (default ``MEDPROC_DALI_THREADS`` or all cores, at most 16).
+    device_id : int
+        GPU ordinal.
+
+    Examples
+    --------
+    >>> eng = Engine("cpu", batch_size=4)                                  # doctest: +SKIP
+    >>> (img, lab), = eng.run([Job(image, plan, [label])], Graph(labels=1))  # doctest: +SKIP
+    """
+
+    def __init__(self, device: str = "cpu", batch_size: int = 8, num_threads: int | None = None,
+                 device_id: int = 0):
+        if not dali_available():
+            raise ImportError(f"medproc's pipelines need NVIDIA DALI: {INSTALL}")
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        if device == "gpu" and not gpu_available():
+            raise RuntimeError("device='gpu' but DALI sees no NVIDIA GPU here; use device='cpu'")
+        self.device = device
+        self.batch_size = max(1, int(batch_size))
+        env = int(os.environ.get("MEDPROC_DALI_THREADS", 0) or 0)
+        self.num_threads = int(num_threads or env or min(os.cpu_count() or 1, 16))
+        self.device_id = int(device_id)
+
+    def _runner(self, graph: Graph, jobs: list[Job]) -> _Runner:
+        mode = graph.mode_for([j.plan for j in jobs], self.device)
+        intensity = any(j.plan.intensity is not None for j in jobs)
+        dtypes = tuple(_dtype_name(a) for a in [jobs[0].image, *jobs[0].labels])
+        key = ("resample", self.device, self.device_id, self.batch_size, self.num_threads, graph,
+               mode, intensity, dtypes)
+        return cached_pipeline(key, lambda: _Runner(self, graph, mode, intensity), self.device)
+
+    def _check(self, jobs: list[Job], graph: Graph) -> tuple[list[Job], list[str]]:
+        """Jobs in dtypes DALI takes (one dtype per input across the batch), and the label
+        dtypes to give back (labels keep theirs)."""
+        for j in jobs:
+            if tuple(j.image.shape[:3]) != tuple(j.plan.in_shape):
+                raise ValueError(f"image shape {tuple(j.image.shape)} does not match its plan's "
+                                 f"input shape {j.plan.in_shape}")
+            if len(j.labels) != graph.labels:
+                raise ValueError(f"this graph resamples {graph.labels} label map(s) per sample, "
+                                 f"got {len(j.labels)}")
+        cols = [[j.image for j in jobs]] + [[j.labels[c] for j in jobs] for c in range(graph.labels)]
+        fed = []
+        for c, col in enumerate(cols):
+            names = {_feed_dtype(a, c > 0) for a in col}
+            target = names.pop() if len(names) == 1 else "float32"
+            fed.append([a if _dtype_name(a) == target else _astype(a, target) for a in col])
+        out = [Job(fed[0][n], j.plan, tuple(fed[c][n] for c in range(1, len(fed))))
+               for n, j in enumerate(jobs)]
+        restore = [_dtype_name(lb) if _dtype_name(lb) != "bool" else "uint8" for lb in jobs[0].labels]
+        return out, restore
+
+    def run(self, jobs: Sequence[Job], graph: Graph = Graph(), as_torch: bool = False) -> list:
+        """Resample ``jobs``; one ``(image, *labels)`` tuple per job, in order."""
+        return [r for batch in self.map(jobs, graph, as_torch) for r in batch]
+
+    def map(self, jobs: Iterable[Job], graph: Graph = Graph(), as_torch: bool = False
+            ) -> Iterator[list]:
+        """Resample a stream of jobs in batches of ``batch_size``, feeding the next batch before
+        waiting for the current one; yields one list of ``(image, *labels)`` per batch."""
+        def batches():
+            chunk = []
+            for j in jobs:
+                chunk.append(j)
+                if len(chunk) == self.batch_size:
+                    yield chunk, graph
+                    chunk = []
+            if chunk:
+                yield chunk, graph
+
+        for res, _ in self._pipelined(((b, g, None) for b, g in batches()), as_torch):
+            yield res
+
+    def _pipelined(self, items: Iterable, as_torch: bool, stream=None) -> Iterator[tuple]:
+        """(jobs, graph, extra) -> (results, extra), with batch n + 1 fed before n is waited on."""
+        it = iter(items)
+        cur = next(it, None)
+        if cur is None:
+            return
+        jobs, graph, extra = cur
+        jobs, restore = self._check(list(jobs), graph)
+        runner = self._runner(graph, jobs)
+        n = runner.start(jobs)
+        while True:
+            nxt = next(it, None)
+            started = None
+            if nxt is not None:
+                njobs, nrestore = self._check(list(nxt[0]), nxt[1])
+                nrunner = self._runner(nxt[1], njobs)
+                if nrunner is not runner:
+                    started = (nrunner, nrunner.start(njobs), nxt[2], nrestore)
+            res = runner.collect(n, as_torch, stream)
+            if nxt is not None and started is None:
+                started = (runner, runner.start(njobs), nxt[2], nrestore)
+            yield _restored(res, restore), extra
+            if started is None:
+                return
+            runner, n, extra, restore = started
+
+    def stream(self, items: Iterable, as_torch: bool = True, ahead: int = 2) -> Iterator[tuple]:
+        """Run ``(jobs, graph, extra)`` items in a background thread, ``ahead`` batches in
+        advance of the caller; yields ``(results, extra)`` in order.
+
+        The iterable itself is consumed in the background thread too (put the per-batch host
+        work, e.g. sampling and reading patches, in it). On the GPU the results are ready to use
+        on the caller's current CUDA stream. Errors are raised in the caller; closing the
+        iterator stops the thread.
+        """
+        q: queue.Queue = queue.Queue(maxsize=max(1, int(ahead)))
+        stop = threading.Event()
+        end = object()
+        gpu = self.device == "gpu"
+
+        def put(x) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(x, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce():
+            try:
+                s = None
+                if gpu:
+                    import torch
+
+                    s = torch.cuda.Stream(device=self.device_id)
+                for res, extra in self._pipelined(items, as_torch, s):
+                    ev = None
+                    if gpu and as_torch:
+                        ev = torch.cuda.Event()
+                        ev.record(s)
+                    if not put((res, extra, ev)):
+                        return
+                put(end)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                put(e)
+
+        t = threading.Thread(target=produce, name="medproc-engine", daemon=True)
+        t.start()
+        try:
+            while True:
+                item = q.get()
+                if item is end:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                res, extra, ev = item
+                if ev is not None:
+                    import torch
+
+                    cur = torch.cuda.current_stream(self.device_id)
+                    cur.wait_event(ev)
+                    for row in res:
+                        for x in row:
+                            x.record_stream(cur)
+                yield res, extra
+        finally:
+            stop.set()
+            t.join(timeout=30)
+
+
+
+def drop_cached(key: tuple) -> None:
+    """Forget the calling thread's object for ``key`` (e.g. a pipeline that failed)."""
+    _CACHE.pop((threading.get_ident(), key), None)

@@ -1,0 +1,67 @@
+"""DALI Proxy's server side: one DALI pipeline in the main process that DataLoader workers feed
+through ``nvidia.dali.plugin.pytorch.experimental.proxy`` (GPU only: DALI Proxy calls
+``torch.cuda.nvtx``). The connector is :mod:`medproc.proxy`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..plan import Plan
+from .graphs import Graph, build_resample, dali_matrix, dali_size, to_dhwc
+
+__all__ = ["dali_proxy_usable", "ProxyPipeline", "proxy_inputs"]
+
+
+def proxy_inputs(image: np.ndarray, labels, plan: Plan, intensity: bool) -> dict:
+    """The named pipeline inputs of one sample (computed in a worker, passed to the server's
+    ``proxy``): voxels in DALI's layout, the warp matrix, the output size, the intensity step."""
+    kw = {"img": to_dhwc(image), "mat": dali_matrix(plan), "size": dali_size(plan)}
+    for n, lb in enumerate(labels):
+        kw[f"lab{n}"] = to_dhwc(lb)
+    if intensity:
+        kw["inten"] = np.array(plan.intensity or (-np.inf, np.inf, 1.0, 0.0), np.float32)
+    return kw
+
+
+def dali_proxy_usable(device: str) -> bool:
+    """Whether DALI Proxy can run here on ``device`` (it needs CUDA)."""
+    if device != "gpu":
+        return False
+    try:
+        import torch
+        from nvidia.dali.plugin.pytorch.experimental import proxy  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+class ProxyPipeline:
+    """A DALI Proxy server over the engine's warp graph (host-fed, outputs ``(C, i, j, k)``).
+
+    Parameters
+    ----------
+    graph : Graph
+        Interpolation, dtype, fill, labels (``channels_first`` and ``mode`` are set here).
+    intensity : bool
+        Whether samples carry an intensity step.
+    batch_size, num_threads, device_id, prefetch : int
+        DALI pipeline settings.
+    """
+
+    def __init__(self, graph: Graph, intensity: bool, batch_size: int, num_threads: int,
+                 device_id: int = 0, prefetch: int = 2):
+        from dataclasses import replace
+
+        from nvidia.dali.plugin.pytorch.experimental import proxy as dali_proxy
+
+        self.graph = replace(graph, channels_first=True, mode="warp")
+        self.intensity = intensity
+        pipe = build_resample(self.graph, "warp", intensity, "gpu", batch_size, num_threads,
+                              device_id, host_feed=True, prefetch=prefetch)
+        self.server = dali_proxy.DALIServer(pipe)
+        self._dali_proxy = dali_proxy
+
+    def loader(self, dataset, batch_size: int, num_workers: int, **kw):
+        """DALI Proxy's DataLoader over ``dataset``."""
+        return self._dali_proxy.DataLoader(self.server, dataset, batch_size=batch_size,
+                                           num_workers=num_workers, **kw)
