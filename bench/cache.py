@@ -37,19 +37,22 @@ def make_cases(n: int, real: str | None):
     if real:
         import medproc
 
-        vols.append(("real", medproc.load(real).array.astype(np.int16)))
+        # this benchmark stores slices: (k, j, i), the (i, j, k) volume's memory seen C-ordered
+        vols.append(("real", medproc.load(real).array.astype(np.int16).transpose(2, 1, 0)))
     for s in range(n - len(vols)):
-        shape = (200 + 10 * s, 256, 256)  # a CT resampled to ~1.5 mm
+        shape = (256, 256, 200 + 10 * s)  # a CT resampled to ~1.5 mm
         aff = grid_affine(shape, (1.5, 1.5, 1.5), (-190.0, -190.0, -150.0))
         img, _ = ct_phantom(shape, aff, [Lesion((10.0 * s, 20.0, 0.0), 12.0)], seed=s)
-        vols.append((f"phantom{s}", img))
+        vols.append((f"phantom{s}", img.transpose(2, 1, 0)))
     return vols
 
 
 def write_lz4(arr: np.ndarray, path: str) -> dict:
     import lz4.block
 
-    blocks = [lz4.block.compress(np.ascontiguousarray(sl).tobytes(), store_size=False) for sl in arr]
+    blocks = [
+        lz4.block.compress(np.ascontiguousarray(sl).tobytes(), store_size=False) for sl in arr
+    ]
     offsets = np.concatenate([[0], np.cumsum([len(b) for b in blocks])]).astype(np.int64)
     with open(path, "wb") as f:
         for b in blocks:
@@ -62,12 +65,16 @@ def inflate_pipe(dtype, batch: int):
 
     dali_t = {np.dtype(np.int16): types.INT16, np.dtype(np.float32): types.FLOAT}[np.dtype(dtype)]
 
-    @pipeline_def(batch_size=batch, num_threads=4, device_id=0, exec_dynamic=True, prefetch_queue_depth=1)
+    @pipeline_def(
+        batch_size=batch, num_threads=4, device_id=0, exec_dynamic=True, prefetch_queue_depth=1
+    )
     def graph():
         data = fn.external_source(name="data", dtype=types.UINT8)
         sizes = fn.external_source(name="sizes", dtype=types.INT32)
         shape = fn.external_source(name="shape", dtype=types.INT32)
-        return fn.decoders.inflate(data.gpu(), chunk_sizes=sizes, shape=shape, dtype=dali_t, algorithm="LZ4")
+        return fn.decoders.inflate(
+            data.gpu(), chunk_sizes=sizes, shape=shape, dtype=dali_t, algorithm="LZ4"
+        )
 
     p = graph()
     p.build()
@@ -91,7 +98,7 @@ def run_npy(vols, work, batch):
     out = None
     for b in range(0, len(work), batch):
         out = []
-        for v, box in work[b:b + batch]:
+        for v, box in work[b : b + batch]:
             region = np.ascontiguousarray(vols[v]["npy"][box])
             nbytes += region.nbytes
             out.append(torch.from_numpy(region).pin_memory().cuda(non_blocking=True))
@@ -106,7 +113,7 @@ def run_lz4(vols, work, batch, pipe):
     nbytes = 0
     out = None
     for b in range(0, len(work), batch):
-        chunk = work[b:b + batch]
+        chunk = work[b : b + batch]
         data, sizes, shapes = [], [], []
         for v, box in chunk:
             z = vols[v]["lz4"]
@@ -116,14 +123,14 @@ def run_lz4(vols, work, batch, pipe):
                 buf = f.read(int(z["offsets"][k1] - z["offsets"][k0]))
             nbytes += len(buf)
             data.append(np.frombuffer(buf, np.uint8))
-            sizes.append(np.diff(z["offsets"][k0:k1 + 1]).astype(np.int32))
+            sizes.append(np.diff(z["offsets"][k0 : k1 + 1]).astype(np.int32))
             shapes.append(np.array(z["shape"][1:], np.int32))
         pipe.feed_input("data", data)
         pipe.feed_input("sizes", sizes)
         pipe.feed_input("shape", shapes)
         (res,) = pipe.run()
         out = []
-        for i, (v, box) in enumerate(chunk):
+        for i, (_v, box) in enumerate(chunk):
             t = res[i]
             dst = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device="cuda")
             feed_ndarray(t, dst, cuda_stream=torch.cuda.current_stream())
@@ -133,12 +140,16 @@ def run_lz4(vols, work, batch, pipe):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--cases", type=int, default=6)
     ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--patch", type=int, default=96)
-    ap.add_argument("--real", help="a real CT (e.g. pyradiomics lung1_image.nrrd) as one of the cases")
+    ap.add_argument(
+        "--real", help="a real CT (e.g. pyradiomics lung1_image.nrrd) as one of the cases"
+    )
     ap.add_argument("--work", default=None)
     ap.add_argument("--out")
     a = ap.parse_args(argv)
@@ -146,11 +157,18 @@ def main(argv=None):
 
     work_dir = a.work or tempfile.mkdtemp(prefix="medproc_cache_bench_")
     cases = make_cases(a.cases, a.real)
-    res = {"cases": [[n, list(x.shape)] for n, x in cases], "patch": a.patch, "batch": a.batch, "formats": {}}
+    res = {
+        "cases": [[n, list(x.shape)] for n, x in cases],
+        "patch": a.patch,
+        "batch": a.batch,
+        "formats": {},
+    }
     for kind in ("int16", "float32"):
         vols = []
         for name, img in cases:
-            arr = img if kind == "int16" else (np.clip(img, -1000, 1000) / 1000.0).astype(np.float32)
+            arr = (
+                img if kind == "int16" else (np.clip(img, -1000, 1000) / 1000.0).astype(np.float32)
+            )
             p = os.path.join(work_dir, f"{name}_{kind}")
             np.save(p + ".npy", arr)
             z = write_lz4(arr, p + ".lz4")
@@ -159,13 +177,19 @@ def main(argv=None):
         disk_lz4 = sum(os.path.getsize(v["lz4"]["path"]) for v in vols)
         pipe = inflate_pipe(arr.dtype, a.batch)
         rng = np.random.default_rng(0)
-        row = {"disk_MB_npy": disk_npy / 1e6, "disk_MB_lz4": disk_lz4 / 1e6, "lz4_ratio": disk_npy / disk_lz4}
-        whole = [(i % len(vols), tuple(slice(0, n) for n in vols[i % len(vols)]["npy"].shape))
-                 for i in range(4 * len(vols))]
+        row = {
+            "disk_MB_npy": disk_npy / 1e6,
+            "disk_MB_lz4": disk_lz4 / 1e6,
+            "lz4_ratio": disk_npy / disk_lz4,
+        }
+        whole = [
+            (i % len(vols), tuple(slice(0, n) for n in vols[i % len(vols)]["npy"].shape))
+            for i in range(4 * len(vols))
+        ]
         for scen, work in (("patch", boxes(vols, a.samples, a.patch, rng)), ("volume", whole)):
             # equal outputs (first batch), warm-up and page cache
-            _, ref = run_npy(vols, work[:a.batch], a.batch)
-            _, got = run_lz4(vols, work[:a.batch], a.batch, pipe)
+            _, ref = run_npy(vols, work[: a.batch], a.batch)
+            _, got = run_lz4(vols, work[: a.batch], a.batch, pipe)
             for r, g in zip(ref, got):
                 assert torch.equal(r, g), "LZ4 inflate differs from the .npy cache"
             t = time.perf_counter()
@@ -175,9 +199,14 @@ def main(argv=None):
             b_lz4, _ = run_lz4(vols, work, a.batch, pipe)
             t_lz4 = time.perf_counter() - t
             n = len(work)
-            row[scen] = {"samples": n, "npy_samples_per_s": n / t_npy, "lz4_samples_per_s": n / t_lz4,
-                         "lz4_vs_npy": t_npy / t_lz4, "h2d_MB_per_sample_npy": b_npy / n / 1e6,
-                         "h2d_MB_per_sample_lz4": b_lz4 / n / 1e6}
+            row[scen] = {
+                "samples": n,
+                "npy_samples_per_s": n / t_npy,
+                "lz4_samples_per_s": n / t_lz4,
+                "lz4_vs_npy": t_npy / t_lz4,
+                "h2d_MB_per_sample_npy": b_npy / n / 1e6,
+                "h2d_MB_per_sample_lz4": b_lz4 / n / 1e6,
+            }
         res["formats"][kind] = row
         print(kind, json.dumps(row), flush=True)
     if a.out:

@@ -62,27 +62,54 @@ def monai_one(src, outdir):
 
     img = LoadImage(reader="PydicomReader", image_only=True)(src)
     img = Spacing(pixdim=1.5, mode="bilinear")(img[None] if img.ndim == 3 else img)
-    SaveImage(output_dir=outdir, output_postfix="", output_ext=".nii.gz", output_dtype=torch.float32,
-              separate_folder=False, print_log=False)(img)
+    SaveImage(
+        output_dir=outdir,
+        output_postfix="",
+        output_ext=".nii.gz",
+        output_dtype=torch.float32,
+        separate_folder=False,
+        print_log=False,
+    )(img)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("root", help="folder with one subfolder per DICOM series")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
-    ap.add_argument("--device", default=["cpu"], nargs="+", choices=["cpu", "gpu"],
-                    help="medproc backends to measure (each a separate run)")
+    ap.add_argument(
+        "--device",
+        default=["cpu"],
+        nargs="+",
+        choices=["cpu", "gpu"],
+        help="medproc backends to measure (each a separate run)",
+    )
     ap.add_argument("--skip", nargs="*", default=[])
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     series = _series_dirs(a.root)
     n = len(series)
-    res = {"cases": n, "workers": a.workers, "devices": a.device, "cpus": os.cpu_count(), "methods": {}}
+    res = {
+        "cases": n,
+        "workers": a.workers,
+        "devices": a.device,
+        "cpus": os.cpu_count(),
+        "methods": {},
+    }
     tmp = tempfile.mkdtemp(prefix="bench_convert_")
 
     def record(name, seconds, note=""):
-        res["methods"][name] = {"seconds": seconds, "s_per_volume": seconds / n, "volumes_per_s": n / seconds, "note": note}
-        print(f"{name:34s} {seconds:7.2f} s  {seconds / n:6.3f} s/volume  {n / seconds:6.2f} volumes/s {note}", flush=True)
+        res["methods"][name] = {
+            "seconds": seconds,
+            "s_per_volume": seconds / n,
+            "volumes_per_s": n / seconds,
+            "note": note,
+        }
+        print(
+            f"{name:34s} {seconds:7.2f} s  {seconds / n:6.3f} s/volume  {n / seconds:6.2f} volumes/s {note}",
+            flush=True,
+        )
 
     import medproc
     from medproc.convert import convert
@@ -90,13 +117,31 @@ def main(argv=None):
     for dev in a.device:
         # warm-up outside the timed region, as for SimpleITK's pool below: start the worker
         # processes (imports, DALI pipeline build) on as many cases as there are workers
-        ex = ProcessPoolExecutor(a.workers, mp_context=get_context("spawn")) if a.workers > 1 else None
-        convert(series[:max(1, a.workers)], os.path.join(tmp, "warm"), medproc.Spec(spacing=1.5),
-                workers=a.workers, device=dev, force=True, executor=ex)
+        ex = (
+            ProcessPoolExecutor(a.workers, mp_context=get_context("spawn"))
+            if a.workers > 1
+            else None
+        )
+        convert(
+            series[: max(1, a.workers)],
+            os.path.join(tmp, "warm"),
+            medproc.Spec(spacing=1.5),
+            workers=a.workers,
+            device=dev,
+            force=True,
+            executor=ex,
+        )
         out = os.path.join(tmp, f"medproc_{dev}")
         t = time.perf_counter()
-        rows = convert([a.root], out, medproc.Spec(spacing=1.5), workers=a.workers, device=dev, force=True,
-                       executor=ex)
+        rows = convert(
+            [a.root],
+            out,
+            medproc.Spec(spacing=1.5),
+            workers=a.workers,
+            device=dev,
+            force=True,
+            executor=ex,
+        )
         record(f"medproc convert ({a.workers} workers, {dev})", time.perf_counter() - t)
         assert all(r["status"] == "ok" for r in rows), rows
         if ex is not None:
@@ -110,7 +155,7 @@ def main(argv=None):
         record("simpleitk (1 process)", time.perf_counter() - t)
         if a.workers > 1:
             with ProcessPoolExecutor(a.workers, mp_context=get_context("spawn")) as ex:
-                list(ex.map(sitk_one, jobs[:a.workers]))  # start the workers
+                list(ex.map(sitk_one, jobs[: a.workers]))  # start the workers
                 t = time.perf_counter()
                 list(ex.map(sitk_one, jobs))
                 record(f"simpleitk ({a.workers} processes)", time.perf_counter() - t)
@@ -128,8 +173,14 @@ def main(argv=None):
         os.makedirs(dd, exist_ok=True)
         t = time.perf_counter()
         for i, s in enumerate(series):
-            subprocess.run([exe, "-z", "y", "-b", "n", "-o", dd, "-f", f"c{i}", s], check=True, capture_output=True)
-        record("dcm2niix (1 process, no resampling)", time.perf_counter() - t, "int16, no resampling")
+            subprocess.run(
+                [exe, "-z", "y", "-b", "n", "-o", dd, "-f", f"c{i}", s],
+                check=True,
+                capture_output=True,
+            )
+        record(
+            "dcm2niix (1 process, no resampling)", time.perf_counter() - t, "int16, no resampling"
+        )
     m = res["methods"]
     base = min((k for k in m if k.startswith("medproc")), key=lambda k: m[k]["seconds"])
     for k in m:

@@ -23,7 +23,6 @@ from concurrent.futures import ProcessPoolExecutor
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-
 def _load(path):
     import pydicom
     from pydicom.encaps import generate_frames
@@ -41,10 +40,18 @@ def _cpu_decode(args):
     dec = get_decoder(ts)
     n = 0
     for f in frames:
-        arr, _ = dec.as_array(encapsulate([f]), rows=rows, columns=cols, samples_per_pixel=1, bits_allocated=16,
-                              bits_stored=bits, pixel_representation=int(signed),
-                              photometric_interpretation="MONOCHROME2", number_of_frames=1,
-                              transfer_syntax_uid=UID(ts))
+        arr, _ = dec.as_array(
+            encapsulate([f]),
+            rows=rows,
+            columns=cols,
+            samples_per_pixel=1,
+            bits_allocated=16,
+            bits_stored=bits,
+            pixel_representation=int(signed),
+            photometric_interpretation="MONOCHROME2",
+            number_of_frames=1,
+            transfer_syntax_uid=UID(ts),
+        )
         n += arr.size > 0
     return n
 
@@ -68,10 +75,13 @@ def _time_loads(series_dirs: list[str]) -> dict:
     def sitk_read(d):
         r = sitk.ImageSeriesReader()
         r.SetFileNames(r.GetGDCMSeriesFileNames(d))
-        return sitk.GetArrayFromImage(r.Execute())
+        return sitk.GetArrayFromImage(r.Execute()).transpose(2, 1, 0)  # (i, j, k) as medproc
 
-    tools = {"medproc_serial": lambda d: medproc.load(d, workers=1).array,
-             "medproc_pool": lambda d: medproc.load(d).array, "simpleitk": sitk_read}
+    tools = {
+        "medproc_serial": lambda d: medproc.load(d, workers=1).array,
+        "medproc_pool": lambda d: medproc.load(d).array,
+        "simpleitk": sitk_read,
+    }
     out: dict = {}
     ref = medproc.load(series_dirs[0], workers=1).array  # the serial read is the reference
     for tool, fn in tools.items():
@@ -82,23 +92,38 @@ def _time_loads(series_dirs: list[str]) -> dict:
             out[f"{tool}_s_per_series"] = (time.perf_counter() - t) / len(series_dirs)
             out[f"{tool}_equal"] = bool(np.array_equal(arrays[0], ref))
         except Exception as e:  # noqa: BLE001 - a tool that cannot read this syntax
-            out[f"{tool}_s_per_series"] = f"cannot: {type(e).__name__}: {str(e).strip().splitlines()[-1][:100]}"
+            out[f"{tool}_s_per_series"] = (
+                f"cannot: {type(e).__name__}: {str(e).strip().splitlines()[-1][:100]}"
+            )
     if isinstance(out.get("medproc_pool_s_per_series"), float):
-        out["pool_vs_serial"] = out["medproc_serial_s_per_series"] / out["medproc_pool_s_per_series"]
+        out["pool_vs_serial"] = (
+            out["medproc_serial_s_per_series"] / out["medproc_pool_s_per_series"]
+        )
         if isinstance(out.get("simpleitk_s_per_series"), float):
-            out["pool_vs_simpleitk"] = out["simpleitk_s_per_series"] / out["medproc_pool_s_per_series"]
+            out["pool_vs_simpleitk"] = (
+                out["simpleitk_s_per_series"] / out["medproc_pool_s_per_series"]
+            )
     return out
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("root")
     ap.add_argument("--workers", type=int, default=os.cpu_count())
-    ap.add_argument("--gpu", nargs="*", default=["64x4", "128x8", "256x12"],
-                    help="GPU settings tried, BATCHxTHREADS; the best is reported")
-    ap.add_argument("--load", action="store_true",
-                    help="also time whole-series loads from disk: medproc.load serial and with its decode "
-                         "pool, against SimpleITK's ImageSeriesReader (GDCM)")
+    ap.add_argument(
+        "--gpu",
+        nargs="*",
+        default=["64x4", "128x8", "256x12"],
+        help="GPU settings tried, BATCHxTHREADS; the best is reported",
+    )
+    ap.add_argument(
+        "--load",
+        action="store_true",
+        help="also time whole-series loads from disk: medproc.load serial and with its decode "
+        "pool, against SimpleITK's ImageSeriesReader (GDCM)",
+    )
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     import pydicom
@@ -110,19 +135,42 @@ def main(argv=None):
         series = sorted(glob.glob(os.path.join(a.root, name, "*")))
         paths = [p for s in series for p in sorted(glob.glob(os.path.join(s, "*.dcm")))]
         ds = pydicom.dcmread(paths[0], stop_before_pixels=True)
-        info = {k: ds.get(k) for k in ("BitsAllocated", "BitsStored", "PixelRepresentation", "SamplesPerPixel",
-                                       "PhotometricInterpretation")}
+        info = {
+            k: ds.get(k)
+            for k in (
+                "BitsAllocated",
+                "BitsStored",
+                "PixelRepresentation",
+                "SamplesPerPixel",
+                "PhotometricInterpretation",
+            )
+        }
         info["TransferSyntaxUID"] = str(ds.file_meta.TransferSyntaxUID)
         frames = [_load(p) for p in paths]
         n = len(frames)
         per_series = n / len(series)
-        row = {"transfer_syntax": ds.file_meta.TransferSyntaxUID.name, "frames": n, "rows": int(ds.Rows),
-               "compressed_MB": sum(len(f) for f in frames) / 1e6}
-        chunks = [frames[i::a.workers] for i in range(a.workers)]
-        args = [(info["TransferSyntaxUID"], int(ds.Rows), int(ds.Columns), int(ds.BitsStored),
-                 bool(int(ds.PixelRepresentation)), c) for c in chunks]
+        row = {
+            "transfer_syntax": ds.file_meta.TransferSyntaxUID.name,
+            "frames": n,
+            "rows": int(ds.Rows),
+            "compressed_MB": sum(len(f) for f in frames) / 1e6,
+        }
+        chunks = [frames[i :: a.workers] for i in range(a.workers)]
+        args = [
+            (
+                info["TransferSyntaxUID"],
+                int(ds.Rows),
+                int(ds.Columns),
+                int(ds.BitsStored),
+                bool(int(ds.PixelRepresentation)),
+                c,
+            )
+            for c in chunks
+        ]
         with ProcessPoolExecutor(a.workers) as ex:
-            list(ex.map(_cpu_decode, [(x[0], x[1], x[2], x[3], x[4], x[5][:1]) for x in args]))  # warm-up
+            list(
+                ex.map(_cpu_decode, [(x[0], x[1], x[2], x[3], x[4], x[5][:1]) for x in args])
+            )  # warm-up
             t = time.perf_counter()
             assert sum(ex.map(_cpu_decode, args)) == n
             cpu = time.perf_counter() - t
@@ -140,21 +188,35 @@ def main(argv=None):
             tried = {}
             for setting in a.gpu:
                 bs, th = (int(x) for x in setting.split("x"))
-                dec.decode_frames_gpu(frames[:bs], cfg, bits, signed, batch_size=bs, num_threads=th)  # warm-up
+                dec.decode_frames_gpu(
+                    frames[:bs], cfg, bits, signed, batch_size=bs, num_threads=th
+                )  # warm-up
                 torch.cuda.synchronize()
                 t = time.perf_counter()
-                out = dec.decode_frames_gpu(frames, cfg, bits, signed, batch_size=bs, num_threads=th)
+                out = dec.decode_frames_gpu(
+                    frames, cfg, bits, signed, batch_size=bs, num_threads=th
+                )
                 torch.cuda.synchronize()
                 tried[setting] = time.perf_counter() - t
                 assert len(out) == n
                 del out
             best = min(tried, key=tried.get)
             gpu = tried[best]
-            row.update(gpu_slices_per_s=n / gpu, gpu_series_per_s=n / gpu / per_series, gpu_vs_cpu=cpu / gpu,
-                       gpu_config=cfg, gpu_setting=best,
-                       gpu_slices_per_s_by_setting={k: n / v for k, v in tried.items()})
+            row.update(
+                gpu_slices_per_s=n / gpu,
+                gpu_series_per_s=n / gpu / per_series,
+                gpu_vs_cpu=cpu / gpu,
+                gpu_config=cfg,
+                gpu_setting=best,
+                gpu_slices_per_s_by_setting={k: n / v for k, v in tried.items()},
+            )
         if a.load:
-            row["load"] = _time_loads([os.path.join(a.root, name, x) for x in sorted(os.listdir(os.path.join(a.root, name)))])
+            row["load"] = _time_loads(
+                [
+                    os.path.join(a.root, name, x)
+                    for x in sorted(os.listdir(os.path.join(a.root, name)))
+                ]
+            )
         res["syntaxes"][name] = row
         print(name, json.dumps(row), flush=True)
     if a.out:

@@ -26,7 +26,6 @@ import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
@@ -44,12 +43,21 @@ def _make_case(args):
 
 def dataset(root, n, size, slices):
     dirs = [os.path.join(root, f"c{i:03d}") for i in range(n)]
-    todo = [(d, 100 + i, size, slices) for i, d in enumerate(dirs) if not os.path.exists(os.path.join(d, "labels"))]
+    todo = [
+        (d, 100 + i, size, slices)
+        for i, d in enumerate(dirs)
+        if not os.path.exists(os.path.join(d, "labels"))
+    ]
     if todo:
         with ProcessPoolExecutor(min(len(todo), os.cpu_count() or 1)) as ex:
             list(ex.map(_make_case, todo))
-    return [{"image": glob.glob(os.path.join(d, "nifti", "*.nii.gz"))[0],
-             "label": glob.glob(os.path.join(d, "labels", "*.nii.gz"))[0]} for d in dirs]
+    return [
+        {
+            "image": glob.glob(os.path.join(d, "nifti", "*.nii.gz"))[0],
+            "label": glob.glob(os.path.join(d, "labels", "*.nii.gz"))[0],
+        }
+        for d in dirs
+    ]
 
 
 CUDA = torch.cuda.is_available()
@@ -96,20 +104,37 @@ def _sync():
 
 
 def monai_transforms(gpu_random: bool):
-    from monai.transforms import (Compose, CropForegroundd, EnsureChannelFirstd, EnsureTyped, LoadImaged,
-                                  Orientationd, RandCropByPosNegLabeld, RandFlipd, ScaleIntensityRanged,
-                                  Spacingd)
+    from monai.transforms import (
+        Compose,
+        CropForegroundd,
+        EnsureChannelFirstd,
+        EnsureTyped,
+        LoadImaged,
+        Orientationd,
+        RandCropByPosNegLabeld,
+        RandFlipd,
+        ScaleIntensityRanged,
+        Spacingd,
+    )
 
-    det = [LoadImaged(["image", "label"], image_only=True), EnsureChannelFirstd(["image", "label"]),
-           Orientationd(["image", "label"], axcodes="RAS"),
-           Spacingd(["image", "label"], pixdim=1.5, mode=("bilinear", "nearest")),
-           ScaleIntensityRanged("image", -1000, 400, 0.0, 1.0, clip=True),
-           CropForegroundd(["image", "label"], source_key="image", margin=0)]
-    rand = [RandCropByPosNegLabeld(["image", "label"], "label", PATCH, pos=1, neg=1, num_samples=2),
-            RandFlipd(["image", "label"], prob=0.5, spatial_axis=0), RandFlipd(["image", "label"], prob=0.5, spatial_axis=1),
-            RandFlipd(["image", "label"], prob=0.5, spatial_axis=2)]
+    det = [
+        LoadImaged(["image", "label"], image_only=True),
+        EnsureChannelFirstd(["image", "label"]),
+        Orientationd(["image", "label"], axcodes="RAS"),
+        Spacingd(["image", "label"], pixdim=1.5, mode=("bilinear", "nearest")),
+        ScaleIntensityRanged("image", -1000, 400, 0.0, 1.0, clip=True),
+        CropForegroundd(["image", "label"], source_key="image", margin=0),
+    ]
+    rand = [
+        RandCropByPosNegLabeld(["image", "label"], "label", PATCH, pos=1, neg=1, num_samples=2),
+        RandFlipd(["image", "label"], prob=0.5, spatial_axis=0),
+        RandFlipd(["image", "label"], prob=0.5, spatial_axis=1),
+        RandFlipd(["image", "label"], prob=0.5, spatial_axis=2),
+    ]
     if gpu_random:
-        return Compose(det + [EnsureTyped(["image", "label"], device=DEV, track_meta=False)]), Compose(rand)
+        return Compose(
+            det + [EnsureTyped(["image", "label"], device=DEV, track_meta=False)]
+        ), Compose(rand)
     return Compose(det + rand + [EnsureTyped(["image", "label"], track_meta=False)]), None
 
 
@@ -133,7 +158,9 @@ def measure(loader, batches, warm=3):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--cases", type=int, default=24)
     ap.add_argument("--size", type=int, default=512)
     ap.add_argument("--slices", type=int, nargs=2, default=(150, 250))
@@ -145,8 +172,14 @@ def main(argv=None):
     a = ap.parse_args(argv)
     t = time.perf_counter()
     dl = dataset(a.data, a.cases, a.size, tuple(a.slices))
-    res = {"cases": a.cases, "workers": a.workers, "batches": a.batches, "patch": PATCH,
-           "data_seconds": time.perf_counter() - t, "methods": {}}
+    res = {
+        "cases": a.cases,
+        "workers": a.workers,
+        "batches": a.batches,
+        "patch": PATCH,
+        "data_seconds": time.perf_counter() - t,
+        "methods": {},
+    }
     print(f"data ready ({res['data_seconds']:.0f} s)", flush=True)
     from monai.data import CacheDataset, DataLoader, Dataset, ThreadDataLoader, list_data_collate
 
@@ -154,15 +187,33 @@ def main(argv=None):
         import medproc
         from medproc.monai import PatchLoader
 
-        spec = medproc.Spec(spacing=1.5, orientation="RAS", crop_foreground=-1000 + 1e-3,
-                            intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1)))
+        spec = medproc.Spec(
+            spacing=1.5,
+            orientation="RAS",
+            crop_foreground=-1000 + 1e-3,
+            intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1)),
+        )
         mem = GpuMemory()
         t = time.perf_counter()
-        loader = PatchLoader(dl, spec, PATCH, batch_size=2, num_samples=2, pos=1, neg=1, flip_prob=0.5,
-                             device="gpu" if CUDA else "cpu", cache_dir=os.path.join(a.data, "medproc_cache"))
+        loader = PatchLoader(
+            dl,
+            spec,
+            PATCH,
+            batch_size=2,
+            num_samples=2,
+            pos=1,
+            neg=1,
+            flip_prob=0.5,
+            device="gpu" if CUDA else "cpu",
+            cache_dir=os.path.join(a.data, "medproc_cache"),
+        )
         build = time.perf_counter() - t
         sps = measure(loader, a.batches)
-        res["methods"]["medproc"] = {"samples_per_s": sps, "cache_build_s": build, "peak_gpu_GiB": mem.stop()}
+        res["methods"]["medproc"] = {
+            "samples_per_s": sps,
+            "cache_build_s": build,
+            "peak_gpu_GiB": mem.stop(),
+        }
         print("medproc", res["methods"]["medproc"], flush=True)
         del loader
         if CUDA:
@@ -176,7 +227,11 @@ def main(argv=None):
         ds = _RandOnCached(cache, rand)
         loader = ThreadDataLoader(ds, batch_size=1, num_workers=0, collate_fn=list_data_collate)
         sps = measure(loader, a.batches)
-        res["methods"]["monai-fast"] = {"samples_per_s": sps, "cache_build_s": build, "peak_gpu_GiB": mem.stop()}
+        res["methods"]["monai-fast"] = {
+            "samples_per_s": sps,
+            "cache_build_s": build,
+            "peak_gpu_GiB": mem.stop(),
+        }
         print("monai-fast", res["methods"]["monai-fast"], flush=True)
         del cache, ds, loader
         if CUDA:
@@ -184,8 +239,14 @@ def main(argv=None):
     if "dataloader" not in a.skip:
         full, _ = monai_transforms(gpu_random=False)
         mem = GpuMemory()
-        loader = DataLoader(Dataset(dl, full), batch_size=1, num_workers=a.workers, collate_fn=list_data_collate,
-                            pin_memory=True, persistent_workers=True)
+        loader = DataLoader(
+            Dataset(dl, full),
+            batch_size=1,
+            num_workers=a.workers,
+            collate_fn=list_data_collate,
+            pin_memory=True,
+            persistent_workers=True,
+        )
         sps = measure(loader, max(4, a.batches // 6), warm=1)
         res["methods"]["monai-dataloader"] = {"samples_per_s": sps, "peak_gpu_GiB": mem.stop()}
         print("monai-dataloader", res["methods"]["monai-dataloader"], flush=True)
@@ -193,7 +254,9 @@ def main(argv=None):
     if "medproc" in m:
         for k in m:
             m[k]["medproc_speedup"] = m["medproc"]["samples_per_s"] / m[k]["samples_per_s"]
-            m[k]["gpu_memory_vs_medproc"] = m[k]["peak_gpu_GiB"] / max(m["medproc"]["peak_gpu_GiB"], 1e-9)
+            m[k]["gpu_memory_vs_medproc"] = m[k]["peak_gpu_GiB"] / max(
+                m["medproc"]["peak_gpu_GiB"], 1e-9
+            )
     print(json.dumps(res, indent=1, default=str))
     if a.out:
         json.dump(res, open(a.out, "w"), indent=1, default=str)

@@ -34,12 +34,12 @@ SPEC = medproc.Spec(spacing=1.5, orientation="RAS", crop=(96, 96, 96))
 _VOLS = []
 
 
-def volumes(n=8, shape=(200, 256, 256)):
+def volumes(n=8, shape=(256, 256, 200)):
     rng = np.random.default_rng(0)
     out = []
     for i in range(n):
-        aff = grid_affine(shape, (1.25, 0.8, 0.8), (-100.0, -100.0, -120.0 + i))
-        arr = rng.integers(-1000, 400, shape, dtype=np.int16)
+        aff = grid_affine(shape, (0.8, 0.8, 1.25), (-100.0, -100.0, -120.0 + i))
+        arr = np.asfortranarray(rng.integers(-1000, 400, shape, dtype=np.int16))  # as read
         les = Lesions([[0.0, 10.0 * i, 0.0], [20.0, -5.0, 10.0]], [[12.0] * 3, [8.0] * 3])
         out.append((medproc.Volume(arr, aff), les))
     return out
@@ -47,7 +47,8 @@ def volumes(n=8, shape=(200, 256, 256)):
 
 def augment(plan, rng):
     return flip_map(plan.out_shape, [int(rng.integers(0, 3))]) @ affine_map(
-        plan.out_shape, [1.5] * 3, rotate_deg=tuple(rng.uniform(-15, 15, 3)))
+        plan.out_shape, [1.5] * 3, rotate_deg=tuple(rng.uniform(-15, 15, 3))
+    )
 
 
 class Samples(torch.utils.data.Dataset):
@@ -75,9 +76,13 @@ class SitkTransform(ProxyTransform):
         img = sample["image"]
         # the augmented plan is a general affine: SimpleITK's AffineTransform from output to input
         f = resample_filter(plan.out_affine, plan.out_shape, motion=plan.motion)
-        out = sitk.GetArrayFromImage(f.Execute(to_sitk(img)))
-        return {"image": torch.from_numpy(out)[None], "affine": torch.as_tensor(plan.out_affine),
-                "lesions": plan.lesions_on_grid(sample["lesions"]), "index": sample["index"]}
+        out = sitk.GetArrayFromImage(f.Execute(to_sitk(img))).transpose(2, 1, 0)  # (i, j, k)
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(out))[None],
+            "affine": torch.as_tensor(plan.out_affine),
+            "lesions": plan.lesions_on_grid(sample["lesions"]),
+            "index": sample["index"],
+        }
 
 
 def run(loader, to_gpu):
@@ -105,9 +110,13 @@ def main(argv=None):
         loader = server.loader(ds, batch_size=a.batch, num_workers=a.workers)
         run(loader, False)  # warm-up (workers, pipeline)
         res["proxy_samples_per_s"] = run(loader, False)
-    plain = torch.utils.data.DataLoader(Samples(a.samples, SitkTransform(SPEC, augment=augment)),
-                                        batch_size=a.batch, num_workers=a.workers, collate_fn=collate,
-                                        pin_memory=True)
+    plain = torch.utils.data.DataLoader(
+        Samples(a.samples, SitkTransform(SPEC, augment=augment)),
+        batch_size=a.batch,
+        num_workers=a.workers,
+        collate_fn=collate,
+        pin_memory=True,
+    )
     run(plain, True)
     res["plain_samples_per_s"] = run(plain, True)
     res["speedup"] = res["proxy_samples_per_s"] / res["plain_samples_per_s"]

@@ -38,13 +38,15 @@ def make_volumes(n, slices, size, seed=0):
     body = (((xx - size / 2) / (size * 0.42)) ** 2 + ((yy - size / 2) / (size * 0.32)) ** 2) <= 1
     base = np.where(body, 40, -1000).astype(np.int16)
     vols = []
-    for i in range(n):
+    for _ in range(n):
         nz = slices
-        arr = np.empty((nz, size, size), np.int16)
+        arr = np.empty((size, size, nz), np.int16, order="F")  # (i, j, k) as DICOM/NIfTI hold it
         noise = rng.integers(-20, 20, (8, size, size), dtype=np.int16)
         for k in range(nz):
-            arr[k] = base + noise[k % 8]
-        aff = LPS_TO_RAS @ np.array([[0, 0, 0.7, -180], [0, 0.7, 0, -180], [1.0, 0, 0, -150.0], [0, 0, 0, 1]])
+            arr[:, :, k] = (base + noise[k % 8]).T
+        aff = LPS_TO_RAS @ np.array(
+            [[0.7, 0, 0, -180], [0, 0.7, 0, -180], [0, 0, 1.0, -150.0], [0, 0, 0, 1]]
+        )
         vols.append(medproc.Volume(arr, aff))
     return vols
 
@@ -64,7 +66,9 @@ def timeit(fn, repeat=3, sync=None):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--slices", type=int, default=300)
@@ -81,20 +85,38 @@ def main(argv=None):
     plans = [make_plan(v.shape, v.affine, spec) for v in vols]
     in_bytes = sum(v.array.nbytes for v in vols)
     out_bytes = sum(int(np.prod(p.out_shape)) * 4 for p in plans)
-    res = {"n": a.n, "in_shape": vols[0].shape, "out_shape": plans[0].out_shape, "device": a.device,
-           "in_GB": in_bytes / 1e9, "out_GB": out_bytes / 1e9, "methods": {}}
-    print(f"{a.n} volumes {vols[0].shape} int16 -> {plans[0].out_shape} float32 (1.5 mm)", flush=True)
+    res = {
+        "n": a.n,
+        "in_shape": vols[0].shape,
+        "out_shape": plans[0].out_shape,
+        "device": a.device,
+        "in_GB": in_bytes / 1e9,
+        "out_GB": out_bytes / 1e9,
+        "methods": {},
+    }
+    print(
+        f"{a.n} volumes {vols[0].shape} int16 -> {plans[0].out_shape} float32 (1.5 mm)", flush=True
+    )
 
     def record(name, seconds, **extra):
-        res["methods"][name] = {"seconds": seconds, "volumes_per_s": a.n / seconds,
-                                "effective_GB_per_s": (in_bytes + out_bytes) / seconds / 1e9, **extra}
-        print(f"{name:28s} {seconds:8.3f} s  {a.n / seconds:8.2f} vol/s  "
-              f"{(in_bytes + out_bytes) / seconds / 1e9:8.2f} GB/s effective", flush=True)
+        res["methods"][name] = {
+            "seconds": seconds,
+            "volumes_per_s": a.n / seconds,
+            "effective_GB_per_s": (in_bytes + out_bytes) / seconds / 1e9,
+            **extra,
+        }
+        print(
+            f"{name:28s} {seconds:8.3f} s  {a.n / seconds:8.2f} vol/s  "
+            f"{(in_bytes + out_bytes) / seconds / 1e9:8.2f} GB/s effective",
+            flush=True,
+        )
 
-    batches = lambda arrays: [(arrays[i:i + a.batch], plans[i:i + a.batch], None) for i in range(0, a.n, a.batch)]
+    from medproc.pipeline import Engine, Graph, Job
+
+    def jobs(arrays):
+        return [Job(x, p) for x, p in zip(arrays, plans)]
+
     if a.device == "gpu":
-        from medproc.pipeline import Resampler
-
         sync = torch.cuda.synchronize
         dev = torch.device("cuda:0")
         # the machine's copy bandwidth, for reference
@@ -104,91 +126,129 @@ def main(argv=None):
         t_page = timeit(lambda: pageable.to(dev), sync=sync)
         res["h2d_pinned_GB_per_s"] = in_bytes / t_pin / 1e9
         res["h2d_pageable_GB_per_s"] = in_bytes / t_page / 1e9
-        print(f"copy bandwidth: pinned {res['h2d_pinned_GB_per_s']:.1f} GB/s, pageable "
-              f"{res['h2d_pageable_GB_per_s']:.1f} GB/s", flush=True)
+        print(
+            f"copy bandwidth: pinned {res['h2d_pinned_GB_per_s']:.1f} GB/s, pageable "
+            f"{res['h2d_pageable_GB_per_s']:.1f} GB/s",
+            flush=True,
+        )
         del big, pageable
         pinned = []
-        for v in vols:
-            t = torch.empty(v.shape, dtype=torch.int16, pin_memory=True)
+        for v in vols:  # pinned, in the volumes' own memory order (i fastest)
+            t = torch.empty(v.shape[::-1], dtype=torch.int16, pin_memory=True).permute(2, 1, 0)
             t.numpy()[...] = v.array
             pinned.append(t)
         on_gpu = [t.to(dev) for t in pinned]
-        r = Resampler("gpu", batch_size=a.batch, interp="linear")
+        eng = Engine("gpu", batch_size=a.batch)
 
-        def run_medproc(arrays):
+        def run_medproc(arrays, graph=Graph()):
             outs = []
-            for b in r.run_batches(batches(arrays), as_torch=True):
+            for b in eng.map(jobs(arrays), graph, as_torch=True):
                 outs += b
             return outs
 
         t_e2e = timeit(lambda: run_medproc(pinned), a.repeat, sync)
-        # the H2D rate the pipeline fed: the copies alone, through the same staging code
-        t_h2d = timeit(lambda: r._to_device(pinned), a.repeat, sync)
-        record("medproc-gpu (end to end)", t_e2e, h2d_GB_per_s=in_bytes / t_h2d / 1e9,
-               fed_GB_per_s=in_bytes / t_e2e / 1e9)
-        print(f"  H2D through medproc's staging: {in_bytes / t_h2d / 1e9:.1f} GB/s; input fed "
-              f"end to end at {in_bytes / t_e2e / 1e9:.1f} GB/s", flush=True)
+        # the H2D rate the pipeline fed: the copies alone, through the engine's staging code
+        from medproc.pipeline.graphs import to_dhwc
+
+        runner = eng._runner(Graph(), jobs(pinned)[:1])
+        t_h2d = timeit(lambda: runner._to_device([to_dhwc(t) for t in pinned], []), a.repeat, sync)
+        record(
+            "medproc-gpu (end to end)",
+            t_e2e,
+            h2d_GB_per_s=in_bytes / t_h2d / 1e9,
+            fed_GB_per_s=in_bytes / t_e2e / 1e9,
+        )
+        print(
+            f"  H2D through medproc's staging: {in_bytes / t_h2d / 1e9:.1f} GB/s; input fed "
+            f"end to end at {in_bytes / t_e2e / 1e9:.1f} GB/s",
+            flush=True,
+        )
         t_gpu = timeit(lambda: run_medproc(on_gpu), a.repeat, sync)
         record("medproc-gpu (GPU stage)", t_gpu)
-        r_warp = Resampler("gpu", batch_size=a.batch, interp="linear", mode="warp")
-
-        def run_warp():
-            for _ in r_warp.run_batches(batches(on_gpu), as_torch=True):
-                pass
-
-        record("medproc-gpu warp (GPU stage)", timeit(run_warp, a.repeat, sync))
+        warp = Graph(mode="warp")
+        record(
+            "medproc-gpu warp (GPU stage)",
+            timeit(lambda: run_medproc(on_gpu, warp), a.repeat, sync),
+        )
         # check: medproc GPU output == CPU reference grid (one volume)
         if "monai" not in a.skip:
             from monai.data import MetaTensor
             from monai.transforms import Spacing
 
             sp = Spacing(pixdim=1.5, mode="bilinear", dtype=torch.float32)
-            # MONAI's (i, j, k) layout: our array transposed, affine columns reversed
-            mts = [MetaTensor(t.permute(2, 1, 0)[None].float(), affine=torch.as_tensor(v.affine[:, [2, 1, 0, 3]]))
-                   for t, v in zip(on_gpu, vols)]
-            record("monai-gpu Spacing (GPU stage)", timeit(lambda: [sp(m) for m in mts], a.repeat, sync))
+            # MONAI's (C, i, j, k) layout, contiguous (its fastest input), the same affine
+            mts = [
+                MetaTensor(t.contiguous()[None].float(), affine=torch.as_tensor(v.affine))
+                for t, v in zip(on_gpu, vols)
+            ]
+            record(
+                "monai-gpu Spacing (GPU stage)",
+                timeit(lambda: [sp(m) for m in mts], a.repeat, sync),
+            )
             del mts
         if "torch" not in a.skip:
             import torch.nn.functional as F
 
+            contiguous = [t.contiguous() for t in on_gpu]
+
             def run_torch():
-                for t, p in zip(on_gpu, plans):
-                    F.interpolate(t[None, None].float(), size=p.out_shape, mode="trilinear", align_corners=False)
+                for t, p in zip(contiguous, plans):
+                    F.interpolate(
+                        t[None, None].float(),
+                        size=p.out_shape,
+                        mode="trilinear",
+                        align_corners=False,
+                    )
 
             record("torch-gpu interpolate (GPU stage)", timeit(run_torch, a.repeat, sync))
         g = res["methods"]
         res["ratios"] = {
-            "medproc GPU stage / monai GPU": g["monai-gpu Spacing (GPU stage)"]["seconds"] / g["medproc-gpu (GPU stage)"]["seconds"]
-            if "monai-gpu Spacing (GPU stage)" in g else None,
-            "medproc GPU stage / torch GPU": g["torch-gpu interpolate (GPU stage)"]["seconds"] / g["medproc-gpu (GPU stage)"]["seconds"]
-            if "torch-gpu interpolate (GPU stage)" in g else None,
+            "medproc GPU stage / monai GPU": g["monai-gpu Spacing (GPU stage)"]["seconds"]
+            / g["medproc-gpu (GPU stage)"]["seconds"]
+            if "monai-gpu Spacing (GPU stage)" in g
+            else None,
+            "medproc GPU stage / torch GPU": g["torch-gpu interpolate (GPU stage)"]["seconds"]
+            / g["medproc-gpu (GPU stage)"]["seconds"]
+            if "torch-gpu interpolate (GPU stage)" in g
+            else None,
         }
     else:
-        from medproc.pipeline import Resampler
-
-        r = Resampler("cpu", batch_size=a.batch, interp="linear")
+        eng = Engine("cpu", batch_size=a.batch)
 
         def run_cpu():
-            for _ in r.run_batches(batches([v.array for v in vols])):
+            for _ in eng.map(jobs([v.array for v in vols]), Graph()):
                 pass
 
         record("medproc-cpu (DALI resize)", timeit(run_cpu, a.repeat))
         if "monai" not in a.skip:
+            import torch
             from monai.data import MetaTensor
             from monai.transforms import Spacing
 
-            import torch
-
             sp = Spacing(pixdim=1.5, mode="bilinear")
-            mts = [MetaTensor(torch.from_numpy(v.array.T.copy())[None], affine=torch.as_tensor(v.affine[:, [2, 1, 0, 3]]))
-                   for v in vols]
+            mts = [
+                MetaTensor(
+                    torch.from_numpy(np.ascontiguousarray(v.array))[None],
+                    affine=torch.as_tensor(v.affine),
+                )
+                for v in vols
+            ]
             record("monai-cpu Spacing", timeit(lambda: [sp(m) for m in mts], max(1, a.repeat - 2)))
         if "torch" not in a.skip:
             import torch
             import torch.nn.functional as F
 
-            ts = [torch.from_numpy(v.array) for v in vols]
-            record("torch-cpu interpolate", timeit(lambda: [F.interpolate(t[None, None].float(), size=p.out_shape, mode="trilinear") for t, p in zip(ts, plans)], max(1, a.repeat - 2)))
+            ts = [torch.from_numpy(np.ascontiguousarray(v.array)) for v in vols]
+            record(
+                "torch-cpu interpolate",
+                timeit(
+                    lambda: [
+                        F.interpolate(t[None, None].float(), size=p.out_shape, mode="trilinear")
+                        for t, p in zip(ts, plans)
+                    ],
+                    max(1, a.repeat - 2),
+                ),
+            )
     if "simpleitk" not in a.skip:
         try:
             import SimpleITK as sitk
@@ -201,7 +261,10 @@ def main(argv=None):
                 for im, p in zip(imgs, plans):
                     resample_filter(p.out_affine, p.out_shape).Execute(im)
 
-            record(f"simpleitk ({sitk.ProcessObject.GetGlobalDefaultNumberOfThreads()} threads)", timeit(run_sitk, max(1, a.repeat - 2)))
+            record(
+                f"simpleitk ({sitk.ProcessObject.GetGlobalDefaultNumberOfThreads()} threads)",
+                timeit(run_sitk, max(1, a.repeat - 2)),
+            )
         except ImportError:
             print("SimpleITK not installed: skipped")
     m = res["methods"]

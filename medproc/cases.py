@@ -12,7 +12,7 @@ from .errors import MedprocError
 from .io import IMAGE_EXT as _IMAGE_EXT
 from .io import stem as _stem
 
-__all__ = ["Case", "find_cases", "DEFAULT_NAME"]
+__all__ = ["Case", "find_cases", "lesions_for", "read_annotation_table", "DEFAULT_NAME"]
 
 #: default output name: no patient identifiers (file stem, or a hash of the series UID)
 DEFAULT_NAME = "{name}"
@@ -32,8 +32,10 @@ class Case:
         try:
             out = template.format(**self.fields)
         except KeyError as e:
-            raise ValueError(f"naming template {template!r} uses unknown field {e}; fields: "
-                             f"{sorted(self.fields)}") from None
+            raise ValueError(
+                f"naming template {template!r} uses unknown field {e}; fields: "
+                f"{sorted(self.fields)}"
+            ) from None
         return out.replace(os.sep, "_")
 
 
@@ -41,7 +43,9 @@ def _uid_hash(uid: str) -> str:
     return hashlib.sha1(uid.encode()).hexdigest()[:12]
 
 
-def find_cases(inputs, labels_dir: str | None = None, executor=None) -> tuple[list[Case], list[tuple[str, str]]]:
+def find_cases(
+    inputs, labels_dir: str | None = None, executor=None
+) -> tuple[list[Case], list[tuple[str, str]]]:
     """Cases under ``inputs`` (folders scanned recursively, files, or CSV lists).
 
     A CSV has a header with ``image`` (and optionally ``label`` and ``name``) columns; relative
@@ -74,7 +78,11 @@ def find_cases(inputs, labels_dir: str | None = None, executor=None) -> tuple[li
     if labels_dir:
         if os.path.abspath(labels_dir) in {os.path.abspath(r) for r in dicom_roots}:
             raise ValueError("the labels folder must not be one of the inputs")
-        cases = [c for c in cases if not os.path.abspath(c.source).startswith(os.path.abspath(labels_dir) + os.sep)]
+        cases = [
+            c
+            for c in cases
+            if not os.path.abspath(c.source).startswith(os.path.abspath(labels_dir) + os.sep)
+        ]
         for c in cases:
             cand = os.path.join(labels_dir, os.path.basename(c.source))
             if os.path.exists(cand):
@@ -85,10 +93,20 @@ def find_cases(inputs, labels_dir: str | None = None, executor=None) -> tuple[li
         for s in series:
             files = s.files
             src = files[0] if len(files) == 1 else os.path.commonpath(files)
-            cases.append(Case(src, series=s.key, dicom=s, fields={
-                "name": f"series-{_uid_hash(s.key)}", "uid_hash": _uid_hash(s.key),
-                "series_number": s.info.get("SeriesNumber") or 0,
-                "modality": s.info.get("Modality") or "", "stem": _stem(src)}))
+            cases.append(
+                Case(
+                    src,
+                    series=s.key,
+                    dicom=s,
+                    fields={
+                        "name": f"series-{_uid_hash(s.key)}",
+                        "uid_hash": _uid_hash(s.key),
+                        "series_number": s.info.get("SeriesNumber") or 0,
+                        "modality": s.info.get("Modality") or "",
+                        "stem": _stem(src),
+                    },
+                )
+            )
     for c in cases:
         c.fields.setdefault("uid_hash", _uid_hash(c.source))
         c.fields.setdefault("series_number", 0)
@@ -102,7 +120,9 @@ def _cases_from_csv(path: str) -> list[Case]:
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or "image" not in reader.fieldnames:
-            raise MedprocError(f"a case list needs an 'image' column, found {reader.fieldnames}", path)
+            raise MedprocError(
+                f"a case list needs an 'image' column, found {reader.fieldnames}", path
+            )
         for line, row in enumerate(reader, 2):
             img = (row.get("image") or "").strip()
             if not img:
@@ -114,3 +134,24 @@ def _cases_from_csv(path: str) -> list[Case]:
             name = (row.get("name") or "").strip() or _stem(img)
             out.append(Case(img, label=lab, fields={"name": name, "stem": _stem(img)}))
     return out
+
+
+def read_annotation_table(path: str) -> dict:
+    """Lesions per image key from a LUNA16-style CSV or a medproc JSON file."""
+    from .annotations import read_json, read_luna_csv
+
+    return read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
+
+
+def lesions_for(case: Case, table: dict | None):
+    """The lesions of ``case`` in ``table`` (by SeriesInstanceUID or file stem), or none."""
+    if table is None:
+        return None
+    from .annotations import Lesions
+
+    keys = [case.dicom.uid] if case.dicom is not None else []
+    keys += [case.fields.get("stem"), case.fields.get("name")]
+    for k in keys:
+        if k in table:
+            return table[k]
+    return Lesions.empty()

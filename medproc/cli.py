@@ -22,14 +22,45 @@ def _cmd_inspect(a) -> int:
     con = Console(width=a.width)
     vols = [e for e in entries if e.kind != "skipped"]
     t = Table(title=f"{len(vols)} volume(s) found", show_lines=False)
-    for col in ("#", "kind", "modality", "series / file", "description", "size", "spacing mm",
-                "orient", "files", "transfer syntax", "decode", "status"):
+    for col in (
+        "#",
+        "kind",
+        "modality",
+        "series / file",
+        "description",
+        "size",
+        "spacing mm",
+        "orient",
+        "files",
+        "transfer syntax",
+        "decode",
+        "status",
+    ):
         t.add_column(col, overflow="fold")
     for n, e in enumerate(vols):
-        status = "[red]ERROR[/red]" if e.error else (f"[yellow]{len(e.warnings)} warning(s)[/yellow]" if e.warnings else "[green]ok[/green]")
-        t.add_row(str(n), e.kind, e.modality, e.series or e.source, e.description,
-                  "x".join(map(str, e.shape)), " x ".join(f"{s:g}" for s in e.spacing),
-                  e.orientation, str(e.files), e.transfer_syntax, e.decode, status)
+        status = (
+            "[red]ERROR[/red]"
+            if e.error
+            else (
+                f"[yellow]{len(e.warnings)} warning(s)[/yellow]"
+                if e.warnings
+                else "[green]ok[/green]"
+            )
+        )
+        t.add_row(
+            str(n),
+            e.kind,
+            e.modality,
+            e.series or e.source,
+            e.description,
+            "x".join(map(str, e.shape)),
+            " x ".join(f"{s:g}" for s in e.spacing),
+            e.orientation,
+            str(e.files),
+            e.transfer_syntax,
+            e.decode,
+            status,
+        )
     con.print(t)
     for n, e in enumerate(vols):
         for w in e.warnings:
@@ -49,7 +80,9 @@ def _cmd_inspect(a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    p = argparse.ArgumentParser(prog="medproc", description="Fast, exact medical-imaging preprocessing.")
+    p = argparse.ArgumentParser(
+        prog="medproc", description="Fast, exact medical-imaging preprocessing."
+    )
     p.add_argument("--version", action="version", version=f"medproc {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     i = sub.add_parser("inspect", help="list the series and files found, with geometry warnings")

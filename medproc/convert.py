@@ -17,26 +17,57 @@ from multiprocessing import get_context
 
 import numpy as np
 
-from .cases import DEFAULT_NAME, Case, find_cases
+from .cases import DEFAULT_NAME, Case, find_cases, lesions_for, read_annotation_table
 from .errors import MedprocError
 from .io import atomic_write
 from .spec import Spec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Case", "find_cases", "convert", "summary", "annotations_path", "MANIFEST_FIELDS",
-           "DEFAULT_NAME"]
-MANIFEST_FIELDS = ["case", "source", "output", "label_output", "status", "error", "series_uid",
-                   "decode", "in_shape", "in_spacing", "out_shape", "out_spacing", "lesions", "seconds", "worker"]
+__all__ = [
+    "Case",
+    "find_cases",
+    "convert",
+    "summary",
+    "annotations_path",
+    "MANIFEST_FIELDS",
+    "DEFAULT_NAME",
+]
+MANIFEST_FIELDS = [
+    "case",
+    "source",
+    "output",
+    "label_output",
+    "status",
+    "error",
+    "series_uid",
+    "decode",
+    "in_shape",
+    "in_spacing",
+    "out_shape",
+    "out_spacing",
+    "lesions",
+    "seconds",
+    "worker",
+]
 
 
 def _fmt(v) -> str:
     return "x".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in v)
 
 
-def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, device: str,
-                 qc_path: str | None = None, dali_threads: int | None = None,
-                 lesions=None, nan: str = "error", decode_workers: int | None = None) -> dict:
+def _convert_one(
+    case: Case,
+    out_path: str,
+    label_path: str | None,
+    spec: Spec,
+    device: str,
+    qc_path: str | None = None,
+    dali_threads: int | None = None,
+    lesions=None,
+    nan: str = "error",
+    decode_workers: int | None = None,
+) -> dict:
     """Load, resample, write one case (runs in a worker process)."""
     from .io import load, save
     from .io.dicom_read import read_series
@@ -49,8 +80,9 @@ def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, 
         vol = read_series(case.dicom, workers=decode_workers, device=device)
     else:
         vol = load(case.source, series=case.series, nan=nan, device=device)
-    (res,) = resample_batch([vol], spec, device=device, labels=None if lab is None else [lab],
-                            num_threads=dali_threads)
+    (res,) = resample_batch(
+        [vol], spec, device=device, labels=None if lab is None else [lab], num_threads=dali_threads
+    )
     out, out_lab = res if lab is not None else (res, None)
     save(out, out_path)
     if out_lab is not None:
@@ -63,13 +95,26 @@ def _convert_one(case: Case, out_path: str, label_path: str | None, spec: Spec, 
         from .qc import qc_figure
 
         shown = list(zip(lesions.centers, lesions.diameters)) if lesions is not None else []
-        qc_figure(vol.numpy(), out.numpy(), qc_path, lab, out_lab, lesions=shown,
-                  title=os.path.basename(out_path))
-    return {"series_uid": vol.meta.get("series_uid", ""), "decode": vol.meta.get("decode", ""),
-            "in_shape": _fmt(vol.shape),
-            "in_spacing": _fmt([float(x) for x in vol.spacing]), "out_shape": _fmt(out.shape),
-            "out_spacing": _fmt([float(x) for x in out.spacing]),
-            "seconds": f"{time.perf_counter() - t:.3f}", "worker": _worker_id(), "lesions": n_les}
+        qc_figure(
+            vol.numpy(),
+            out.numpy(),
+            qc_path,
+            lab,
+            out_lab,
+            lesions=shown,
+            title=os.path.basename(out_path),
+        )
+    return {
+        "series_uid": vol.meta.get("series_uid", ""),
+        "decode": vol.meta.get("decode", ""),
+        "in_shape": _fmt(vol.shape),
+        "in_spacing": _fmt([float(x) for x in vol.spacing]),
+        "out_shape": _fmt(out.shape),
+        "out_spacing": _fmt([float(x) for x in out.spacing]),
+        "seconds": f"{time.perf_counter() - t:.3f}",
+        "worker": _worker_id(),
+        "lesions": n_les,
+    }
 
 
 def annotations_path(out_path: str) -> str:
@@ -87,7 +132,7 @@ def _write_annotations(out_path: str, out, lesions) -> None:
         "image": os.path.basename(out_path),
         "coordinate_system": "RAS",
         "center_voxel_convention": "voxel index (i, j, k) of the image as nibabel and medproc "
-                                   "load it; affine @ [i, j, k, 1] = center_world_ras",
+        "load it; affine @ [i, j, k, 1] = center_world_ras",
         "affine": out.affine.tolist(),
         "shape": list(out.shape),
         "lesions": lesions.on_grid(out.affine, out.shape),
@@ -105,8 +150,23 @@ def _worker_id() -> str:
 def _worker(args):
     case, out_path, label_path, spec, device, qc_path, threads, lesions, nan, decode_workers = args
     try:
-        return case, "ok", _convert_one(case, out_path, label_path, spec, device, qc_path, threads,
-                                        lesions, nan, decode_workers), ""
+        return (
+            case,
+            "ok",
+            _convert_one(
+                case,
+                out_path,
+                label_path,
+                spec,
+                device,
+                qc_path,
+                threads,
+                lesions,
+                nan,
+                decode_workers,
+            ),
+            "",
+        )
     except MedprocError as e:
         return case, "failed", {"worker": _worker_id()}, str(e)
     except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
@@ -121,10 +181,24 @@ def _write_manifest(path: str, rows: list[dict]) -> None:
             w.writerow({k: r.get(k, "") for k in MANIFEST_FIELDS})
 
 
-def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir: str | None = None,
-            name: str = DEFAULT_NAME, device: str = "cpu", workers: int = 1, force: bool = False,
-            qc: bool = False, dask: str | None = None, annotations: str | None = None,
-            progress=None, executor=None, nan: str = "error") -> list[dict]:
+def convert(
+    inputs,
+    outdir: str,
+    spec: Spec,
+    *,
+    fmt: str = "nii.gz",
+    labels_dir: str | None = None,
+    name: str = DEFAULT_NAME,
+    device: str = "cpu",
+    workers: int = 1,
+    force: bool = False,
+    qc: bool = False,
+    dask: str | None = None,
+    annotations: str | None = None,
+    progress=None,
+    executor=None,
+    nan: str = "error",
+) -> list[dict]:
     """Convert every case under ``inputs`` into ``outdir``; returns this run's manifest rows.
 
     Parameters
@@ -161,10 +235,24 @@ def convert(inputs, outdir: str, spec: Spec, *, fmt: str = "nii.gz", labels_dir:
         ex = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
         closers = [ex.shutdown]
     threads = 1 if ex is not None and device == "cpu" else None
-    table = _read_annotations(annotations) if annotations else None
+    table = read_annotation_table(annotations) if annotations else None
     try:
-        return _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc,
-                        threads, table, nan)
+        return _convert(
+            ex,
+            inputs,
+            outdir,
+            spec,
+            fmt,
+            labels_dir,
+            name,
+            device,
+            force,
+            progress,
+            qc,
+            threads,
+            table,
+            nan,
+        )
     finally:
         for close in closers:
             close()
@@ -174,37 +262,36 @@ def _dask_executor(address: str, workers: int):
     try:
         from distributed import Client, LocalCluster
     except ImportError:
-        raise ImportError("--dask needs dask.distributed: pip install 'dask[distributed]'") from None
+        raise ImportError(
+            "--dask needs dask.distributed: pip install 'dask[distributed]'"
+        ) from None
     if address.startswith("local"):
         n = int(address.split(":", 1)[1]) if ":" in address else max(1, workers)
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+        cluster = LocalCluster(
+            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None
+        )
         client = Client(cluster)
         return client.get_executor(), [client.close, cluster.close]
     client = Client(address)
     return client.get_executor(), [client.close]
 
 
-def _read_annotations(path: str) -> dict:
-    from .annotations import read_json, read_luna_csv
-
-    return read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
-
-
-def _lesions_for(case: Case, table: dict | None):
-    if table is None:
-        return None
-    from .annotations import Lesions
-
-    keys = [case.dicom.uid] if case.dicom is not None else []
-    keys += [case.fields.get("stem"), case.fields.get("name")]
-    for k in keys:
-        if k in table:
-            return table[k]
-    return Lesions.empty()
-
-
-def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, progress, qc, threads,
-             table=None, nan="error"):
+def _convert(
+    ex,
+    inputs,
+    outdir,
+    spec,
+    fmt,
+    labels_dir,
+    name,
+    device,
+    force,
+    progress,
+    qc,
+    threads,
+    table=None,
+    nan="error",
+):
     cases, skipped = find_cases(inputs, labels_dir, executor=ex)  # headers read by the pool too
     os.makedirs(outdir, exist_ok=True)
     manifest = os.path.join(outdir, "manifest.csv")
@@ -224,11 +311,19 @@ def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, pro
             row.update(status="failed", error="output would overwrite the input; choose another -o")
             rows.append(row)
             continue
-        done = os.path.exists(out_path) and (label_path is None or os.path.exists(label_path)) and (
-            table is None or os.path.exists(annotations_path(out_path)))
+        done = (
+            os.path.exists(out_path)
+            and (label_path is None or os.path.exists(label_path))
+            and (table is None or os.path.exists(annotations_path(out_path)))
+        )
         if done and not force:
             old = prior.get(nm, {})
-            row = {**old, **row, "status": "skipped", "error": "output exists (use --force to redo)"}
+            row = {
+                **old,
+                **row,
+                "status": "skipped",
+                "error": "output exists (use --force to redo)",
+            }
             rows.append(row)
             if progress:
                 progress(row)
@@ -236,8 +331,23 @@ def _convert(ex, inputs, outdir, spec, fmt, labels_dir, name, device, force, pro
         qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
         if qc_path:
             os.makedirs(os.path.dirname(qc_path), exist_ok=True)
-        todo.append(((c, out_path, label_path, spec, device, qc_path, threads, _lesions_for(c, table), nan,
-                      1 if ex is not None else None), row))  # a pool already spreads cases over the cores
+        todo.append(
+            (
+                (
+                    c,
+                    out_path,
+                    label_path,
+                    spec,
+                    device,
+                    qc_path,
+                    threads,
+                    lesions_for(c, table),
+                    nan,
+                    1 if ex is not None else None,
+                ),
+                row,
+            )
+        )  # a pool already spreads cases over the cores
     this_run = {r["case"] for r in rows} | {t[-1]["case"] for t in todo}
     kept = [r for c, r in prior.items() if c not in this_run]  # cases of earlier runs stay listed
     rows = kept + rows
@@ -277,4 +387,3 @@ def summary(rows: list[dict]) -> dict:
     secs = [float(r["seconds"]) for r in rows if r.get("seconds")]
     counts["mean_seconds"] = float(np.mean(secs)) if secs else 0.0
     return counts
-

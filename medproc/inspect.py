@@ -116,8 +116,10 @@ def inspect_paths(paths) -> list[Entry]:
         )
         short = [f for f in s.frames if f.missing_bytes]
         if short:
-            e.error = (f"{len(short)} truncated file(s), e.g. {os.path.basename(short[0].path)}: its pixel "
-                       f"data ends {short[0].missing_bytes} bytes early")
+            e.error = (
+                f"{len(short)} truncated file(s), e.g. {os.path.basename(short[0].path)}: its pixel "
+                f"data ends {short[0].missing_bytes} bytes early"
+            )
         try:
             g = series_geometry(s)
             e.spacing = tuple(float(x) for x in np.round(spacing_of(g.affine), 4))

@@ -32,8 +32,9 @@ def flip_map(shape, axes) -> np.ndarray:
     return t
 
 
-def affine_map(shape, spacing, rotate_deg=(0.0, 0.0, 0.0), scale=(1.0, 1.0, 1.0),
-               translate_mm=(0.0, 0.0, 0.0)) -> np.ndarray:
+def affine_map(
+    shape, spacing, rotate_deg=(0.0, 0.0, 0.0), scale=(1.0, 1.0, 1.0), translate_mm=(0.0, 0.0, 0.0)
+) -> np.ndarray:
     """Index map of a rotation (degrees about voxel axes i, j, k, applied in that order),
     scaling and translation of the content about the grid centre, in millimetres.
 
@@ -97,7 +98,9 @@ class Plan:
         output. ``margin`` voxels are kept around the box for interpolation.
         """
         o = np.array(self.out_shape, dtype=np.float64) - 1
-        corners = np.array([[a, b, c, 1.0] for a in (0, o[0]) for b in (0, o[1]) for c in (0, o[2])])
+        corners = np.array(
+            [[a, b, c, 1.0] for a in (0, o[0]) for b in (0, o[1]) for c in (0, o[2])]
+        )
         src = (self.matrix @ corners.T).T[:, :3]
         n = np.array(self.in_shape)
         lo = np.clip(np.floor(src.min(0)).astype(int) - margin, 0, n - 1)
@@ -105,15 +108,24 @@ class Plan:
         shift = np.eye(4)
         shift[:3, 3] = -lo
         region_affine = self.in_affine @ np.linalg.inv(shift)
-        plan = replace(self, in_shape=tuple(int(x) for x in hi - lo), in_affine=region_affine,
-                       matrix=shift @ self.matrix)
+        plan = replace(
+            self,
+            in_shape=tuple(int(x) for x in hi - lo),
+            in_affine=region_affine,
+            matrix=shift @ self.matrix,
+        )
         return tuple(slice(int(a), int(b)) for a, b in zip(lo, hi)), plan
 
     def inverse(self) -> Plan:
         """The plan that maps this plan's output grid back onto its input grid (for putting a
         prediction back where the image came from). Intensity and motion are not inverted."""
-        return Plan(tuple(self.out_shape), self.out_affine.copy(), tuple(self.in_shape),
-                    self.in_affine.copy(), np.linalg.inv(self.matrix))
+        return Plan(
+            tuple(self.out_shape),
+            self.out_affine.copy(),
+            tuple(self.in_shape),
+            self.in_affine.copy(),
+            np.linalg.inv(self.matrix),
+        )
 
     def lesions_on_grid(self, lesions) -> list[dict]:
         """Where ``lesions`` (world RAS) land in this plan's output (see Lesions.on_grid)."""
@@ -170,7 +182,9 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
         # a sheared input (gantry tilt): the output is an orthogonal grid. Axes i and j (a DICOM
         # slice's rows and columns) keep their directions; k becomes their normal.
         dirs = _orthonormalise(dirs)
-        s_in = s_in * [1, 1, 0] + np.abs(np.linalg.det(A[:3, :3])) / np.prod(s_in[:2]) * np.array([0, 0, 1])
+        s_in = s_in * [1, 1, 0] + np.abs(np.linalg.det(A[:3, :3])) / np.prod(s_in[:2]) * np.array(
+            [0, 0, 1]
+        )
     # 1) orientation: which input axis (and sign) feeds each output axis
     src = np.arange(3)
     sign = np.ones(3)
@@ -204,8 +218,10 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
         box = _foreground_box(array, spec.crop_foreground)
         if box is not None:
             lo, hi = box
-            corners = np.array([[a, b, c] for a in (lo[0], hi[0]) for b in (lo[1], hi[1])
-                                for c in (lo[2], hi[2])], dtype=np.float64)
+            corners = np.array(
+                [[a, b, c] for a in (lo[0], hi[0]) for b in (lo[1], hi[1]) for c in (lo[2], hi[2])],
+                dtype=np.float64,
+            )
             m_in2out = np.linalg.inv(out) @ A
             oc = apply_affine(m_in2out, corners)
             margin = spec.margin / s_out

@@ -105,8 +105,13 @@ class ProxyTransform:
         out["affine"] = torch.as_tensor(plan.out_affine)
         lesions = sample.get("lesions")
         out["lesions"] = plan.lesions_on_grid(lesions) if lesions is not None else []
-        out["meta"] = {"source": img.meta.get("source"), "in_shape": img.shape,
-                       "in_affine": img.affine, "out_shape": plan.out_shape, "region": region}
+        out["meta"] = {
+            "source": img.meta.get("source"),
+            "in_shape": img.shape,
+            "in_affine": img.affine,
+            "out_shape": plan.out_shape,
+            "region": region,
+        }
         return out
 
 
@@ -147,15 +152,34 @@ class ProxyServer:
         Seed of the workers' augmentation generators.
     """
 
-    def __init__(self, spec: Spec, device: str = "auto", batch_size: int = 4, with_label: bool = False,
-                 augment: Callable | None = None, num_threads: int | None = None, device_id: int = 0,
-                 prefetch: int = 2, seed: int = 0):
+    def __init__(
+        self,
+        spec: Spec,
+        device: str = "auto",
+        batch_size: int = 4,
+        with_label: bool = False,
+        augment: Callable | None = None,
+        num_threads: int | None = None,
+        device_id: int = 0,
+        prefetch: int = 2,
+        seed: int = 0,
+    ):
         if spec.crop is None and spec.shape is None:
-            raise ValueError("ProxyServer batches outputs into one tensor: give the spec a fixed "
-                             "output size (crop=(ni, nj, nk) or shape=...)")
+            raise ValueError(
+                "ProxyServer batches outputs into one tensor: give the spec a fixed "
+                "output size (crop=(ni, nj, nk) or shape=...)"
+            )
         if spec.interp == "cubic" or spec.antialias:
-            raise ValueError("the proxy pipeline resamples with warp_affine: use interp linear or "
-                             "nearest, without antialias")
+            raise ValueError(
+                "the proxy pipeline resamples with warp_affine: use interp linear or "
+                "nearest, without antialias"
+            )
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ImportError(
+                "the proxy feeds PyTorch DataLoaders: pip install 'medproc[torch]'"
+            ) from None
         from .pipeline import Engine, Graph, gpu_available
         from .pipeline.proxy_server import ProxyPipeline, dali_proxy_usable
 
@@ -165,15 +189,25 @@ class ProxyServer:
         self.spec = spec
         self.with_label = with_label
         self.uses_dali_proxy = dali_proxy_usable(device)
-        self._graph = Graph.from_spec(spec, labels=int(with_label), channels_first=True, mode="warp")
-        self._engine = Engine(device, batch_size=batch_size, num_threads=num_threads,
-                              device_id=device_id)
+        self._graph = Graph.from_spec(
+            spec, labels=int(with_label), channels_first=True, mode="warp"
+        )
+        self._engine = Engine(
+            device, batch_size=batch_size, num_threads=num_threads, device_id=device_id
+        )
         self._proxy = None
         if self.uses_dali_proxy:
-            self._proxy = ProxyPipeline(self._graph, spec.intensity.active, batch_size,
-                                        self._engine.num_threads, device_id, prefetch)
-        self.transform = ProxyTransform(spec, self._proxy.server.proxy if self._proxy else None,
-                                        augment=augment, seed=seed)
+            self._proxy = ProxyPipeline(
+                self._graph,
+                spec.intensity.active,
+                batch_size,
+                self._engine.num_threads,
+                device_id,
+                prefetch,
+            )
+        self.transform = ProxyTransform(
+            spec, self._proxy.server.proxy if self._proxy else None, augment=augment, seed=seed
+        )
 
     def __enter__(self):
         if self._proxy is not None:

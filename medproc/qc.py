@@ -35,8 +35,15 @@ def _window(arr, modality):
     return float(lo), float(hi) if hi > lo else float(lo) + 1
 
 
-def qc_figure(before: Volume, after: Volume, path: str, label_before: Volume | None = None,
-              label_after: Volume | None = None, lesions=(), title: str = "") -> str:
+def qc_figure(
+    before: Volume,
+    after: Volume,
+    path: str,
+    label_before: Volume | None = None,
+    label_after: Volume | None = None,
+    lesions=(),
+    title: str = "",
+) -> str:
     """Write a PNG: mid-slices of ``before`` (top row) and ``after`` (bottom row).
 
     ``lesions`` is a sequence of ``(center_ras_mm, diameter_mm)``; each is drawn as a circle on
@@ -55,7 +62,9 @@ def qc_figure(before: Volume, after: Volume, path: str, label_before: Volume | N
     fig = Figure(figsize=(12, 8.4), facecolor="black")
     axes = fig.subplots(2, 3)
     centre = before.voxel_to_world((np.array(before.shape) - 1) / 2.0)  # same world point on both
-    for row, (vol, lab, name) in enumerate(((before, label_before, "before"), (after, label_after, "after"))):
+    for row, (vol, lab, name) in enumerate(
+        ((before, label_before, "before"), (after, label_after, "after"))
+    ):
         data, aff = _canonical(vol)
         ldata = _canonical(lab)[0] if lab is not None else None
         sp = np.sqrt((aff[:3, :3] ** 2).sum(0))
@@ -68,8 +77,15 @@ def qc_figure(before: Volume, after: Volume, path: str, label_before: Volume | N
             sl[fixed] = c_idx[fixed]
             img = data[tuple(sl)].T  # rows: the higher free axis
             free = [a for a in range(3) if a != fixed]
-            ax.imshow(img, cmap="gray", vmin=lo, vmax=hi, origin="lower",
-                      aspect=sp[free[1]] / sp[free[0]], interpolation="nearest")
+            ax.imshow(
+                img,
+                cmap="gray",
+                vmin=lo,
+                vmax=hi,
+                origin="lower",
+                aspect=sp[free[1]] / sp[free[0]],
+                interpolation="nearest",
+            )
             if ldata is not None and ldata[tuple(sl)].any():
                 ax.contour(ldata[tuple(sl)].T > 0, levels=[0.5], colors="lime", linewidths=0.8)
             inv = np.linalg.inv(aff)
@@ -79,10 +95,20 @@ def qc_figure(before: Volume, after: Volume, path: str, label_before: Volume | N
                 r = diam / 2.0
                 if abs(d) < r:
                     rr = np.sqrt(r * r - d * d)
-                    ax.add_patch(Circle((ijk[free[0]], ijk[free[1]]), rr / sp[free[0]], fill=False,
-                                        edgecolor="red", linewidth=1.2))
-            ax.set_title(f"{name} {view}  {vol.shape} @ {' x '.join(f'{s:.2f}' for s in vol.spacing)} mm",
-                         color="white", fontsize=8)
+                    ax.add_patch(
+                        Circle(
+                            (ijk[free[0]], ijk[free[1]]),
+                            rr / sp[free[0]],
+                            fill=False,
+                            edgecolor="red",
+                            linewidth=1.2,
+                        )
+                    )
+            ax.set_title(
+                f"{name} {view}  {vol.shape} @ {' x '.join(f'{s:.2f}' for s in vol.spacing)} mm",
+                color="white",
+                fontsize=8,
+            )
             ax.axis("off")
     fig.suptitle(title, color="white", fontsize=10)
     fig.tight_layout()

@@ -18,9 +18,14 @@ def _spec(spec: Spec | None, **kw) -> Spec:
     return spec.replace(**kw) if spec is not None else Spec(**kw)
 
 
-def resample_batch(volumes: Sequence[Volume], spec: Spec, device: str = "cpu",
-                   labels: Sequence[Volume] | None = None, batch_size: int = 8,
-                   num_threads: int | None = None):
+def resample_batch(
+    volumes: Sequence[Volume],
+    spec: Spec,
+    device: str = "cpu",
+    labels: Sequence[Volume] | None = None,
+    batch_size: int = 8,
+    num_threads: int | None = None,
+):
     """Resample many volumes with one spec, batched through the engine.
 
     Parameters
@@ -65,13 +70,17 @@ def resample_batch(volumes: Sequence[Volume], spec: Spec, device: str = "cpu",
         vols = [v.numpy() for v in vols]
         labs = [lb.numpy() for lb in labs] if labs else labs
         on_gpu = False
-    plans = [make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None)
-             for v in vols]
-    jobs = [Job(v.array, p, () if labs is None else (labs[n].array,))
-            for n, (v, p) in enumerate(zip(vols, plans))]
+    plans = [
+        make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None) for v in vols
+    ]
+    jobs = [
+        Job(v.array, p, () if labs is None else (labs[n].array,))
+        for n, (v, p) in enumerate(zip(vols, plans))
+    ]
     engine = Engine(device, batch_size=max(1, min(batch_size, len(vols))), num_threads=num_threads)
-    results = engine.run(jobs, Graph.from_spec(spec, labels=0 if labs is None else 1),
-                         as_torch=on_gpu)
+    results = engine.run(
+        jobs, Graph.from_spec(spec, labels=0 if labs is None else 1), as_torch=on_gpu
+    )
     out = []
     for n, (res, p, v) in enumerate(zip(results, plans, vols)):
         meta = {"resampled_from": v.meta.get("source"), "device": device}
@@ -80,9 +89,18 @@ def resample_batch(volumes: Sequence[Volume], spec: Spec, device: str = "cpu",
     return out
 
 
-def resample(volume: Volume, spacing=None, orientation: str | None = None, interp: str | None = None,
-             device: str = "cpu", *, shape=None, spec: Spec | None = None,
-             label: Volume | None = None, **spec_kw):
+def resample(
+    volume: Volume,
+    spacing=None,
+    orientation: str | None = None,
+    interp: str | None = None,
+    device: str = "cpu",
+    *,
+    shape=None,
+    spec: Spec | None = None,
+    label: Volume | None = None,
+    **spec_kw,
+):
     """Resample ``volume`` to a target spacing (or shape) and orientation.
 
     Parameters

@@ -161,5 +161,9 @@ class Spec:
         """Whether planning needs the voxels, not only the geometry: foreground crops and
         intensity statistics (percentiles, z-score, scale without a clip window)."""
         it = self.intensity
-        return bool(self.crop_foreground is not None or it.percentiles or it.zscore
-                    or (it.scale and not it.clip))
+        return bool(
+            self.crop_foreground is not None
+            or it.percentiles
+            or it.zscore
+            or (it.scale and not it.clip)
+        )

@@ -37,12 +37,17 @@ def main(argv=None):
     for name in a.only:
         ts, signed = SYNTAXES[name]
         for s in range(a.series):
-            shape = (a.slices, a.size, a.size)
-            aff = grid_affine(shape, (1.25, 0.7, 0.7), (-180.0, -160.0, -50.0 + s))
+            shape = (a.size, a.size, a.slices)
+            aff = grid_affine(shape, (0.7, 0.7, 1.25), (-180.0, -160.0, -50.0 + s))
             img, _ = ct_phantom(shape, aff, [], seed=s)
-            write_dicom_series(os.path.join(a.out, name, f"s{s:02d}"), medproc.Volume(img, aff),
-                               f"1.2.826.0.1.3680043.8.498.77.{len(name)}.{s}", transfer_syntax=ts,
-                               signed=signed, seed=s)
+            write_dicom_series(
+                os.path.join(a.out, name, f"s{s:02d}"),
+                medproc.Volume(img, aff),
+                f"1.2.826.0.1.3680043.8.498.77.{len(name)}.{s}",
+                transfer_syntax=ts,
+                signed=signed,
+                seed=s,
+            )
         print("wrote", name)
 
 

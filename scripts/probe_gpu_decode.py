@@ -186,7 +186,7 @@ def main(argv=None):
                                        "PhotometricInterpretation")}
         info["TransferSyntaxUID"] = ts
         try:
-            ds.pixel_array  # the reference must exist
+            _ = ds.pixel_array  # the reference must exist
         except Exception as e:  # noqa: BLE001
             jobs.append((path, dec.support_key(info), f"pydicom cannot decode: {e}"))
             continue

@@ -69,7 +69,9 @@ class Lesions:
         for n, kind in enumerate(self.kinds):
             if kind == "box":
                 h = self.sizes[n] / 2
-                corners = np.array([[x, y, z] for x in (-h[0], h[0]) for y in (-h[1], h[1]) for z in (-h[2], h[2])])
+                corners = np.array(
+                    [[x, y, z] for x in (-h[0], h[0]) for y in (-h[1], h[1]) for z in (-h[2], h[2])]
+                )
                 moved = corners @ world[:3, :3].T
                 sizes[n] = moved.max(0) - moved.min(0)
             else:
@@ -93,16 +95,22 @@ class Lesions:
             inside = bool(np.all(idx[n] >= -0.5) and np.all(idx[n] <= shape - 0.5))
             # extent along array axes: project the world box onto each axis direction
             dirs = np.asarray(affine)[:3, :3] / sp
-            ext = np.abs(dirs.T) @ self.sizes[n] if self.kinds[n] == "box" else np.full(3, self.diameters[n])
-            out.append({
-                "id": self.ids[n],
-                "kind": self.kinds[n],
-                "label": int(self.labels[n]),
-                "center_world_ras": [round(float(x), 4) for x in self.centers[n]],
-                "center_voxel": [round(float(x), 4) for x in idx[n]],
-                "size_mm": [round(float(x), 4) for x in self.sizes[n]],
-                "diameter_mm": round(float(self.diameters[n]), 4),
-                "size_voxels": [round(float(x), 4) for x in ext / sp],
-                "inside": inside,
-            })
+            ext = (
+                np.abs(dirs.T) @ self.sizes[n]
+                if self.kinds[n] == "box"
+                else np.full(3, self.diameters[n])
+            )
+            out.append(
+                {
+                    "id": self.ids[n],
+                    "kind": self.kinds[n],
+                    "label": int(self.labels[n]),
+                    "center_world_ras": [round(float(x), 4) for x in self.centers[n]],
+                    "center_voxel": [round(float(x), 4) for x in idx[n]],
+                    "size_mm": [round(float(x), 4) for x in self.sizes[n]],
+                    "diameter_mm": round(float(self.diameters[n]), 4),
+                    "size_voxels": [round(float(x), 4) for x in ext / sp],
+                    "inside": inside,
+                }
+            )
         return out

@@ -36,23 +36,39 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
         reader = csv.DictReader(f)
         missing = [c for c in need if c not in (reader.fieldnames or [])]
         if missing:
-            raise ReadError(f"line 1: missing column(s) {missing}; a lesion CSV needs {list(need)}", path)
+            raise ReadError(
+                f"line 1: missing column(s) {missing}; a lesion CSV needs {list(need)}", path
+            )
         for line, row in enumerate(reader, 2):
             try:
                 xyz = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
                 d = float(row["diameter_mm"])
             except (TypeError, ValueError):
-                raise ReadError(f"line {line}: coordinates and diameter must be numbers, got "
-                                f"{[row.get(c) for c in need[1:]]}", path) from None
+                raise ReadError(
+                    f"line {line}: coordinates and diameter must be numbers, got "
+                    f"{[row.get(c) for c in need[1:]]}",
+                    path,
+                ) from None
             if not np.all(np.isfinite(xyz)) or not np.isfinite(d) or d <= 0:
-                raise ReadError(f"line {line}: coordinates must be finite and the diameter > 0, got "
-                                f"{xyz.tolist()} / {d}", path)
+                raise ReadError(
+                    f"line {line}: coordinates must be finite and the diameter > 0, got "
+                    f"{xyz.tolist()} / {d}",
+                    path,
+                )
             uid = (row["seriesuid"] or "").strip()
             if not uid:
                 raise ReadError(f"line {line}: empty seriesuid", path)
             rows.setdefault(uid, []).append((xyz * _FLIP, d, f"{os.path.basename(path)}:{line}"))
-    out = {uid: Lesions(np.array([r[0] for r in rs]), np.array([[r[1]] * 3 for r in rs]),
-                        ["point"] * len(rs), None, [r[2] for r in rs]) for uid, rs in rows.items()}
+    out = {
+        uid: Lesions(
+            np.array([r[0] for r in rs]),
+            np.array([[r[1]] * 3 for r in rs]),
+            ["point"] * len(rs),
+            None,
+            [r[2] for r in rs],
+        )
+        for uid, rs in rows.items()
+    }
     if series is not None:
         return out.get(series, Lesions.empty())
     return out
@@ -89,8 +105,11 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
         raise ReadError(f"box_mode must be one of {BOX_MODES}, got {mode!r}", path)
     cases = doc.get("cases")
     if cases is None:
-        cases = [dict(image=c.get("image"), boxes=c.get("box", []), labels=c.get("label", []))
-                 for key in ("training", "validation", "test") for c in doc.get(key, [])]
+        cases = [
+            dict(image=c.get("image"), boxes=c.get("box", []), labels=c.get("label", []))
+            for key in ("training", "validation", "test")
+            for c in doc.get(key, [])
+        ]
     flip = _FLIP if system == "LPS" else np.ones(3)
     out: dict[str, Lesions] = {}
     for n, case in enumerate(cases):
@@ -110,7 +129,9 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
             else:
                 c, s = (v[:3] + v[3:]) / 2, v[3:] - v[:3]
             if np.any(s <= 0):
-                raise ReadError(f"{where}.boxes[{b}]: box sizes must be > 0, got {s.tolist()}", path)
+                raise ReadError(
+                    f"{where}.boxes[{b}]: box sizes must be > 0, got {s.tolist()}", path
+                )
             centers.append(c * flip)
             sizes.append(s)
             kinds.append("box")
@@ -125,8 +146,13 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
             kinds.append("point")
             labels.append(0)
             ids.append(f"{os.path.basename(path)}:{where}.points[{p}]")
-        out[_stem(img)] = Lesions(np.array(centers).reshape(-1, 3), np.array(sizes).reshape(-1, 3),
-                                  kinds, np.array(labels, int), ids)
+        out[_stem(img)] = Lesions(
+            np.array(centers).reshape(-1, 3),
+            np.array(sizes).reshape(-1, 3),
+            kinds,
+            np.array(labels, int),
+            ids,
+        )
     if image is not None:
         return out.get(_stem(image), Lesions.empty())
     return out
@@ -182,15 +208,26 @@ def read_seg(path) -> Volume:
     d = np.array([f.position @ normal for f in frames])
     uniq, first = np.unique(np.round(d, 3), return_index=True)
     info = {"Rows": ds.Rows, "Columns": ds.Columns, **extra}
-    geom = series_geometry(DicomSeries(str(ds.get("SeriesInstanceUID", path)), [frames[i] for i in first], info))
-    slot_of_pos = {float(u): k for k, u in enumerate(np.round(d[[first[i] for i in geom.order]], 3))}
-    lab = np.zeros((len(uniq), int(ds.Rows), int(ds.Columns)), np.uint8 if max(seg_of) < 256 else np.uint16)
+    geom = series_geometry(
+        DicomSeries(str(ds.get("SeriesInstanceUID", path)), [frames[i] for i in first], info)
+    )
+    slot_of_pos = {
+        float(u): k for k, u in enumerate(np.round(d[[first[i] for i in geom.order]], 3))
+    }
+    lab = np.zeros(
+        (len(uniq), int(ds.Rows), int(ds.Columns)), np.uint8 if max(seg_of) < 256 else np.uint16
+    )
     for i, seg in enumerate(seg_of):
         k = slot_of_pos[float(np.round(d[i], 3))]
         lab[k][px[i] > 0] = seg
-    names = {int(s.SegmentNumber): str(s.get("SegmentLabel", "")) for s in ds.get("SegmentSequence", [])}
-    return Volume(lab.transpose(2, 1, 0), geom.affine, {"source": path, "format": "dicom-seg", "segments": names,
-                                     "warnings": geom.warnings})
+    names = {
+        int(s.SegmentNumber): str(s.get("SegmentLabel", "")) for s in ds.get("SegmentSequence", [])
+    }
+    return Volume(
+        lab.transpose(2, 1, 0),
+        geom.affine,
+        {"source": path, "format": "dicom-seg", "segments": names, "warnings": geom.warnings},
+    )
 
 
 def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
@@ -210,7 +247,9 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
         raise ReadError(f"cannot be read as DICOM: {type(e).__name__}: {e}", path) from None
     if "ROIContourSequence" not in ds:
         raise ReadError("is not an RTSTRUCT (no ROIContourSequence)", path)
-    names = {int(r.ROINumber): str(r.get("ROIName", "")) for r in ds.get("StructureSetROISequence", [])}
+    names = {
+        int(r.ROINumber): str(r.get("ROIName", "")) for r in ds.get("StructureSetROISequence", [])
+    }
     if isinstance(roi, str):
         hits = [n for n, name in names.items() if name.lower() == roi.lower()]
         if not hits:
@@ -235,7 +274,9 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
             idx = (inv[:3, :3] @ (pts * _FLIP).T).T + inv[:3, 3]
             k = np.round(idx[:, 2])
             if np.ptp(idx[:, 2]) > 0.5 or np.abs(idx[:, 2] - k).max() > 0.5:
-                raise ReadError(f"{where}: the contour does not lie on a slice of the image grid", path)
+                raise ReadError(
+                    f"{where}: the contour does not lie on a slice of the image grid", path
+                )
             k = int(k[0])
             if not 0 <= k < image.shape[2]:
                 continue  # outside this image's slices

@@ -9,8 +9,7 @@ from ..volume import Volume
 from .atomic import atomic_path, atomic_write
 from .writers import FORMATS, save
 
-__all__ = ["load", "save", "kind_of", "atomic_path", "atomic_write", "stem", "IMAGE_EXT",
-           "FORMATS"]
+__all__ = ["load", "save", "kind_of", "atomic_path", "atomic_write", "stem", "IMAGE_EXT", "FORMATS"]
 
 NIFTI_EXT = (".nii", ".nii.gz")
 ITK_EXT = (".nrrd", ".nhdr", ".mha", ".mhd")
@@ -44,8 +43,9 @@ def kind_of(path) -> str | None:
     return "dicom" if is_dicom_file(p) else None
 
 
-def load(path, series=None, nan: str = "error", workers: int | None = None,
-         device: str = "cpu") -> Volume:
+def load(
+    path, series=None, nan: str = "error", workers: int | None = None, device: str = "cpu"
+) -> Volume:
     """Load a volume.
 
     Parameters

@@ -61,8 +61,10 @@ def _dali_gpu_unavailable(info: dict) -> str | None:
     if int(info.get("SamplesPerPixel") or 1) != 1:
         return "colour images are decoded on the CPU"
     if gpu_config(info) is None:
-        return (f"encoding {support_key(info)} is not proven bit-exact on the GPU "
-                "(medproc/pipeline/gpu_decode_support.json)")
+        return (
+            f"encoding {support_key(info)} is not proven bit-exact on the GPU "
+            "(medproc/pipeline/gpu_decode_support.json)"
+        )
     return None
 
 
@@ -82,8 +84,9 @@ def gpu_decoder_status(info: dict) -> list[tuple[str, str | None]]:
     return [(p.name, p.unavailable(info)) for p in GPU_PLUGINS]
 
 
-def read_with_plugins(series: DicomSeries, device: str = "cpu", workers: int | None = None
-                      ) -> Volume:
+def read_with_plugins(
+    series: DicomSeries, device: str = "cpu", workers: int | None = None
+) -> Volume:
     """Decode ``series`` on ``device`` ("cpu" or "gpu"): see the module doc."""
     from .dicom_read import read_series_cpu
 

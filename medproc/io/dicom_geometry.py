@@ -83,9 +83,13 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
     iop = frames[0].orientation
     row_cos, col_cos = iop[:3], iop[3:]
     if abs(np.linalg.norm(row_cos) - 1) > 1e-2 or abs(np.linalg.norm(col_cos) - 1) > 1e-2:
-        raise GeometryError(f"ImageOrientationPatient is not made of unit vectors: {_fmt(iop)}", where)
+        raise GeometryError(
+            f"ImageOrientationPatient is not made of unit vectors: {_fmt(iop)}", where
+        )
     if abs(row_cos @ col_cos) > 1e-2:
-        raise GeometryError(f"ImageOrientationPatient's row and column are not perpendicular: {_fmt(iop)}", where)
+        raise GeometryError(
+            f"ImageOrientationPatient's row and column are not perpendicular: {_fmt(iop)}", where
+        )
     # re-orthonormalise the small rounding of DS strings
     row_cos = row_cos / np.linalg.norm(row_cos)
     col_cos = col_cos - (col_cos @ row_cos) * row_cos
@@ -150,7 +154,11 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
                 f"uneven slice spacing: steps from {steps.min():.4g} to {steps.max():.4g} mm; "
                 f"using the best-fit step {step:.6g} mm (worst slice off by {worst:.3g} mm)"
             )
-        if declared is not None and info.get("SpacingBetweenSlices") and abs(declared - step) > 0.01 * step:
+        if (
+            declared is not None
+            and info.get("SpacingBetweenSlices")
+            and abs(declared - step) > 0.01 * step
+        ):
             warnings.append(
                 f"SpacingBetweenSlices says {declared:g} mm but the positions give {step:.6g} mm; "
                 "using the positions"
@@ -173,9 +181,7 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
     aff_lps[:3, 1] = col_cos * ps[0]  # j (row index) moves down a column
     aff_lps[:3, 2] = step_vec  # k: the slices
     aff_lps[:3, 3] = origin
-    return SeriesGeometry(
-        [int(i) for i in order], lps_to_ras(aff_lps), warnings, d_sorted, tilt
-    )
+    return SeriesGeometry([int(i) for i in order], lps_to_ras(aff_lps), warnings, d_sorted, tilt)
 
 
 def _declared_step(info: dict) -> float | None:
@@ -193,5 +199,3 @@ def _declared_step(info: dict) -> float | None:
 def _where(frame) -> str:
     name = os.path.basename(frame.path)
     return name if frame.index is None else f"{name} frame {frame.index + 1}"
-
-

@@ -25,8 +25,9 @@ def read_series_gpu(series: DicomSeries, device_id: int = 0) -> Volume:
 
     config = gpu_config(series.info)
     if config is None:
-        raise ValueError(f"{support_key(series.info)} is not proven for GPU decoding; "
-                         "use the CPU reader")
+        raise ValueError(
+            f"{support_key(series.info)} is not proven for GPU decoding; use the CPU reader"
+        )
     geom = series_geometry(series)
     frames = [series.frames[i] for i in geom.order]
     encoded: dict = {}
@@ -41,5 +42,6 @@ def read_series_gpu(series: DicomSeries, device_id: int = 0) -> Volume:
     slopes = np.array([f.slope for f in frames], dtype=np.float64)
     inter = np.array([f.intercept for f in frames], dtype=np.float64)
     out = rescale(stack, slopes, inter)  # (slice, row, column)
-    return Volume(out.permute(2, 1, 0), geom.affine,
-                  series_meta(series, geom, "gpu (nvImageCodec)"))
+    return Volume(
+        out.permute(2, 1, 0), geom.affine, series_meta(series, geom, "gpu (nvImageCodec)")
+    )

@@ -17,8 +17,15 @@ from ..volume import Volume
 from .dicom_geometry import series_geometry
 from .dicom_scan import DicomSeries, find_series
 
-__all__ = ["load_dicom", "read_series", "select_series", "rescale", "rescaled_dtype",
-           "decode_workers", "series_meta"]
+__all__ = [
+    "load_dicom",
+    "read_series",
+    "select_series",
+    "rescale",
+    "rescaled_dtype",
+    "decode_workers",
+    "series_meta",
+]
 
 _DECODER_HINT = (
     "pydicom needs a decoder plugin for this transfer syntax: "
@@ -68,13 +75,18 @@ def _read_native(path: str, offset: int, dtype: str, rows: int, cols: int, bits_
             if length == 0xFFFFFFFF:
                 return None
             if length < want:
-                raise ReadError(f"PixelData holds {length} bytes, {want} expected for {rows}x{cols} "
-                                f"{dt.name} (truncated or damaged file?)", path)
+                raise ReadError(
+                    f"PixelData holds {length} bytes, {want} expected for {rows}x{cols} "
+                    f"{dt.name} (truncated or damaged file?)",
+                    path,
+                )
             buf = f.read(want)
     except OSError as e:
         raise ReadError(f"cannot be read: {e}", path) from None
     if len(buf) < want:
-        raise ReadError(f"truncated: the file ends {want - len(buf)} bytes into its pixel data", path)
+        raise ReadError(
+            f"truncated: the file ends {want - len(buf)} bytes into its pixel data", path
+        )
     px = np.frombuffer(buf, dtype=dt).reshape(rows, cols)
     if dt.kind == "u" and bits_stored < dt.itemsize * 8 and px.max() >> bits_stored:
         return None  # bits above BitsStored are set: let pydicom decide what they mean
@@ -85,8 +97,11 @@ def rescaled_dtype(smin: int, smax: int, slopes: np.ndarray, intercepts: np.ndar
     """The integer dtype that holds ``stored * slope + intercept`` exactly for stored values in
     [smin, smax], or None when the result needs float32 (varying or fractional slopes, fractional
     intercepts). Shared by the CPU reader and the GPU decoder."""
-    if not (np.all(slopes == slopes[0]) and float(slopes[0]).is_integer()
-            and np.all(np.mod(intercepts, 1) == 0)):
+    if not (
+        np.all(slopes == slopes[0])
+        and float(slopes[0]).is_integer()
+        and np.all(np.mod(intercepts, 1) == 0)
+    ):
         return None
     m = int(slopes[0])
     lo = min(smin * m, smax * m) + int(intercepts.min())
@@ -131,8 +146,12 @@ def rescale(stored, slopes: np.ndarray, intercepts: np.ndarray):
         dt = rescaled_dtype(smin, smax, slopes, intercepts)
         if dt is not None:
             info = np.iinfo(dt)
-            if (not tensor and dt.itemsize == stored.dtype.itemsize and smin >= info.min
-                    and smax <= info.max):
+            if (
+                not tensor
+                and dt.itemsize == stored.dtype.itemsize
+                and smin >= info.min
+                and smax <= info.max
+            ):
                 out = stored.view(dt)  # same bits, same values: reinterpret, no copy
             else:
                 out = cast(stored, dt)
@@ -160,7 +179,10 @@ def decode_workers(n_files: int, requested: int | None = None) -> int:
     without fork, decodes serially."""
     import multiprocessing
 
-    if multiprocessing.current_process().daemon or "fork" not in multiprocessing.get_all_start_methods():
+    if (
+        multiprocessing.current_process().daemon
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
         return 1
     if requested is not None:
         return max(1, int(requested))
@@ -219,8 +241,11 @@ def read_series_cpu(series: DicomSeries, workers: int | None = None) -> Volume:
 
     todo = [path for path, slots in slot_of.items() if fast_of(slots) is None]
     n_proc = decode_workers(len(todo), workers)
-    decoded = iter(_pool(n_proc).map(_decode, todo, chunksize=max(1, len(todo) // (4 * n_proc)))) \
-        if n_proc > 1 else None
+    decoded = (
+        iter(_pool(n_proc).map(_decode, todo, chunksize=max(1, len(todo) // (4 * n_proc))))
+        if n_proc > 1
+        else None
+    )
     for path, slots in slot_of.items():
         px = None
         fast = fast_of(slots)
@@ -265,7 +290,9 @@ def series_meta(series: DicomSeries, geom, decode: str) -> dict:
         "series_number": i.get("SeriesNumber"),
         "series_description": str(i.get("SeriesDescription") or ""),
         "modality": i.get("Modality"),
-        "transfer_syntax": str(getattr(i.get("TransferSyntaxUID"), "name", i.get("TransferSyntaxUID"))),
+        "transfer_syntax": str(
+            getattr(i.get("TransferSyntaxUID"), "name", i.get("TransferSyntaxUID"))
+        ),
         "n_files": len(series.files),
         "decode": decode,
         "warnings": list(geom.warnings),
@@ -284,13 +311,17 @@ def select_series(found: list[DicomSeries], series, where: str) -> DicomSeries:
             where,
         )
     for s in found:
-        if series in (s.key, s.uid) and (series == s.key or sum(t.uid == series for t in found) == 1):
+        if series in (s.key, s.uid) and (
+            series == s.key or sum(t.uid == series for t in found) == 1
+        ):
             return s
     cands = []
     if isinstance(series, int) or (isinstance(series, str) and series.isdigit()):
         cands = [s for s in found if str(s.info.get("SeriesNumber")) == str(series)]
     elif isinstance(series, str):
-        cands = [s for s in found if series.lower() in str(s.info.get("SeriesDescription") or "").lower()]
+        cands = [
+            s for s in found if series.lower() in str(s.info.get("SeriesDescription") or "").lower()
+        ]
     if len(cands) == 1:
         return cands[0]
     hint = ""

@@ -29,8 +29,11 @@ def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
         return array
     bad = int(finite.size - finite.sum())
     if nan == "error":
-        raise ReadError(f"contains {bad} NaN/inf voxel(s); clean the file, or load it with "
-                        f"nan='zero' (convert: --nan zero) to set them to 0", path)
+        raise ReadError(
+            f"contains {bad} NaN/inf voxel(s); clean the file, or load it with "
+            f"nan='zero' (convert: --nan zero) to set them to 0",
+            path,
+        )
     return np.where(finite, array, 0).astype(array.dtype)
 
 
@@ -43,7 +46,9 @@ def load_nifti(path: str, nan: str = "error") -> Volume:
     except Exception as e:
         raise ReadError(f"cannot be read as NIfTI: {type(e).__name__}: {e}", path) from None
     if not hasattr(img, "get_sform"):
-        raise ReadError(f"is a {type(img).__name__} (e.g. CIFTI), not a volume on a voxel grid", path)
+        raise ReadError(
+            f"is a {type(img).__name__} (e.g. CIFTI), not a volume on a voxel grid", path
+        )
     if data.ndim == 2:
         data = data[:, :, None]
     if data.ndim > 4:

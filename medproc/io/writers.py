@@ -63,11 +63,19 @@ def save(volume: Volume, path, compresslevel: int = 1) -> str:
     elif low.endswith(".npy"):
         arr = volume.array
         with atomic_write(p) as tmp:
-            np.save(tmp, arr if arr.flags.f_contiguous else np.asfortranarray(arr),
-                    allow_pickle=False)
+            np.save(
+                tmp, arr if arr.flags.f_contiguous else np.asfortranarray(arr), allow_pickle=False
+            )
         with atomic_write(p[:-4] + ".json") as tmp, open(tmp, "w") as f:
-            json.dump({"affine": volume.affine.tolist(), "shape": list(arr.shape),
-                       "dtype": str(arr.dtype), "axes": "ijk"}, f)
+            json.dump(
+                {
+                    "affine": volume.affine.tolist(),
+                    "shape": list(arr.shape),
+                    "dtype": str(arr.dtype),
+                    "axes": "ijk",
+                },
+                f,
+            )
     else:
         raise ValueError(
             f"cannot save {p!r}: use a .nii.gz, .nii, .nrrd, .mha or .npy name "

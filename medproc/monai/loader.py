@@ -23,12 +23,11 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import torch
 from monai.data import MetaTensor
-
-from dataclasses import replace
 
 from ..plan import Plan, affine_map, flip_map
 from ..spec import Spec
@@ -71,22 +70,45 @@ class PatchLoader:
         Batches prepared ahead of the training loop, in the engine's background thread.
     """
 
-    def __init__(self, datalist, spec: Spec, patch_size: Sequence[int], batch_size: int = 2,
-                 num_samples: int = 2, pos: float = 1.0, neg: float = 1.0, flip_prob: float = 0.5,
-                 rot90_prob: float = 0.0, rotate_range: float = 0.0, scale_range: float = 0.0,
-                 intensity_scale: float = 0.0, intensity_shift: float = 0.0, device: str = "cpu",
-                 cache_dir: str = ".medproc_cache", shard_id: int = 0, num_shards: int = 1,
-                 device_id: int = 0, seed: int = 0, data_key: str = "training", base_dir: str | None = None,
-                 num_threads: int | None = None, prefetch: int = 2):
+    def __init__(
+        self,
+        datalist,
+        spec: Spec,
+        patch_size: Sequence[int],
+        batch_size: int = 2,
+        num_samples: int = 2,
+        pos: float = 1.0,
+        neg: float = 1.0,
+        flip_prob: float = 0.5,
+        rot90_prob: float = 0.0,
+        rotate_range: float = 0.0,
+        scale_range: float = 0.0,
+        intensity_scale: float = 0.0,
+        intensity_shift: float = 0.0,
+        device: str = "cpu",
+        cache_dir: str = ".medproc_cache",
+        shard_id: int = 0,
+        num_shards: int = 1,
+        device_id: int = 0,
+        seed: int = 0,
+        data_key: str = "training",
+        base_dir: str | None = None,
+        num_threads: int | None = None,
+        prefetch: int = 2,
+    ):
         if isinstance(datalist, (str, os.PathLike)):
             from monai.data import load_decathlon_datalist
 
-            datalist = load_decathlon_datalist(str(datalist), data_list_key=data_key, base_dir=base_dir)
+            datalist = load_decathlon_datalist(
+                str(datalist), data_list_key=data_key, base_dir=base_dir
+            )
         if not 0 <= shard_id < num_shards:
             raise ValueError(f"shard_id must be in [0, {num_shards}), got {shard_id}")
         self.cases = list(datalist)[shard_id::num_shards]
         if not self.cases:
-            raise ValueError(f"shard {shard_id} of {num_shards} has no cases ({len(datalist)} in all)")
+            raise ValueError(
+                f"shard {shard_id} of {num_shards} has no cases ({len(datalist)} in all)"
+            )
         self.spec = spec
         self.patch = tuple(int(x) for x in patch_size)  # (i, j, k)
         self.batch_size = batch_size
@@ -102,9 +124,12 @@ class PatchLoader:
         from ..pipeline import Engine, Graph
 
         self.prefetch = prefetch
-        self._engine = Engine(device, batch_size=batch_size, num_threads=num_threads,
-                              device_id=device_id)
-        self._graph = Graph(labels=1, channels_first=True, mode="warp")  # crop + augment: one matrix
+        self._engine = Engine(
+            device, batch_size=batch_size, num_threads=num_threads, device_id=device_id
+        )
+        self._graph = Graph(
+            labels=1, channels_first=True, mode="warp"
+        )  # crop + augment: one matrix
         self.volumes = [self._cached(c) for c in self.cases]
 
     # cache ---------------------------------------------------------------------------------
@@ -112,8 +137,12 @@ class PatchLoader:
         from ..io import atomic_write, load, save
         from ..resample import resample_batch
 
-        key = hashlib.sha1(json.dumps(["ijk", str(case.get("image")), str(case.get("label")), repr(self.spec)],
-                                      sort_keys=True).encode()).hexdigest()[:16]
+        key = hashlib.sha1(
+            json.dumps(
+                ["ijk", str(case.get("image")), str(case.get("label")), repr(self.spec)],
+                sort_keys=True,
+            ).encode()
+        ).hexdigest()[:16]
         base = os.path.join(self.cache_dir, key)
         meta_path = base + ".json"
         if not os.path.exists(meta_path):
@@ -121,8 +150,9 @@ class PatchLoader:
             dev = self.device
             img = load(case["image"], device=dev)  # decoded on the GPU where proven
             lab = load(case["label"], device=dev) if case.get("label") else None
-            res = resample_batch([img], self.spec, labels=[lab] if lab is not None else None,
-                                 device=self.device)[0]
+            res = resample_batch(
+                [img], self.spec, labels=[lab] if lab is not None else None, device=self.device
+            )[0]
             out, out_lab = res if lab is not None else (res, None)
             save(out, base + "_image.npy")
             if out_lab is not None:
@@ -132,8 +162,13 @@ class PatchLoader:
             else:
                 fg = np.zeros(0, np.int64)
             np.save(base + "_fg.npy", fg.astype(np.int64))
-            doc = {"image": str(case["image"]), "label": str(case.get("label")), "shape": list(out.shape),
-                   "affine": out.affine.tolist(), "has_label": out_lab is not None}
+            doc = {
+                "image": str(case["image"]),
+                "label": str(case.get("label")),
+                "shape": list(out.shape),
+                "affine": out.affine.tolist(),
+                "has_label": out_lab is not None,
+            }
             with atomic_write(meta_path) as tmp, open(tmp, "w") as f:
                 json.dump(doc, f)  # written last: its presence means the entry is complete
         doc = json.load(open(meta_path))
@@ -191,7 +226,7 @@ class PatchLoader:
         order = self.rng.permutation(len(self.volumes))
         items = [v for v in order for _ in range(self.num_samples)]
         for b in range(0, len(items), self.batch_size):
-            vols = [self.volumes[v] for v in items[b:b + self.batch_size]]
+            vols = [self.volumes[v] for v in items[b : b + self.batch_size]]
             sampled = [self._sample(v) for v in vols]
             jobs = [Job(img, plan, (lab,)) for img, lab, plan in sampled]
             yield jobs, self._graph, ([p for _, _, p in sampled], vols)
@@ -201,15 +236,18 @@ class PatchLoader:
 
     def __iter__(self):
         self.epoch += 1
-        for res, (plans, vols) in self._engine.stream(self._items(), as_torch=True,
-                                                      ahead=self.prefetch):
+        for res, (plans, vols) in self._engine.stream(
+            self._items(), as_torch=True, ahead=self.prefetch
+        ):
             img = torch.stack([r[0] for r in res])
             lab = torch.stack([r[1] for r in res])
             aff = torch.as_tensor(np.stack([p.out_affine for p in plans]))
             yield {
                 "image": MetaTensor(img, affine=aff),
                 "label": MetaTensor(lab, affine=aff),
-                "lesions": [p.lesions_on_grid(v["lesions"]) if v["lesions"] is not None else []
-                            for p, v in zip(plans, vols)],
+                "lesions": [
+                    p.lesions_on_grid(v["lesions"]) if v["lesions"] is not None else []
+                    for p, v in zip(plans, vols)
+                ],
                 "case": [v["case"] for v in vols],
             }

@@ -33,8 +33,10 @@ def to_metatensor(vol: Volume, **meta) -> MetaTensor:
     else:
         t = arr
     t = t[None] if t.ndim == 3 else t.permute(3, 0, 1, 2)
-    m = {"filename_or_obj": vol.meta.get("source", ""),
-         **{k: v for k, v in meta.items() if k not in ("affine", "original_affine")}}
+    m = {
+        "filename_or_obj": vol.meta.get("source", ""),
+        **{k: v for k, v in meta.items() if k not in ("affine", "original_affine")},
+    }
     return MetaTensor(t, affine=torch.as_tensor(vol.affine), meta=m)
 
 
@@ -77,8 +79,14 @@ class LoadVolumed(MapTransform):
         As in MONAI.
     """
 
-    def __init__(self, keys, series=None, lesion_key: str | None = None, device: str = "cpu",
-                 allow_missing_keys=False):
+    def __init__(
+        self,
+        keys,
+        series=None,
+        lesion_key: str | None = None,
+        device: str = "cpu",
+        allow_missing_keys=False,
+    ):
         super().__init__(keys, allow_missing_keys)
         self.series = series
         self.lesion_key = lesion_key
@@ -95,8 +103,14 @@ class LoadVolumed(MapTransform):
             from ..annotations import read_json, read_luna_csv
 
             path = d[self.lesion_key]
-            stem = str(d[self.first_key(d)].meta.get("filename_or_obj", "")).split("/")[-1].split(".")[0]
-            d[self.lesion_key] = read_json(path, image=stem) if path.endswith(".json") else read_luna_csv(path, stem)
+            stem = (
+                str(d[self.first_key(d)].meta.get("filename_or_obj", ""))
+                .split("/")[-1]
+                .split(".")[0]
+            )
+            d[self.lesion_key] = (
+                read_json(path, image=stem) if path.endswith(".json") else read_luna_csv(path, stem)
+            )
         return d
 
 
@@ -109,8 +123,14 @@ class Resampled(MapTransform):
     predictions back. With ``device="gpu"`` the outputs are CUDA tensors.
     """
 
-    def __init__(self, keys, spec: Spec, device: str = "cpu", lesion_key: str | None = None,
-                 allow_missing_keys=False):
+    def __init__(
+        self,
+        keys,
+        spec: Spec,
+        device: str = "cpu",
+        lesion_key: str | None = None,
+        allow_missing_keys=False,
+    ):
         super().__init__(keys, allow_missing_keys)
         self.spec = spec
         self.device = device
@@ -125,9 +145,11 @@ class Resampled(MapTransform):
         labs = [to_volume(d[k]) for k in keys[1:]]
         plan = make_plan(img.shape, img.affine, self.spec, img.array)
         engine = Engine(self.device, batch_size=1)
-        (out,) = engine.run([Job(img.array, plan, [lb.array for lb in labs])],
-                            Graph.from_spec(self.spec, labels=len(labs)),
-                            as_torch=self.device == "gpu")
+        (out,) = engine.run(
+            [Job(img.array, plan, [lb.array for lb in labs])],
+            Graph.from_spec(self.spec, labels=len(labs)),
+            as_torch=self.device == "gpu",
+        )
         keep = {k: v for k, v in d[keys[0]].meta.items() if k not in ("affine", "original_affine")}
         d[keys[0]] = to_metatensor(img.with_array(out[0], plan.out_affine), **keep)
         for k, lab, arr in zip(keys[1:], labs, out[1:]):
@@ -142,8 +164,14 @@ class Invertd(MapTransform):
     """Map ``keys`` (predictions on a plan's output grid) back to the source grid of the plan
     stored under ``plan_key`` (the inverse matrix; nearest neighbour for label maps)."""
 
-    def __init__(self, keys, plan_key: str = "image_plan", nearest: bool = True, device: str = "cpu",
-                 allow_missing_keys=False):
+    def __init__(
+        self,
+        keys,
+        plan_key: str = "image_plan",
+        nearest: bool = True,
+        device: str = "cpu",
+        allow_missing_keys=False,
+    ):
         super().__init__(keys, allow_missing_keys)
         self.plan_key = plan_key
         self.nearest = nearest
@@ -153,8 +181,16 @@ class Invertd(MapTransform):
         d = dict(data)
         plan = d[self.plan_key]
         for key in self.key_iterator(d):
-            d[key] = to_metatensor(invert(to_volume(d[key], plan.out_affine if not isinstance(d[key], MetaTensor) else None),
-                                          plan, nearest=self.nearest, device=self.device))
+            d[key] = to_metatensor(
+                invert(
+                    to_volume(
+                        d[key], plan.out_affine if not isinstance(d[key], MetaTensor) else None
+                    ),
+                    plan,
+                    nearest=self.nearest,
+                    device=self.device,
+                )
+            )
         return d
 
 
@@ -164,8 +200,11 @@ def invert(pred: Volume, plan, nearest: bool = True, device: str = "cpu") -> Vol
     from ..pipeline import Engine, Graph, Job
 
     arr = pred.array
-    graph = Graph(interp="nearest" if nearest else "linear", fill=0.0,
-                  dtype=_dtype_name(arr) if nearest else "float32")
+    graph = Graph(
+        interp="nearest" if nearest else "linear",
+        fill=0.0,
+        dtype=_dtype_name(arr) if nearest else "float32",
+    )
     (out,) = Engine(device, batch_size=1).run([Job(arr, plan.inverse())], graph)
     return Volume(out[0], plan.in_affine, {**pred.meta, "inverted": True})
 

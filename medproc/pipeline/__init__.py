@@ -5,8 +5,16 @@ pipelines per thread and process, fork-safe, running ahead). This package import
 ``medproc.io`` or the connectors.
 """
 
-from .engine import Engine, ForkError, Job, cached_pipeline, dali_available, gpu_available
+from .cache import ForkError, cached_pipeline, dali_available, gpu_available
+from .engine import Engine, Job
 from .graphs import Graph
 
-__all__ = ["Engine", "ForkError", "Graph", "Job", "cached_pipeline", "dali_available",
-           "gpu_available"]
+__all__ = [
+    "Engine",
+    "ForkError",
+    "Graph",
+    "Job",
+    "cached_pipeline",
+    "dali_available",
+    "gpu_available",
+]

@@ -1,4 +1,4 @@
-"""numpy <-> DALI dtypes."""
+"""Dtypes: numpy <-> DALI, and the dtypes the engine feeds DALI in."""
 
 import numpy as np
 
@@ -7,13 +7,59 @@ def to_dali(dtype):
     from nvidia.dali import types
 
     table = {
-        np.dtype("float32"): types.FLOAT, np.dtype("float16"): types.FLOAT16,
-        np.dtype("float64"): types.FLOAT64, np.dtype("int8"): types.INT8,
-        np.dtype("uint8"): types.UINT8, np.dtype("int16"): types.INT16,
-        np.dtype("uint16"): types.UINT16, np.dtype("int32"): types.INT32,
-        np.dtype("uint32"): types.UINT32, np.dtype("int64"): types.INT64,
+        np.dtype("float32"): types.FLOAT,
+        np.dtype("float16"): types.FLOAT16,
+        np.dtype("float64"): types.FLOAT64,
+        np.dtype("int8"): types.INT8,
+        np.dtype("uint8"): types.UINT8,
+        np.dtype("int16"): types.INT16,
+        np.dtype("uint16"): types.UINT16,
+        np.dtype("int32"): types.INT32,
+        np.dtype("uint32"): types.UINT32,
+        np.dtype("int64"): types.INT64,
     }
     try:
         return table[np.dtype(dtype)]
     except KeyError:
         raise ValueError(f"output dtype {dtype} is not supported by the pipeline") from None
+
+
+def _dtype_name(a) -> str:
+    return str(a.dtype).replace("torch.", "")
+
+
+#: the dtypes both DALI resamplers (warp_affine, resize) take, on the CPU and the GPU
+_DALI_DTYPES = ("uint8", "int16", "float32")
+
+
+def _is_torch(a) -> bool:
+    return hasattr(a, "to") and not isinstance(a, np.ndarray)
+
+
+def _astype(a, dtype: str):
+    if _is_torch(a):
+        import torch
+
+        return a.to(getattr(torch, dtype))
+    return a.astype(dtype)
+
+
+def _feed_dtype(a, label: bool) -> str:
+    """The dtype ``a`` is fed to DALI in: its own when DALI takes it; otherwise, exactly,
+    int16 for integer labels that fit, else float32 (exact for |values| < 2^24)."""
+    name = _dtype_name(a)
+    if name in _DALI_DTYPES:
+        return name
+    if name == "bool":
+        return "uint8"
+    if label:
+        if "float" in name or "complex" in name:
+            raise ValueError(f"label maps must hold integers, got {name}")
+        n = a.numel() if _is_torch(a) else a.size
+        lo, hi = (int(a.min()), int(a.max())) if n else (0, 0)
+        if -(2**15) <= lo and hi < 2**15:
+            return "int16"
+        if -(2**24) <= lo and hi <= 2**24:
+            return "float32"
+        raise ValueError(f"label values {lo}..{hi} cannot be resampled exactly (|v| > 2^24)")
+    return "float32"

@@ -22,8 +22,18 @@ import os
 
 import numpy as np
 
-__all__ = ["support_key", "support_table", "gpu_config", "decode_path", "decode_frames_gpu",
-           "config_applies", "stream_header", "j2k_unsigned", "sof_first", "CONFIGS"]
+__all__ = [
+    "support_key",
+    "support_table",
+    "gpu_config",
+    "decode_path",
+    "decode_frames_gpu",
+    "config_applies",
+    "stream_header",
+    "j2k_unsigned",
+    "sof_first",
+    "CONFIGS",
+]
 
 _TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_decode_support.json")
 
@@ -48,30 +58,61 @@ CONFIGS += [{**c, "stream": "sof_first"} for c in CONFIGS[:4] + CONFIGS[6:7]]
 #: "precision" fix reads p from each frame's header. JPEG 2000 signed samples are clamped to the
 #: unsigned range (lossy): declaring the components unsigned in the SIZ marker makes the decoder
 #: add 2^(p-1) instead (the inverse DC shift of unsigned data), which the fix subtracts again.
-CONFIGS += [{"dtype": "uint16", "fix": "precision"},
-            {"dtype": "uint16", "fix": "precision", "stream": "j2k_unsigned"}]
-JPEG_FAMILY = {"1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.57",
-               "1.2.840.10008.1.2.4.70"}
-J2K_FAMILY = {"1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.201",
-              "1.2.840.10008.1.2.4.202", "1.2.840.10008.1.2.4.203"}
-_FAMILY = {"sof_first": JPEG_FAMILY, "j2k_unsigned": J2K_FAMILY, "precision": JPEG_FAMILY | J2K_FAMILY}
+CONFIGS += [
+    {"dtype": "uint16", "fix": "precision"},
+    {"dtype": "uint16", "fix": "precision", "stream": "j2k_unsigned"},
+]
+JPEG_FAMILY = {
+    "1.2.840.10008.1.2.4.50",
+    "1.2.840.10008.1.2.4.51",
+    "1.2.840.10008.1.2.4.57",
+    "1.2.840.10008.1.2.4.70",
+}
+J2K_FAMILY = {
+    "1.2.840.10008.1.2.4.90",
+    "1.2.840.10008.1.2.4.91",
+    "1.2.840.10008.1.2.4.201",
+    "1.2.840.10008.1.2.4.202",
+    "1.2.840.10008.1.2.4.203",
+}
+_FAMILY = {
+    "sof_first": JPEG_FAMILY,
+    "j2k_unsigned": J2K_FAMILY,
+    "precision": JPEG_FAMILY | J2K_FAMILY,
+}
 
 
 def config_applies(config: dict, transfer_syntax: str) -> bool:
     """Whether a configuration can apply to a transfer syntax (stream rewrites are per family)."""
-    return all(str(transfer_syntax) in _FAMILY[k] for k in (config.get("stream"), config.get("fix")) if k in _FAMILY)
+    return all(
+        str(transfer_syntax) in _FAMILY[k]
+        for k in (config.get("stream"), config.get("fix"))
+        if k in _FAMILY
+    )
 
 
-NATIVE = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.2", "1.2.840.10008.1.2.1.99"}
+NATIVE = {
+    "1.2.840.10008.1.2",
+    "1.2.840.10008.1.2.1",
+    "1.2.840.10008.1.2.2",
+    "1.2.840.10008.1.2.1.99",
+}
 
 
 def support_key(info: dict) -> str:
     """The table key of a series' pixel encoding."""
     ts = str(info.get("TransferSyntaxUID") or "")
-    return "|".join(str(x) for x in (
-        ts, int(info.get("BitsAllocated") or 0), int(info.get("BitsStored") or info.get("BitsAllocated") or 0),
-        int(info.get("PixelRepresentation") or 0), int(info.get("SamplesPerPixel") or 1),
-        str(info.get("PhotometricInterpretation") or "")))
+    return "|".join(
+        str(x)
+        for x in (
+            ts,
+            int(info.get("BitsAllocated") or 0),
+            int(info.get("BitsStored") or info.get("BitsAllocated") or 0),
+            int(info.get("PixelRepresentation") or 0),
+            int(info.get("SamplesPerPixel") or 1),
+            str(info.get("PhotometricInterpretation") or ""),
+        )
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -99,14 +140,14 @@ def decode_path(info: dict) -> str:
 
 
 def _pipe(dtype: str | None, batch_size: int, device_id: int, num_threads: int):
-    from .engine import cached_pipeline
+    from .cache import cached_pipeline
 
     key = ("decode", dtype, batch_size, device_id, num_threads)
     return cached_pipeline(key, lambda: _build(dtype, batch_size, device_id, num_threads), "gpu")
 
 
 def _drop_pipe(dtype, batch_size, device_id, num_threads):
-    from .engine import drop_cached
+    from .cache import drop_cached
 
     drop_cached(("decode", dtype, batch_size, device_id, num_threads))
 
@@ -118,8 +159,13 @@ def _build(dtype: str | None, batch_size: int, device_id: int, num_threads: int)
     if dtype is not None:
         kw["dtype"] = {"uint8": types.UINT8, "uint16": types.UINT16, "int16": types.INT16}[dtype]
 
-    @pipeline_def(batch_size=batch_size, num_threads=num_threads, device_id=device_id, exec_dynamic=True,
-                  prefetch_queue_depth=1)
+    @pipeline_def(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=device_id,
+        exec_dynamic=True,
+        prefetch_queue_depth=1,
+    )
     def graph():
         enc = fn.external_source(name="enc", device="cpu", dtype=types.UINT8)
         img = fn.decoders.image(enc, device="mixed", output_type=types.ANY_DATA, **kw)
@@ -152,7 +198,9 @@ def _fix(t, fix: str, bits_stored: int, signed: bool, siz: tuple | None = None):
         return ((wide << shift) >> shift).to(torch.int16)
     if fix == "unscale":
         return wide >> (16 - bits_stored)
-    if fix == "precision":  # uint16 output of a stream with precision p (J2K: declared unsigned or not)
+    if (
+        fix == "precision"
+    ):  # uint16 output of a stream with precision p (J2K: declared unsigned or not)
         if siz is None:
             raise ValueError("no JPEG 2000 SIZ or JPEG SOF header in the frame")
         _, p, cs_signed = siz
@@ -180,8 +228,8 @@ def sof_first(frame: bytes) -> bytes:
         marker = frame[i + 1]
         if marker == 0xDA:  # SOS: the rest is scan data
             break
-        length = int.from_bytes(frame[i + 2:i + 4], "big")
-        seg = frame[i:i + 2 + length]
+        length = int.from_bytes(frame[i + 2 : i + 4], "big")
+        seg = frame[i : i + 2 + length]
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and sof is None:
             sof = seg
         else:
@@ -209,7 +257,7 @@ def j2k_unsigned(frame: bytes) -> bytes:
     if siz is None or not siz[2]:
         return frame
     off = siz[0]
-    ncomp = int.from_bytes(frame[off - 2:off], "big")
+    ncomp = int.from_bytes(frame[off - 2 : off], "big")
     b = bytearray(frame)
     for c in range(ncomp):
         b[off + 3 * c] &= 0x7F
@@ -227,7 +275,7 @@ def jpeg_sof(frame: bytes) -> tuple[int, int, bool] | None:
             return i, frame[i + 4], False
         if marker == 0xDA:
             return None
-        i += 2 + int.from_bytes(frame[i + 2:i + 4], "big")
+        i += 2 + int.from_bytes(frame[i + 2 : i + 4], "big")
     return None
 
 
@@ -239,8 +287,15 @@ def stream_header(frame: bytes) -> tuple[int, int, bool] | None:
 _STREAMS = {"sof_first": sof_first, "j2k_unsigned": j2k_unsigned}
 
 
-def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, signed: bool = False,
-                      batch_size: int = 64, device_id: int = 0, num_threads: int | None = None) -> list:
+def decode_frames_gpu(
+    frames: list[bytes],
+    config: dict,
+    bits_stored: int = 16,
+    signed: bool = False,
+    batch_size: int = 64,
+    device_id: int = 0,
+    num_threads: int | None = None,
+) -> list:
     """Decode encapsulated frames on the GPU; returns CUDA torch tensors (rows, columns[, 3]).
 
     ``num_threads``: DALI CPU threads (stream parsing and the host stages of the decoders);
@@ -251,12 +306,14 @@ def decode_frames_gpu(frames: list[bytes], config: dict, bits_stored: int = 16, 
 
     key = (config.get("dtype"), batch_size, device_id, num_threads or min(8, os.cpu_count() or 1))
     pipe = _pipe(*key)
-    sizes = [stream_header(f) for f in frames] if config["fix"] == "precision" else [None] * len(frames)
+    sizes = (
+        [stream_header(f) for f in frames] if config["fix"] == "precision" else [None] * len(frames)
+    )
     if config.get("stream"):
         frames = [_STREAMS[config["stream"]](f) for f in frames]
     out = []
     for s in range(0, len(frames), batch_size):
-        chunk = [np.frombuffer(f, np.uint8) for f in frames[s:s + batch_size]]
+        chunk = [np.frombuffer(f, np.uint8) for f in frames[s : s + batch_size]]
         try:
             pipe.feed_input("enc", chunk)
             (res,) = pipe.run()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,96 +29,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..plan import Plan
+from ._dtypes import _astype, _dtype_name, _feed_dtype, _is_torch
+from .cache import INSTALL, ForkError, cached_pipeline, dali_available, drop_cached, gpu_available
 from .graphs import Graph, build_resample, plan_inputs, to_dhwc
 
-__all__ = ["Engine", "Job", "Graph", "ForkError", "dali_available", "gpu_available", "drop_cached",
-           "cached_pipeline"]
-
-INSTALL = "pip install nvidia-dali-cuda120"
-
-
-class ForkError(RuntimeError):
-    """A GPU pipeline was asked for in a process forked after CUDA was initialised."""
-
-
-def dali_available() -> bool:
-    """Whether NVIDIA DALI can be imported here."""
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-_GPU: dict[int, bool] = {}
-
-
-def gpu_available() -> bool:
-    """Whether DALI sees an NVIDIA GPU (cached per process)."""
-    pid = os.getpid()
-    if pid not in _GPU:
-        ok = False
-        if dali_available():
-            try:
-                from nvidia.dali.backend import GetCUDADeviceCount
-
-                ok = GetCUDADeviceCount() > 0
-            except Exception:  # noqa: BLE001
-                ok = False
-        _GPU[pid] = ok
-    return _GPU[pid]
-
-
-# --- the per-process, per-thread pipeline cache ---------------------------------------------
-_LOCK = threading.Lock()
-_CACHE: dict[tuple, object] = {}  # (thread ident, key) -> pipeline or runner, this process only
-_GRAVE: list = []  # objects inherited through fork: kept alive, never used or destroyed
-_STATE = {"pid": os.getpid(), "cuda_parent": False, "cuda_here": False}
-
-
-def _cuda_initialised() -> bool:
-    torch = sys.modules.get("torch")
-    return bool(_STATE["cuda_here"] or (torch is not None and torch.cuda.is_initialized()))
-
-
-def _before_fork():
-    _STATE["cuda_at_fork"] = _cuda_initialised()
-
-
-def _after_fork_child():
-    _GRAVE.append(dict(_CACHE))  # destroying them here could wait on threads that do not exist
-    _CACHE.clear()
-    _GPU.clear()
-    _STATE.update(pid=os.getpid(), cuda_parent=_STATE.get("cuda_at_fork", False), cuda_here=False)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
-
-
-def cached_pipeline(key: tuple, build, device: str = "cpu"):
-    """The calling thread's object for ``key`` in this process, built by ``build()`` on first
-    use. Objects of threads that have ended are dropped; nothing crosses a fork."""
-    if device == "gpu":
-        if _STATE["cuda_parent"]:
-            raise ForkError(
-                "medproc: a GPU pipeline was requested in a process forked after CUDA was "
-                "initialised in its parent (e.g. a DataLoader worker with the default 'fork' "
-                "start method); CUDA cannot run here. Keep the GPU work in the main process "
-                "(PatchLoader and the proxy do), use device='cpu' in workers, or start the "
-                "workers with multiprocessing_context='spawn'"
-            )
-        _STATE["cuda_here"] = True
-    ident = threading.get_ident()
-    obj = _CACHE.get((ident, key))
-    if obj is None:
-        with _LOCK:
-            alive = {t.ident for t in threading.enumerate()}
-            for k in [k for k in _CACHE if k[0] not in alive]:
-                del _CACHE[k]
-        obj = build()
-        _CACHE[(ident, key)] = obj
-    return obj
+__all__ = [
+    "Engine",
+    "Job",
+    "Graph",
+    "ForkError",
+    "dali_available",
+    "gpu_available",
+    "drop_cached",
+    "cached_pipeline",
+]
 
 
 # --- jobs and runners -----------------------------------------------------------------------
@@ -133,55 +56,21 @@ class Job:
     labels: Sequence = field(default_factory=tuple)
 
 
-def _dtype_name(a) -> str:
-    return str(a.dtype).replace("torch.", "")
-
-
-#: the dtypes both DALI resamplers (warp_affine, resize) take, on the CPU and the GPU
-_DALI_DTYPES = ("uint8", "int16", "float32")
-
-
-def _is_torch(a) -> bool:
-    return hasattr(a, "to") and not isinstance(a, np.ndarray)
-
-
-def _astype(a, dtype: str):
-    if _is_torch(a):
-        import torch
-
-        return a.to(getattr(torch, dtype))
-    return a.astype(dtype)
-
-
-def _feed_dtype(a, label: bool) -> str:
-    """The dtype ``a`` is fed to DALI in: its own when DALI takes it; otherwise, exactly,
-    int16 for integer labels that fit, else float32 (exact for |values| < 2^24)."""
-    name = _dtype_name(a)
-    if name in _DALI_DTYPES:
-        return name
-    if name == "bool":
-        return "uint8"
-    if label:
-        if "float" in name or "complex" in name:
-            raise ValueError(f"label maps must hold integers, got {name}")
-        n = a.numel() if _is_torch(a) else a.size
-        lo, hi = (int(a.min()), int(a.max())) if n else (0, 0)
-        if -(2**15) <= lo and hi < 2**15:
-            return "int16"
-        if -(2**24) <= lo and hi <= 2**24:
-            return "float32"
-        raise ValueError(f"label values {lo}..{hi} cannot be resampled exactly (|v| > 2^24)")
-    return "float32"
-
-
 class _Runner:
     """One DALI pipeline with its staging buffers; used by one thread only."""
 
     def __init__(self, engine: Engine, graph: Graph, mode: str, intensity: bool):
         self.device, self.device_id = engine.device, engine.device_id
         self.graph, self.mode, self.intensity = graph, mode, intensity
-        self.pipe = build_resample(graph, mode, intensity, engine.device, engine.batch_size,
-                                   engine.num_threads, engine.device_id)
+        self.pipe = build_resample(
+            graph,
+            mode,
+            intensity,
+            engine.device,
+            engine.batch_size,
+            engine.num_threads,
+            engine.device_id,
+        )
         self._stream = None
         self._rings: list[list] = [[], [], []]  # pinned staging, one set per batch in flight
         self._ring = 0
@@ -199,8 +88,9 @@ class _Runner:
             flat = self._to_device([a for row in dhwc for a in row], ring)
             n = len(names)
             for c, name in enumerate(names):
-                self.pipe.feed_input(name, flat[c::n], layout="DHWC",
-                                     cuda_stream=self._stream.cuda_stream)
+                self.pipe.feed_input(
+                    name, flat[c::n], layout="DHWC", cuda_stream=self._stream.cuda_stream
+                )
         else:
             for c, name in enumerate(names):
                 self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
@@ -222,7 +112,7 @@ class _Runner:
                     nbytes = t.numel() * t.element_size()
                     if n >= len(ring) or ring[n].numel() < nbytes:
                         buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=True)
-                        ring[n:n + 1] = [buf]
+                        ring[n : n + 1] = [buf]
                     staged = ring[n][:nbytes].view(t.dtype).view(t.shape)
                     staged.copy_(t)
                     t = staged
@@ -238,7 +128,6 @@ class _Runner:
                 arrs = [_from_dhwc(a) for a in arrs]
             res.append(tuple(arrs))
         return res
-
 
     def _out(self, t, as_torch: bool, stream):
         if self.device == "cpu":
@@ -296,14 +185,26 @@ class Engine:
     >>> (img, lab), = eng.run([Job(image, plan, [label])], Graph(labels=1))  # doctest: +SKIP
     """
 
-    def __init__(self, device: str = "cpu", batch_size: int = 8, num_threads: int | None = None,
-                 device_id: int = 0):
+    def __init__(
+        self,
+        device: str = "cpu",
+        batch_size: int = 8,
+        num_threads: int | None = None,
+        device_id: int = 0,
+    ):
         if not dali_available():
             raise ImportError(f"medproc's pipelines need NVIDIA DALI: {INSTALL}")
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
         if device == "gpu" and not gpu_available():
             raise RuntimeError("device='gpu' but DALI sees no NVIDIA GPU here; use device='cpu'")
+        if device == "gpu":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                raise ImportError(
+                    "device='gpu' hands CUDA tensors to PyTorch: pip install 'medproc[torch]'"
+                ) from None
         self.device = device
         self.batch_size = max(1, int(batch_size))
         env = int(os.environ.get("MEDPROC_DALI_THREADS", 0) or 0)
@@ -314,8 +215,17 @@ class Engine:
         mode = graph.mode_for([j.plan for j in jobs], self.device)
         intensity = any(j.plan.intensity is not None for j in jobs)
         dtypes = tuple(_dtype_name(a) for a in [jobs[0].image, *jobs[0].labels])
-        key = ("resample", self.device, self.device_id, self.batch_size, self.num_threads, graph,
-               mode, intensity, dtypes)
+        key = (
+            "resample",
+            self.device,
+            self.device_id,
+            self.batch_size,
+            self.num_threads,
+            graph,
+            mode,
+            intensity,
+            dtypes,
+        )
         return cached_pipeline(key, lambda: _Runner(self, graph, mode, intensity), self.device)
 
     def _check(self, jobs: list[Job], graph: Graph) -> tuple[list[Job], list[str]]:
@@ -323,30 +233,42 @@ class Engine:
         dtypes to give back (labels keep theirs)."""
         for j in jobs:
             if tuple(j.image.shape[:3]) != tuple(j.plan.in_shape):
-                raise ValueError(f"image shape {tuple(j.image.shape)} does not match its plan's "
-                                 f"input shape {j.plan.in_shape}")
+                raise ValueError(
+                    f"image shape {tuple(j.image.shape)} does not match its plan's "
+                    f"input shape {j.plan.in_shape}"
+                )
             if len(j.labels) != graph.labels:
-                raise ValueError(f"this graph resamples {graph.labels} label map(s) per sample, "
-                                 f"got {len(j.labels)}")
-        cols = [[j.image for j in jobs]] + [[j.labels[c] for j in jobs] for c in range(graph.labels)]
+                raise ValueError(
+                    f"this graph resamples {graph.labels} label map(s) per sample, "
+                    f"got {len(j.labels)}"
+                )
+        cols = [[j.image for j in jobs]] + [
+            [j.labels[c] for j in jobs] for c in range(graph.labels)
+        ]
         fed = []
         for c, col in enumerate(cols):
             names = {_feed_dtype(a, c > 0) for a in col}
             target = names.pop() if len(names) == 1 else "float32"
             fed.append([a if _dtype_name(a) == target else _astype(a, target) for a in col])
-        out = [Job(fed[0][n], j.plan, tuple(fed[c][n] for c in range(1, len(fed))))
-               for n, j in enumerate(jobs)]
-        restore = [_dtype_name(lb) if _dtype_name(lb) != "bool" else "uint8" for lb in jobs[0].labels]
+        out = [
+            Job(fed[0][n], j.plan, tuple(fed[c][n] for c in range(1, len(fed))))
+            for n, j in enumerate(jobs)
+        ]
+        restore = [
+            _dtype_name(lb) if _dtype_name(lb) != "bool" else "uint8" for lb in jobs[0].labels
+        ]
         return out, restore
 
     def run(self, jobs: Sequence[Job], graph: Graph = Graph(), as_torch: bool = False) -> list:
         """Resample ``jobs``; one ``(image, *labels)`` tuple per job, in order."""
         return [r for batch in self.map(jobs, graph, as_torch) for r in batch]
 
-    def map(self, jobs: Iterable[Job], graph: Graph = Graph(), as_torch: bool = False
-            ) -> Iterator[list]:
+    def map(
+        self, jobs: Iterable[Job], graph: Graph = Graph(), as_torch: bool = False
+    ) -> Iterator[list]:
         """Resample a stream of jobs in batches of ``batch_size``, feeding the next batch before
         waiting for the current one; yields one list of ``(image, *labels)`` per batch."""
+
         def batches():
             chunk = []
             for j in jobs:
@@ -449,9 +371,3 @@ class Engine:
         finally:
             stop.set()
             t.join(timeout=30)
-
-
-
-def drop_cached(key: tuple) -> None:
-    """Forget the calling thread's object for ``key`` (e.g. a pipeline that failed)."""
-    _CACHE.pop((threading.get_ident(), key), None)

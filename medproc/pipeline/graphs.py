@@ -74,8 +74,14 @@ class Graph:
     @classmethod
     def from_spec(cls, spec, labels: int = 0, **kw) -> Graph:
         """The graph that executes plans made from ``spec`` (a :class:`~medproc.Spec`)."""
-        return cls(interp=spec.interp, antialias=spec.antialias, dtype=spec.dtype, fill=spec.fill,
-                   labels=labels, **kw)
+        return cls(
+            interp=spec.interp,
+            antialias=spec.antialias,
+            dtype=spec.dtype,
+            fill=spec.fill,
+            labels=labels,
+            **kw,
+        )
 
     def mode_for(self, plans, device: str) -> str:
         """Which graph executes this batch of plans (see the module doc)."""
@@ -96,8 +102,11 @@ class Graph:
             raise ValueError("antialias needs axis-aligned plans; use antialias=False here")
         # measured (docs/benchmarks.md): warp beats resize on the GPU; on the CPU the separable
         # resize is several times faster. Cubic and antialiasing exist only in resize.
-        if self.mode == "resize" or (aligned and self.fill is None and (
-                device == "cpu" or self.interp == "cubic" or self.antialias)):
+        if self.mode == "resize" or (
+            aligned
+            and self.fill is None
+            and (device == "cpu" or self.interp == "cubic" or self.antialias)
+        ):
             return "resize"
         return "warp"
 
@@ -140,13 +149,22 @@ def resize_roi(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
 def _interp(name: str):
     from nvidia.dali import types
 
-    return {"linear": types.INTERP_LINEAR, "nearest": types.INTERP_NN,
-            "cubic": types.INTERP_CUBIC}[name]
+    return {"linear": types.INTERP_LINEAR, "nearest": types.INTERP_NN, "cubic": types.INTERP_CUBIC}[
+        name
+    ]
 
 
-def build_resample(graph: Graph, mode: str, intensity: bool, device: str, batch_size: int,
-                   num_threads: int, device_id: int | None, host_feed: bool = False,
-                   prefetch: int = 1):
+def build_resample(
+    graph: Graph,
+    mode: str,
+    intensity: bool,
+    device: str,
+    batch_size: int,
+    num_threads: int,
+    device_id: int | None,
+    host_feed: bool = False,
+    prefetch: int = 1,
+):
     """Build the DALI pipeline for ``graph`` in ``mode``. Inputs: ``img`` (and ``lab0``...)
     DHWC, ``size`` and ``mat`` or ``roi_start``/``roi_end``, ``inten`` when ``intensity``."""
     from nvidia.dali import fn, math, pipeline_def, types
@@ -156,13 +174,19 @@ def build_resample(graph: Graph, mode: str, intensity: bool, device: str, batch_
     feed_dev = "gpu" if device == "gpu" and not host_feed else "cpu"
     out_type = to_dali(graph.dtype)
 
-    @pipeline_def(batch_size=batch_size, num_threads=num_threads,
-                  device_id=device_id if device == "gpu" else None, exec_dynamic=True,
-                  prefetch_queue_depth=prefetch)
+    @pipeline_def(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=device_id if device == "gpu" else None,
+        exec_dynamic=True,
+        prefetch_queue_depth=prefetch,
+    )
     def pipe():
         ins = [fn.external_source(name="img", device=feed_dev, layout="DHWC")]
-        ins += [fn.external_source(name=f"lab{n}", device=feed_dev, layout="DHWC")
-                for n in range(graph.labels)]
+        ins += [
+            fn.external_source(name=f"lab{n}", device=feed_dev, layout="DHWC")
+            for n in range(graph.labels)
+        ]
         if device == "gpu" and feed_dev == "cpu":
             ins = [x.gpu() for x in ins]
         img, labs = ins[0], ins[1:]
@@ -170,18 +194,43 @@ def build_resample(graph: Graph, mode: str, intensity: bool, device: str, batch_
         if mode == "warp":
             mat = fn.external_source(name="mat", device="cpu", dtype=types.FLOAT)
             kw = {} if graph.fill is None else {"fill_value": graph.fill}
-            x = fn.warp_affine(img, matrix=mat, size=size, interp_type=_interp(graph.interp),
-                               dtype=types.FLOAT, **kw)
-            labs = [fn.warp_affine(lb, matrix=mat, size=size, interp_type=types.INTERP_NN, **kw)
-                    for lb in labs]
+            x = fn.warp_affine(
+                img,
+                matrix=mat,
+                size=size,
+                interp_type=_interp(graph.interp),
+                dtype=types.FLOAT,
+                **kw,
+            )
+            labs = [
+                fn.warp_affine(lb, matrix=mat, size=size, interp_type=types.INTERP_NN, **kw)
+                for lb in labs
+            ]
         else:  # resize clamps at the border: plans with a fill value take the warp graph
             r0 = fn.external_source(name="roi_start", device="cpu", dtype=types.FLOAT)
             r1 = fn.external_source(name="roi_end", device="cpu", dtype=types.FLOAT)
-            x = fn.resize(img, size=size, roi_start=r0, roi_end=r1, roi_relative=False,
-                          interp_type=_interp(graph.interp), antialias=graph.antialias,
-                          dtype=types.FLOAT)
-            labs = [fn.resize(lb, size=size, roi_start=r0, roi_end=r1, roi_relative=False,
-                              interp_type=types.INTERP_NN, antialias=False) for lb in labs]
+            x = fn.resize(
+                img,
+                size=size,
+                roi_start=r0,
+                roi_end=r1,
+                roi_relative=False,
+                interp_type=_interp(graph.interp),
+                antialias=graph.antialias,
+                dtype=types.FLOAT,
+            )
+            labs = [
+                fn.resize(
+                    lb,
+                    size=size,
+                    roi_start=r0,
+                    roi_end=r1,
+                    roi_relative=False,
+                    interp_type=types.INTERP_NN,
+                    antialias=False,
+                )
+                for lb in labs
+            ]
         if intensity:
             inten = fn.external_source(name="inten", device="cpu", dtype=types.FLOAT)
             lo, hi, a, b = inten[0], inten[1], inten[2], inten[3]
@@ -211,6 +260,8 @@ def plan_inputs(plans, mode: str, intensity: bool) -> dict:
         feed["roi_start"] = [r[0] for r in rois]
         feed["roi_end"] = [r[1] for r in rois]
     if intensity:
-        feed["inten"] = [np.array(p.intensity if p.intensity else (-np.inf, np.inf, 1.0, 0.0), f32)
-                         for p in plans]
+        feed["inten"] = [
+            np.array(p.intensity if p.intensity else (-np.inf, np.inf, 1.0, 0.0), f32)
+            for p in plans
+        ]
     return feed

@@ -48,20 +48,37 @@ class ProxyPipeline:
         DALI pipeline settings.
     """
 
-    def __init__(self, graph: Graph, intensity: bool, batch_size: int, num_threads: int,
-                 device_id: int = 0, prefetch: int = 2):
+    def __init__(
+        self,
+        graph: Graph,
+        intensity: bool,
+        batch_size: int,
+        num_threads: int,
+        device_id: int = 0,
+        prefetch: int = 2,
+    ):
         from dataclasses import replace
 
         from nvidia.dali.plugin.pytorch.experimental import proxy as dali_proxy
 
         self.graph = replace(graph, channels_first=True, mode="warp")
         self.intensity = intensity
-        pipe = build_resample(self.graph, "warp", intensity, "gpu", batch_size, num_threads,
-                              device_id, host_feed=True, prefetch=prefetch)
+        pipe = build_resample(
+            self.graph,
+            "warp",
+            intensity,
+            "gpu",
+            batch_size,
+            num_threads,
+            device_id,
+            host_feed=True,
+            prefetch=prefetch,
+        )
         self.server = dali_proxy.DALIServer(pipe)
         self._dali_proxy = dali_proxy
 
     def loader(self, dataset, batch_size: int, num_workers: int, **kw):
         """DALI Proxy's DataLoader over ``dataset``."""
-        return self._dali_proxy.DataLoader(self.server, dataset, batch_size=batch_size,
-                                           num_workers=num_workers, **kw)
+        return self._dali_proxy.DataLoader(
+            self.server, dataset, batch_size=batch_size, num_workers=num_workers, **kw
+        )

@@ -1,0 +1,111 @@
+"""The engine's pipeline cache: per process and per thread, safe across ``fork()``.
+
+A DALI pipeline is never used by two threads at once, and never touched in a forked child
+(DALI's worker threads do not survive a fork: using an inherited pipeline hangs, destroying it
+may wait forever). See :mod:`medproc.pipeline.engine` for the contract.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+__all__ = [
+    "INSTALL",
+    "ForkError",
+    "cached_pipeline",
+    "drop_cached",
+    "dali_available",
+    "gpu_available",
+]
+INSTALL = "pip install nvidia-dali-cuda120"
+
+
+class ForkError(RuntimeError):
+    """A GPU pipeline was asked for in a process forked after CUDA was initialised."""
+
+
+def dali_available() -> bool:
+    """Whether NVIDIA DALI can be imported here."""
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_GPU: dict[int, bool] = {}
+
+
+def gpu_available() -> bool:
+    """Whether DALI sees an NVIDIA GPU (cached per process)."""
+    pid = os.getpid()
+    if pid not in _GPU:
+        ok = False
+        if dali_available():
+            try:
+                from nvidia.dali.backend import GetCUDADeviceCount
+
+                ok = GetCUDADeviceCount() > 0
+            except Exception:  # noqa: BLE001
+                ok = False
+        _GPU[pid] = ok
+    return _GPU[pid]
+
+
+# --- the per-process, per-thread pipeline cache ---------------------------------------------
+_LOCK = threading.Lock()
+_CACHE: dict[tuple, object] = {}  # (thread ident, key) -> pipeline or runner, this process only
+_GRAVE: list = []  # objects inherited through fork: kept alive, never used or destroyed
+_STATE = {"pid": os.getpid(), "cuda_parent": False, "cuda_here": False}
+
+
+def _cuda_initialised() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(_STATE["cuda_here"] or (torch is not None and torch.cuda.is_initialized()))
+
+
+def _before_fork():
+    _STATE["cuda_at_fork"] = _cuda_initialised()
+
+
+def _after_fork_child():
+    _GRAVE.append(dict(_CACHE))  # destroying them here could wait on threads that do not exist
+    _CACHE.clear()
+    _GPU.clear()
+    _STATE.update(pid=os.getpid(), cuda_parent=_STATE.get("cuda_at_fork", False), cuda_here=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
+
+
+def cached_pipeline(key: tuple, build, device: str = "cpu"):
+    """The calling thread's object for ``key`` in this process, built by ``build()`` on first
+    use. Objects of threads that have ended are dropped; nothing crosses a fork."""
+    if device == "gpu":
+        if _STATE["cuda_parent"]:
+            raise ForkError(
+                "medproc: a GPU pipeline was requested in a process forked after CUDA was "
+                "initialised in its parent (e.g. a DataLoader worker with the default 'fork' "
+                "start method); CUDA cannot run here. Keep the GPU work in the main process "
+                "(PatchLoader and the proxy do), use device='cpu' in workers, or start the "
+                "workers with multiprocessing_context='spawn'"
+            )
+        _STATE["cuda_here"] = True
+    ident = threading.get_ident()
+    obj = _CACHE.get((ident, key))
+    if obj is None:
+        with _LOCK:
+            alive = {t.ident for t in threading.enumerate()}
+            for k in [k for k in _CACHE if k[0] not in alive]:
+                del _CACHE[k]
+        obj = build()
+        _CACHE[(ident, key)] = obj
+    return obj
+
+
+def drop_cached(key: tuple) -> None:
+    """Forget the calling thread's object for ``key`` (e.g. a pipeline that failed)."""
+    _CACHE.pop((threading.get_ident(), key), None)

@@ -1,0 +1,212 @@
+"""The engine's contract: one pipeline per thread, fork-safe, running ahead, in order, errors
+surfaced; and every connector's results equal to a serial run."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import medproc
+from medproc import Spec, make_plan
+from medproc.pipeline import Engine, ForkError, Graph, Job
+from medproc.pipeline import cache as cache_mod
+from medproc.sample_data import ct_phantom, grid_affine
+
+
+def _cases(n=6, seed=0):
+    """Small CT phantoms of different sizes and spacings, each with a label map."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in range(n):
+        shape = (int(rng.integers(28, 40)), int(rng.integers(28, 40)), int(rng.integers(10, 16)))
+        sp = (float(rng.uniform(2.5, 3.5)), float(rng.uniform(2.5, 3.5)), float(rng.uniform(3, 5)))
+        aff = grid_affine(shape, sp, (-50.0, -50.0, -30.0))
+        img, lab = ct_phantom(shape, aff, [], seed=c)
+        lab = (img > 0).astype(np.uint8)
+        out.append((medproc.Volume(img, aff, {"source": f"case{c}"}),
+                    medproc.Volume(lab, aff, {"source": f"case{c}"})))
+    return out
+
+
+SPEC = Spec(spacing=2.0, orientation="RAS", intensity=medproc.Intensity(clip=(-1000, 400)))
+
+
+def test_threads_never_share_a_pipeline_and_results_match_serial():
+    cases = _cases(8)
+    serial = medproc.resample_batch([c[0] for c in cases], SPEC, labels=[c[1] for c in cases],
+                                    batch_size=1)
+    got: dict = {}
+    errors = []
+
+    def work(i):
+        try:
+            for _ in range(3):
+                img, lab = medproc.resample(cases[i][0], spec=SPEC, label=cases[i][1])
+                got.setdefault(i, []).append((img.array, lab.array))
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for i, (ref_img, ref_lab) in enumerate(serial):
+        for img, lab in got[i]:
+            np.testing.assert_array_equal(img, ref_img.array)
+            np.testing.assert_array_equal(lab, ref_lab.array)
+    # each thread built its own pipelines; those of finished threads are dropped on next use
+    assert len({k[0] for k in cache_mod._CACHE}) >= 1
+    medproc.resample(cases[0][0], spec=SPEC)
+    alive = {t.ident for t in threading.enumerate()}
+    assert {k[0] for k in cache_mod._CACHE} <= alive
+
+
+def test_monai_cache_dataset_with_worker_threads_gives_each_case_its_own_image():
+    monai = pytest.importorskip("monai")
+    from medproc.monai import Resampled, to_metatensor
+
+    cases = _cases(12, seed=1)
+    data = [{"image": to_metatensor(img), "label": to_metatensor(lab), "n": n}
+            for n, (img, lab) in enumerate(cases)]
+    t = Resampled(["image", "label"], SPEC)
+    serial = [t(dict(d)) for d in data]
+    ds = monai.data.CacheDataset(data, transform=t, num_workers=4, progress=False)
+    for n in range(len(data)):
+        item = ds[n]
+        assert item["n"] == n
+        np.testing.assert_array_equal(np.asarray(item["image"]), np.asarray(serial[n]["image"]))
+        np.testing.assert_array_equal(np.asarray(item["label"]), np.asarray(serial[n]["label"]))
+        np.testing.assert_allclose(np.asarray(item["image"].affine), np.asarray(serial[n]["image"].affine))
+
+
+class _Cases(torch.utils.data.Dataset):
+    def __init__(self, cases, spec):
+        self.cases, self.spec = cases, spec
+
+    def __len__(self):
+        return len(self.cases)
+
+    def __getitem__(self, i):
+        img, lab = self.cases[i]
+        out, out_lab = medproc.resample(img, spec=self.spec, label=lab)
+        return {"image": torch.from_numpy(np.ascontiguousarray(out.array)),
+                "label": torch.from_numpy(np.ascontiguousarray(out_lab.array)), "i": i}
+
+
+def test_train_validate_train_with_forked_workers_after_dali_ran_in_the_parent():
+    """The usual loop: DataLoader workers (forked) resample, then validation resamples in the
+    main process, then the next epoch forks new workers. Used to hang at epoch 1."""
+    spec = SPEC.replace(crop=(24, 24, 16))
+    cases = _cases(4, seed=2)
+    ref = [_Cases(cases, spec)[i] for i in range(len(cases))]  # DALI has run in this process
+    loader = torch.utils.data.DataLoader(_Cases(cases, spec), batch_size=2, num_workers=2,
+                                         timeout=120, multiprocessing_context="fork")
+    for _epoch in range(2):
+        for batch in loader:  # train
+            for b, i in enumerate(batch["i"].tolist()):
+                np.testing.assert_array_equal(batch["image"][b].numpy(), ref[i]["image"].numpy())
+                np.testing.assert_array_equal(batch["label"][b].numpy(), ref[i]["label"].numpy())
+        val = medproc.resample(cases[0][0], spec=spec)  # validate in the main process
+        np.testing.assert_array_equal(val.array, ref[0]["image"].numpy())
+
+
+def test_stream_runs_ahead_in_order_and_surfaces_errors():
+    cases = _cases(5, seed=3)
+    eng = Engine("cpu", batch_size=2)
+    graph = Graph.from_spec(SPEC, labels=1)
+    plans = [make_plan(v.shape, v.affine, SPEC) for v, _ in cases]
+    pulled = []
+
+    def items():
+        for n, ((img, lab), p) in enumerate(zip(cases, plans)):
+            pulled.append(n)
+            yield [Job(img.array, p, (lab.array,))], graph, n
+
+    out = []
+    it = eng.stream(items(), as_torch=False, ahead=2)
+    res, n = next(it)
+    # the producer went on preparing while we held the first result
+    for _ in range(100):
+        if len(pulled) >= 3:
+            break
+        threading.Event().wait(0.05)
+    assert len(pulled) >= 3
+    out.append((n, res))
+    out += [(n, res) for res, n in it]
+    assert [n for n, _ in out] == list(range(5))
+    for n, res in out:
+        ref = eng.run([Job(cases[n][0].array, plans[n], (cases[n][1].array,))], graph)
+        np.testing.assert_array_equal(res[0][0], ref[0][0])
+
+    def bad():
+        yield [Job(cases[0][0].array, plans[1], (cases[0][1].array,))], graph, 0  # wrong plan
+
+    with pytest.raises(ValueError, match="does not match its plan"):
+        list(eng.stream(bad(), as_torch=False))
+
+
+def test_labels_keep_their_dtype_and_unusual_dtypes_are_resampled_exactly():
+    img, lab = _cases(1, seed=4)[0]
+    plan = make_plan(img.shape, img.affine, Spec(spacing=img.spacing))  # identity grid
+    eng = Engine("cpu", batch_size=1)
+    for dt in ("uint16", "int32", "int64", "bool"):
+        lb = lab.array.astype(dt)
+        (res,) = eng.run([Job(img.array.astype("float64"), plan, (lb,))], Graph(labels=1))
+        assert res[1].dtype == (np.uint8 if dt == "bool" else np.dtype(dt))
+        np.testing.assert_array_equal(res[1], lb)
+        np.testing.assert_array_equal(res[0], img.array.astype(np.float32))
+
+
+def test_gpu_pipeline_in_a_child_forked_after_cuda_fails_at_once(monkeypatch):
+    monkeypatch.setitem(cache_mod._STATE, "cuda_parent", True)  # as after a fork from CUDA
+    with pytest.raises(ForkError, match="multiprocessing_context='spawn'"):
+        cache_mod.cached_pipeline(("test",), lambda: object(), device="gpu")
+
+
+@pytest.mark.gpu
+def test_gpu_stream_and_threads_match_serial():
+    cases = _cases(6, seed=5)
+    cpu = medproc.resample_batch([c[0] for c in cases], SPEC, labels=[c[1] for c in cases])
+    errors, got = [], {}
+
+    def work(i):
+        try:
+            img, lab = medproc.resample(cases[i][0].to("gpu"), spec=SPEC, label=cases[i][1].to("gpu"),
+                                        device="gpu")
+            got[i] = (img.array.cpu().numpy(), lab.array.cpu().numpy())
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for i, (img, lab) in enumerate(cpu):
+        np.testing.assert_allclose(got[i][0], img.array, atol=0.5)  # GPU vs CPU interpolation
+        assert (got[i][1] == lab.array).mean() > 0.995
+
+
+@pytest.mark.gpu
+def test_gpu_forked_worker_after_cuda_in_parent_gets_a_clear_error():
+    from medproc.monai import Resampled, to_metatensor
+
+    cases = _cases(2, seed=6)
+    medproc.resample(cases[0][0], spec=SPEC, device="gpu")  # CUDA initialised here
+
+    class DS(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            t = Resampled(["image"], SPEC, device="gpu")
+            return t({"image": to_metatensor(cases[i][0])})["image"].cpu()
+
+    loader = torch.utils.data.DataLoader(DS(), num_workers=1, timeout=60,
+                                         multiprocessing_context="fork")
+    with pytest.raises(Exception, match="forked after CUDA"):
+        list(loader)
