@@ -29,6 +29,7 @@ class Case:
     dicom: object | None = None  # the scanned DicomSeries: workers read it without a re-scan
 
     def name(self, template: str) -> str:
+        """The output name from a naming template such as ``"{name}"`` or ``"{modality}_{stem}"``."""
         try:
             out = template.format(**self.fields)
         except KeyError as e:

@@ -37,6 +37,7 @@ class Entry:
     error: str = ""
 
     def as_dict(self) -> dict:
+        """The entry as a plain dict (``medproc inspect --json``)."""
         return asdict(self)
 
 

@@ -140,6 +140,7 @@ class Plan:
 
     @property
     def identity(self) -> bool:
+        """True when the plan maps its input grid onto itself (nothing to resample)."""
         return self.in_shape == self.out_shape and np.allclose(self.matrix, np.eye(4), atol=1e-9)
 
     def map_points(self, ijk_in) -> np.ndarray:

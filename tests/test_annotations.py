@@ -19,17 +19,22 @@ from medproc.sample_data import Lesion, ct_phantom, grid_affine
 OBLIQUE = (0.9659258, 0.0, -0.258819, 0.1830127, 0.7071068, 0.6830127)
 
 
-def oblique_case(shape=(30, 60, 50), spacing=(2.0, 1.0, 1.2), n=2):
-    """An oblique, anisotropic CT with spherical lesions at known world positions."""
+def oblique_case(shape=(50, 60, 30), spacing=(1.2, 1.0, 2.0), n=2):
+    """An oblique, anisotropic CT with spherical lesions at known world positions; voxels
+    (i, j, k) = 50 columns of 1.2 mm, 60 rows of 1.0 mm, 30 slices of 2 mm."""
     aff = grid_affine(shape, spacing, (0.0, 0.0, 0.0), iop=OBLIQUE)
     centre = medproc.Volume(np.zeros(shape), aff).voxel_to_world((np.array(shape) - 1) / 2)
     target = np.array([70.0, 5.0, 0.0])  # RAS: the phantom's left lung, so lesions sit in air
     aff[:3, 3] += target - centre
     centre = target
-    les = [Lesion(tuple((centre + [dx, dy, 0]) * [-1, -1, 1]), 20.0, 80.0)
-           for dx, dy in [(-10, -12), (8, 14)][:n]]
+    les = [
+        Lesion(tuple((centre + [dx, dy, 0]) * [-1, -1, 1]), 20.0, 80.0)
+        for dx, dy in [(-10, -12), (8, 14)][:n]
+    ]
     img, lab = ct_phantom(shape, aff, les)
-    lesions = Lesions([np.array(x.center_lps) * [-1, -1, 1] for x in les], [[x.diameter_mm] * 3 for x in les])
+    lesions = Lesions(
+        [np.array(x.center_lps) * [-1, -1, 1] for x in les], [[x.diameter_mm] * 3 for x in les]
+    )
     return medproc.Volume(img, aff), medproc.Volume(lab, aff), lesions
 
 
@@ -47,9 +52,12 @@ def dice(a, b):
 
 AUGMENTS = {
     "resample": lambda shape: np.eye(4),
-    "flip": lambda shape: flip_map(shape, [0, 2]),
-    "rotate": lambda shape: affine_map(shape, [1.5] * 3, rotate_deg=(0, 12, -20)),
-    "flip+rotate+scale": lambda shape: flip_map(shape, [1]) @ affine_map(shape, [1.5] * 3, rotate_deg=(15, 0, 5), scale=(1.1, 0.95, 1.0)),
+    "flip": lambda shape: flip_map(shape, [0, 2]),  # axes i and k
+    "rotate": lambda shape: affine_map(shape, [1.5] * 3, rotate_deg=(-20, 12, 0)),
+    "flip+rotate+scale": lambda shape: (
+        flip_map(shape, [1])
+        @ affine_map(shape, [1.5] * 3, rotate_deg=(5, 0, 15), scale=(1.0, 0.95, 1.1))
+    ),
 }
 
 
@@ -58,27 +66,71 @@ def test_lesions_stay_on_their_lesions(aug):
     img, lab, lesions = oblique_case()
     plan = make_plan(img.shape, img.affine, Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40)))
     plan = plan.augmented(AUGMENTS[aug](plan.out_shape))
-    from medproc.pipeline import Resampler
+    from medproc.pipeline import Engine, Graph, Job
 
-    r = Resampler("cpu", with_label=True)
-    out_img, out_lab = r.run([img.array], [plan], [lab.array])[0]
+    ((out_img, out_lab),) = Engine("cpu", batch_size=1).run(
+        [Job(img.array, plan, (lab.array,))], Graph(labels=1, interp="linear")
+    )
+    assert out_img.shape == out_lab.shape == plan.out_shape == (48, 56, 40)
     placed = plan.lesions_on_grid(lesions)
     for n, p in enumerate(placed):
         assert p["inside"]
-        centroid = np.argwhere(out_lab == n + 1).mean(0)
-        assert np.abs(np.array(p["center_index"]) - centroid).max() <= 0.5, (p, centroid)
+        centroid = np.argwhere(out_lab == n + 1).mean(0)  # (i, j, k)
+        assert np.abs(np.array(p["center_voxel"]) - centroid).max() <= 0.5, (p, centroid)
         # the mask overlaps the lesion as the resampled image shows it (lesion 80 HU in lung at
         # -820 HU: half-way threshold, near the lesion) with Dice >= 0.95 ...
-        near = sphere_mask(plan.out_affine, plan.out_shape, plan.motion,
-                           Lesions(lesions.centers, lesions.sizes + 8.0), n)
+        near = sphere_mask(
+            plan.out_affine,
+            plan.out_shape,
+            plan.motion,
+            Lesions(lesions.centers, lesions.sizes + 8.0),
+            n,
+        )
         in_image = (out_img > -370) & near
         assert dice(out_lab == n + 1, in_image) >= 0.95
         # ... and the true sphere within the source's voxel size (2 mm slices)
         truth = sphere_mask(plan.out_affine, plan.out_shape, plan.motion, lesions, n)
         assert dice(out_lab == n + 1, truth) >= 0.9
         # the lesion is bright tissue in the resampled image too
-        k, j, i = np.round(p["center_index"]).astype(int)
-        assert out_img[k, j, i] > 0
+        i, j, k = np.round(p["center_voxel"]).astype(int)
+        assert out_img[i, j, k] > 0
+
+
+def _grids(sample_data):
+    """(affine, shape, lesions) on oblique, anisotropic, cropped and augmented grids."""
+    img, _, lesions = oblique_case()
+    yield img.affine, img.shape, lesions
+    plan = make_plan(img.shape, img.affine, Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40)))
+    for aug in AUGMENTS.values():
+        p = plan.augmented(aug(plan.out_shape))
+        moved = lesions.transformed(p.motion)
+        yield p.out_affine, p.out_shape, moved
+    table = read_luna_csv(os.path.join(sample_data, "lesions.csv"))
+    for series in ("ct_axial", "ct_oblique"):
+        v = medproc.load(os.path.join(sample_data, "dicom", series))
+        les = table[v.meta["series_uid"]]
+        yield v.affine, v.shape, les
+        p = make_plan(v.shape, v.affine, Spec(spacing=(1.0, 1.5, 3.0), orientation="PIR"))
+        yield p.out_affine, p.out_shape, les
+
+
+def test_center_voxel_maps_to_center_world(sample_data):
+    """affine @ [*center_voxel, 1] == center_world_ras (within 1e-3 mm) for every lesion."""
+    n = 0
+    for affine, shape, lesions in _grids(sample_data):
+        for les in lesions.on_grid(affine, shape):
+            world = affine @ np.array([*les["center_voxel"], 1.0])
+            np.testing.assert_allclose(world[:3], les["center_world_ras"], atol=1e-3)
+            n += 1
+    assert n >= 2 * (1 + len(AUGMENTS) + 4)
+    # the order is (i, j, k): the bundled axial series, LPS (-62, -10, 5) on a grid of
+    # 2.9 x 2.9 x 2.5 mm from LPS (-161, -141, -50), i -> L, j -> P, k -> S
+    v = medproc.load(os.path.join(sample_data, "dicom", "ct_axial"))
+    les = read_luna_csv(os.path.join(sample_data, "lesions.csv"))[v.meta["series_uid"]]
+    first = les.on_grid(v.affine, v.shape)[0]
+    np.testing.assert_allclose(first["center_voxel"], [99 / 2.9, 131 / 2.9, 55 / 2.5], atol=1e-3)
+    i, j, k = np.round(first["center_voxel"]).astype(int)
+    assert v.array[i, j, k] > 0  # bright lesion (70 HU) in the lung
 
 
 def test_lesion_leaving_a_crop_is_flagged_not_dropped():
@@ -102,7 +154,9 @@ def test_luna_csv_is_lps_and_errors_name_the_line(tmp_path, sample_data):
     np.testing.assert_allclose(les.centers[0], [62.0, 10.0, 5.0])  # LPS (-62, -10, 5) -> RAS
     bad = tmp_path / "bad.csv"
     bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm\nA,1,2,3,4\nB,1,x,3,4\n")
-    with pytest.raises(medproc.ReadError, match=r"bad.csv: line 3: coordinates and diameter must be numbers"):
+    with pytest.raises(
+        medproc.ReadError, match=r"bad.csv: line 3: coordinates and diameter must be numbers"
+    ):
         read_luna_csv(bad)
     bad.write_text("uid,x,y,z\n")
     with pytest.raises(medproc.ReadError, match=r"line 1: missing column"):
@@ -113,9 +167,18 @@ def test_luna_csv_is_lps_and_errors_name_the_line(tmp_path, sample_data):
 
 
 def test_json_boxes_and_points(tmp_path):
-    doc = {"coordinate_system": "LPS", "box_mode": "xyzxyz",
-           "cases": [{"image": "case7.nii.gz", "boxes": [[-10, -20, 0, 10, 20, 6]], "labels": [2],
-                      "points": [[1, 2, 3, 8]]}]}
+    doc = {
+        "coordinate_system": "LPS",
+        "box_mode": "xyzxyz",
+        "cases": [
+            {
+                "image": "case7.nii.gz",
+                "boxes": [[-10, -20, 0, 10, 20, 6]],
+                "labels": [2],
+                "points": [[1, 2, 3, 8]],
+            }
+        ],
+    }
     p = tmp_path / "l.json"
     p.write_text(json.dumps(doc))
     les = read_json(p, image="/data/case7.nii.gz")
@@ -123,7 +186,9 @@ def test_json_boxes_and_points(tmp_path):
     np.testing.assert_allclose(les.centers, [[0, 0, 3], [-1, -2, 3]])
     np.testing.assert_allclose(les.sizes[0], [20, 40, 6])
     # MONAI's detection datalist layout (world, cccwhd)
-    p.write_text(json.dumps({"training": [{"image": "a.nii.gz", "box": [[1, 2, 3, 4, 5, 6]], "label": [1]}]}))
+    p.write_text(
+        json.dumps({"training": [{"image": "a.nii.gz", "box": [[1, 2, 3, 4, 5, 6]], "label": [1]}]})
+    )
     np.testing.assert_allclose(read_json(p)["a"].sizes, [[4, 5, 6]])
     p.write_text('{"cases": [{"image": "a", "boxes": [[1, 2, 3]]}]}')
     with pytest.raises(medproc.ReadError, match=r"cases\[0\].boxes\[0\]: expected 6"):
@@ -144,12 +209,24 @@ def test_dicom_seg_lines_up(quiet):
     np.testing.assert_array_equal(seg.array, vol.array * 1)
     ds = pydicom.dcmread(path)
     assert int(seg.array.sum()) == int(ds.pixel_array.sum())
+    # (i, j, k): slice k of the label is a frame (rows, columns) transposed, each frame once
+    frames = ds.pixel_array
+    assert seg.shape == (int(ds.Columns), int(ds.Rows), frames.shape[0])
+    found = [
+        [f for f in range(frames.shape[0]) if np.array_equal(seg.array[:, :, k], frames[f].T)]
+        for k in range(seg.shape[2])
+    ]
+    assert sorted(sum(found, [])) == list(range(frames.shape[0])), found
+    assert not np.array_equal(frames[0], frames[0].T)  # so the transpose is seen
 
 
 def test_rtstruct_contours_rasterise_onto_the_lesion(tmp_path):
-    shape, sp = (24, 64, 64), (2.0, 1.0, 1.0)
-    aff = grid_affine(shape, sp, (-32.0, -32.0, -24.0))
-    les = Lesion((0.0, 0.0, 0.0), 24.0, 80.0)
+    # (i, j, k) = 64 columns, 56 rows, 24 slices of 2 mm; the lesion off-centre in-plane, so a
+    # contour rasterised with i and j swapped would miss it
+    shape, sp = (64, 56, 24), (1.0, 1.0, 2.0)
+    aff = grid_affine(shape, sp, (-32.0, -28.0, -24.0))
+    cx, cy = 9.0, -6.0  # LPS mm
+    les = Lesion((cx, cy, 0.0), 24.0, 80.0)
     img, lab = ct_phantom(shape, aff, [les])
     vol = medproc.Volume(img, aff)
     ds = pydicom.Dataset()
@@ -160,13 +237,13 @@ def test_rtstruct_contours_rasterise_onto_the_lesion(tmp_path):
     rc = pydicom.Dataset()
     rc.ReferencedROINumber = 3
     contours = []
-    for k in range(shape[0]):
-        z = vol.voxel_to_world([k, 0, 0])[2]
+    for k in range(shape[2]):
+        z = vol.voxel_to_world([0, 0, k])[2]
         if abs(z) >= 12:
             continue
         r = np.sqrt(144 - z * z)
         t = np.linspace(0, 2 * np.pi, 72, endpoint=False)
-        pts = np.stack([r * np.cos(t), r * np.sin(t), np.full_like(t, z)], 1)  # LPS (centre 0)
+        pts = np.stack([cx + r * np.cos(t), cy + r * np.sin(t), np.full_like(t, z)], 1)  # LPS
         c = pydicom.Dataset()
         c.ContourGeometricType = "CLOSED_PLANAR"
         c.NumberOfContourPoints = len(pts)
@@ -179,7 +256,7 @@ def test_rtstruct_contours_rasterise_onto_the_lesion(tmp_path):
     p = tmp_path / "rt.dcm"
     ds.save_as(p, enforce_file_format=False)
     mask = read_rtstruct(p, vol, roi="gtv")
-    assert set(np.unique(mask.array)) == {0, 3}
+    assert mask.shape == vol.shape and set(np.unique(mask.array)) == {0, 3}
     assert dice(mask.array > 0, lab > 0) >= 0.9
     with pytest.raises(medproc.MedprocError, match="no ROI named 'liver'.*GTV"):
         read_rtstruct(p, vol, roi="liver")
@@ -187,9 +264,26 @@ def test_rtstruct_contours_rasterise_onto_the_lesion(tmp_path):
 
 def test_convert_writes_annotations_next_to_outputs(sample_data, tmp_path):
     out = tmp_path / "o"
-    assert main(["convert", os.path.join(sample_data, "dicom"), os.path.join(sample_data, "nifti", "images"),
-                 "-o", str(out), "--spacing", "1.5", "--orientation", "RAS",
-                 "--annotations", os.path.join(sample_data, "lesions.csv"), "-j", "1"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                os.path.join(sample_data, "dicom"),
+                os.path.join(sample_data, "nifti", "images"),
+                "-o",
+                str(out),
+                "--spacing",
+                "1.5",
+                "--orientation",
+                "RAS",
+                "--annotations",
+                os.path.join(sample_data, "lesions.csv"),
+                "-j",
+                "1",
+            ]
+        )
+        == 0
+    )
     for name in ("case001", "case002"):
         doc = json.load(open(out / f"{name}.annotations.json"))
         assert len(doc["lesions"]) == 2

@@ -11,14 +11,20 @@ import numpy as np
 import pydicom
 import pytest
 import SimpleITK as sitk
-
-import medproc
-from medproc.io.sitk_io import sitk_affine
 from fetch_test_data import pydicom_test_files
 from world import assert_same_world
 
+import medproc
+from medproc.io.sitk_io import sitk_affine
+
 FILES = pydicom_test_files()
 sitk.ProcessObject_SetGlobalWarningDisplay(False)
+
+
+def _ijk(frames):
+    """pydicom's frames-first stack (frame, row, column[, sample]) in medproc's axis order
+    (column, row, frame[, sample]) = (i, j, k[, C]): frame k is ``vol.array[:, :, k].T``."""
+    return frames.transpose(2, 1, 0) if frames.ndim == 3 else frames.transpose(2, 1, 0, 3)
 
 
 def _reference(path):
@@ -63,17 +69,23 @@ def test_real_file(path, quiet):
         assert os.path.basename(path) in str(ei.value)
         return
     vol = medproc.load(path)
-    assert vol.array.shape[0] == ref.shape[0]
+    ref = _ijk(ref)  # (column, row, frame[, sample]): slice k of medproc is frame k transposed
+    assert vol.array.shape == ref.shape
     # values: equal to pydicom's (frames in file order, or reversed when sorted along the normal)
     a = vol.array.astype(np.float64)
     tol = 1e-6 * max(1.0, np.abs(ref).max()) if vol.array.dtype.kind == "f" else 0
-    same = np.allclose(a, ref, atol=tol, rtol=0) or np.allclose(a[::-1], ref, atol=tol, rtol=0)
+    same = np.allclose(a, ref, atol=tol, rtol=0) or np.allclose(
+        a[:, :, ::-1], ref, atol=tol, rtol=0
+    )
     assert same, f"values differ from pydicom's (max {np.abs(a - ref).max()})"
     if vol.array.dtype.kind in "iu":
-        assert np.array_equal(vol.array, ref.astype(vol.array.dtype))  or np.array_equal(vol.array[::-1], ref)
+        assert np.array_equal(vol.array, ref.astype(vol.array.dtype)) or np.array_equal(
+            vol.array[:, :, ::-1], ref
+        )
     # geometry: against SimpleITK where the file has patient geometry and GDCM reads it
     if any("no patient geometry" in w for w in vol.meta["warnings"]):
-        assert np.allclose(vol.affine[:3, :3] != 0, np.fliplr(np.eye(3)) != 0)
+        # placeholder: i (column) -> x, j (row) -> y, k (frame) -> z
+        assert np.allclose(vol.affine[:3, :3] != 0, np.eye(3) != 0)
         return
     try:
         img = sitk.ReadImage(path)
@@ -81,14 +93,18 @@ def test_real_file(path, quiet):
         pytest.skip("SimpleITK/GDCM cannot read this file: no independent geometry")
     if img.GetDimension() != 3 or img.GetNumberOfComponentsPerPixel() != vol.channels:
         pytest.skip("SimpleITK reads it with another dimensionality")
-    ref_arr = sitk.GetArrayFromImage(img)
-    if vol.shape[0] == 1:
+    ref_arr = _ijk(sitk.GetArrayFromImage(img))  # ITK index (x, y, z[, C]) = medproc's (i, j, k)
+    if vol.shape[2] == 1:
         # one slice: SimpleITK has no slice spacing either; compare the in-plane grid
         A, B = vol.affine.copy(), sitk_affine(img)
-        A[:3, 0] = B[:3, 0] = np.cross(A[:3, 1], A[:3, 2]) / np.linalg.norm(np.cross(A[:3, 1], A[:3, 2]))
+        A[:3, 2] = B[:3, 2] = np.cross(A[:3, 0], A[:3, 1]) / np.linalg.norm(
+            np.cross(A[:3, 0], A[:3, 1])
+        )
         assert_same_world(vol.array, A, ref_arr, B, atol_mm=1e-4, values=False)
     else:
-        assert_same_world(vol.array, vol.affine, ref_arr, sitk_affine(img), atol_mm=1e-4, values=False)
+        assert_same_world(
+            vol.array, vol.affine, ref_arr, sitk_affine(img), atol_mm=1e-4, values=False
+        )
 
 
 def test_truncated_file_names_file(quiet):
@@ -107,13 +123,14 @@ def test_enhanced_ct_sorted_along_normal(quiet):
     p = get_testdata_file("eCT_Supplemental.dcm")
     vol = medproc.load(p)
     img = sitk.ReadImage(p)
-    assert_same_world(vol.array, vol.affine, sitk.GetArrayFromImage(img),
-                      sitk_affine(img), atol_mm=1e-4)
+    assert_same_world(
+        vol.array, vol.affine, _ijk(sitk.GetArrayFromImage(img)), sitk_affine(img), atol_mm=1e-4
+    )
 
 
 def test_seg_frames_line_up(quiet):
     from pydicom.data import get_testdata_file
 
     vol = medproc.load(get_testdata_file("liver.dcm"))
-    assert vol.shape == (3, 512, 512) and vol.array.max() == 1
-    np.testing.assert_allclose(vol.spacing, [1.0, 0.810547, 0.810547], rtol=1e-6)
+    assert vol.shape == (512, 512, 3) and vol.array.max() == 1
+    np.testing.assert_allclose(vol.spacing, [0.810547, 0.810547, 1.0], rtol=1e-6)

@@ -10,35 +10,51 @@ import numpy as np
 import pydicom
 import pytest
 import SimpleITK as sitk
+from world import assert_same_world
 
 import medproc
 from medproc.io.sitk_io import sitk_affine
 from medproc.sample_data import ct_phantom, grid_affine, write_dicom_series
-from world import assert_same_world
 
 
-def _series(tmp_path, name="s", shape=(16, 48, 40), spacing=(2.5, 1.1, 0.9), iop=(1, 0, 0, 0, 1, 0),
-            tilt=0.0, **kw):
+def _series(
+    tmp_path,
+    name="s",
+    shape=(40, 48, 16),
+    spacing=(0.9, 1.1, 2.5),
+    iop=(1, 0, 0, 0, 1, 0),
+    tilt=0.0,
+    **kw,
+):
+    """A synthetic series: ``shape`` (columns, rows, slices) = (i, j, k), ``spacing`` (column
+    spacing, row spacing, slice step) mm; returns (folder, voxels (i, j, k), affine)."""
     aff = grid_affine(shape, spacing, (-20.0, -25.0, 30.0), iop=iop, tilt_deg=tilt)
     img, _ = ct_phantom(shape, aff, [])
     d = str(tmp_path / name)
-    write_dicom_series(d, medproc.Volume(img, aff), f"1.2.3.{zlib.crc32(name.encode())}",
-                       gantry_tilt=tilt or None, **kw)
+    write_dicom_series(
+        d,
+        medproc.Volume(img, aff),
+        f"1.2.3.{zlib.crc32(name.encode())}",
+        gantry_tilt=tilt or None,
+        **kw,
+    )
     return d, img, aff
 
 
 def _sitk_series(d):
+    """SimpleITK's (GDCM's) reading: voxels indexed (x, y, z) as ITK's index, and its affine."""
     r = sitk.ImageSeriesReader()
     r.SetFileNames(r.GetGDCMSeriesFileNames(d))
     im = r.Execute()
-    return sitk.GetArrayFromImage(im), sitk_affine(im)
+    return sitk.GetArrayFromImage(im).transpose(2, 1, 0), sitk_affine(im)
 
 
 OBLIQUE = (0.9659258, 0.0, -0.258819, 0.1830127, 0.7071068, 0.6830127)
 
 
-@pytest.mark.parametrize("iop", [(1, 0, 0, 0, 1, 0), (0, 1, 0, 0, 0, -1), OBLIQUE],
-                         ids=["axial", "sagittal", "oblique"])
+@pytest.mark.parametrize(
+    "iop", [(1, 0, 0, 0, 1, 0), (0, 1, 0, 0, 0, -1), OBLIQUE], ids=["axial", "sagittal", "oblique"]
+)
 def test_series_matches_simpleitk(tmp_path, iop):
     d, img, aff = _series(tmp_path, iop=iop)
     vol = medproc.load(d)
@@ -46,6 +62,10 @@ def test_series_matches_simpleitk(tmp_path, iop):
     np.testing.assert_allclose(vol.affine, aff, atol=1e-5)  # our generator's truth
     arr, A = _sitk_series(d)
     assert_same_world(vol.array, vol.affine, arr, A, atol_mm=1e-4)
+    # one axis order: ITK's index (x, y, z) is medproc's (i, j, k), voxel for voxel
+    assert vol.shape == arr.shape
+    np.testing.assert_array_equal(vol.array, arr)
+    np.testing.assert_allclose(vol.affine, A, atol=1e-4)
 
 
 def test_series_matches_dcm2niix(tmp_path, sample_data):
@@ -53,13 +73,16 @@ def test_series_matches_dcm2niix(tmp_path, sample_data):
     if exe is None:
         pytest.skip("dcm2niix not installed (pip install dcm2niix)")
     src = os.path.join(sample_data, "dicom", "ct_oblique")
-    subprocess.run([exe, "-z", "n", "-b", "n", "-o", str(tmp_path), "-f", "ref", src], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [exe, "-z", "n", "-b", "n", "-o", str(tmp_path), "-f", "ref", src],
+        check=True,
+        capture_output=True,
+    )
     img = nib.load(str(tmp_path / "ref.nii"))
-    ref = np.asarray(img.dataobj).transpose(2, 1, 0)
-    ref_aff = img.affine[:, [2, 1, 0, 3]]
+    ref = np.asarray(img.dataobj)
     vol = medproc.load(src)
-    assert_same_world(vol.array, vol.affine, ref.astype(vol.array.dtype), ref_aff, atol_mm=1e-3)
+    assert vol.shape == img.shape  # the same (i, j, k) axes as dcm2niix's NIfTI
+    assert_same_world(vol.array, vol.affine, ref.astype(vol.array.dtype), img.affine, atol_mm=1e-3)
 
 
 def test_order_ignores_names_and_instance_numbers(tmp_path):
@@ -73,12 +96,14 @@ def test_gantry_tilt_keeps_voxels_in_place(tmp_path):
     with pytest.warns(medproc.GeometryWarning, match=r"gantry tilt of 12\.0"):
         vol = medproc.load(d)
     np.testing.assert_array_equal(vol.array, img)
-    # every slice's ImagePositionPatient is where the affine puts voxel (k, 0, 0)
+    # every slice's ImagePositionPatient is where the affine puts voxel (0, 0, k)
     for f in os.listdir(d):
         ds = pydicom.dcmread(os.path.join(d, f), stop_before_pixels=True)
         ipp = np.array(ds.ImagePositionPatient, float) * [-1, -1, 1]
-        k = np.argmin([np.abs(vol.voxel_to_world([k, 0, 0]) - ipp).max() for k in range(vol.shape[0])])
-        np.testing.assert_allclose(vol.voxel_to_world([k, 0, 0]), ipp, atol=1e-4)
+        k = np.argmin(
+            [np.abs(vol.voxel_to_world([0, 0, k]) - ipp).max() for k in range(vol.shape[2])]
+        )
+        np.testing.assert_allclose(vol.voxel_to_world([0, 0, k]), ipp, atol=1e-4)
 
 
 def _move_slice(d, fraction_of_step, step=2.5, which=5):
@@ -95,9 +120,11 @@ def _move_slice(d, fraction_of_step, step=2.5, which=5):
 def test_uneven_spacing_warns_with_numbers(tmp_path):
     d, *_ = _series(tmp_path, shuffle_names=False)
     _move_slice(d, 0.04)
-    with pytest.warns(medproc.GeometryWarning, match=r"uneven slice spacing: steps from 2\.4 to 2\.6 mm"):
+    with pytest.warns(
+        medproc.GeometryWarning, match=r"uneven slice spacing: steps from 2\.4 to 2\.6 mm"
+    ):
         vol = medproc.load(d)
-    assert abs(vol.spacing[0] - 2.5) < 0.01
+    assert abs(vol.spacing[2] - 2.5) < 0.01
 
 
 def test_badly_uneven_spacing_is_an_error(tmp_path):
@@ -108,18 +135,23 @@ def test_badly_uneven_spacing_is_an_error(tmp_path):
 
 
 def test_broken_series_errors_name_the_problem(broken_dataset, quiet):
-    with pytest.raises(medproc.GeometryError, match=r"missing slices: a gap of 5\.000 mm.*IM00004\.dcm and IM00006\.dcm"):
+    with pytest.raises(
+        medproc.GeometryError,
+        match=r"missing slices: a gap of 5\.000 mm.*IM00004\.dcm and IM00006\.dcm",
+    ):
         medproc.load(broken_dataset["missing_slice"])
     with pytest.raises(medproc.GeometryError, match="share a slice position.*IM_dup.dcm"):
         medproc.load(broken_dataset["duplicate_slice"])
-    with pytest.raises(medproc.ReadError, match=r"IM00002\.dcm.*(truncated|less than expected|cannot be)"):
+    with pytest.raises(
+        medproc.ReadError, match=r"IM00002\.dcm.*(truncated|less than expected|cannot be)"
+    ):
         medproc.load(broken_dataset["truncated"])
     with pytest.raises(medproc.ReadError, match="not_dicom.dcm.*not a DICOM"):
         medproc.load(broken_dataset["not_dicom"])
 
 
 def test_missing_pixel_data(tmp_path):
-    d, *_ = _series(tmp_path, shape=(3, 8, 8))
+    d, *_ = _series(tmp_path, shape=(8, 8, 3))
     f = os.path.join(d, sorted(os.listdir(d))[0])
     ds = pydicom.dcmread(f)
     del ds.PixelData
@@ -137,17 +169,26 @@ def test_varying_rescale_slopes_give_float(tmp_path):
     vol = medproc.load(d)
     assert vol.array.dtype == np.float32
     ref = pydicom.dcmread(f)
-    k = int(np.argmin([abs(vol.voxel_to_world([k, 0, 0])[2] - float(ref.ImagePositionPatient[2])) for k in range(vol.shape[0])]))
-    np.testing.assert_array_equal(vol.array[k], ref.pixel_array * 0.5 - 1024)
-    others = [i for i in range(vol.shape[0]) if i != k]
-    np.testing.assert_array_equal(vol.array[others], img[others])
+    k = int(
+        np.argmin(
+            [
+                abs(vol.voxel_to_world([0, 0, k])[2] - float(ref.ImagePositionPatient[2]))
+                for k in range(vol.shape[2])
+            ]
+        )
+    )
+    # slice k, transposed, is pydicom's pixel_array (rows, columns)
+    np.testing.assert_array_equal(vol.array[:, :, k].T, ref.pixel_array * 0.5 - 1024)
+    others = [i for i in range(vol.shape[2]) if i != k]
+    np.testing.assert_array_equal(vol.array[:, :, others], img[:, :, others])
 
 
-@pytest.mark.parametrize("ts", [pydicom.uid.RLELossless, pydicom.uid.JPEG2000Lossless],
-                         ids=["rle", "j2k-lossless"])
+@pytest.mark.parametrize(
+    "ts", [pydicom.uid.RLELossless, pydicom.uid.JPEG2000Lossless], ids=["rle", "j2k-lossless"]
+)
 def test_compressed_series_decode_exactly(tmp_path, ts):
     try:
-        d, img, _ = _series(tmp_path, shape=(6, 32, 32), transfer_syntax=ts)
+        d, img, _ = _series(tmp_path, shape=(32, 32, 6), transfer_syntax=ts)
     except (RuntimeError, NotImplementedError) as e:  # the encoder plugins are dependencies
         pytest.fail(f"no encoder here for {ts.name}: {e}")
     vol = medproc.load(d)
@@ -157,13 +198,13 @@ def test_compressed_series_decode_exactly(tmp_path, ts):
 
 def test_folder_with_several_series(tmp_path):
     _series(tmp_path, "a", series_number=4, description="T1 axial")
-    _series(tmp_path, "b", shape=(10, 32, 32), series_number=7, description="CT lung")
+    _series(tmp_path, "b", shape=(32, 32, 10), series_number=7, description="CT lung")
     with pytest.raises(medproc.SeriesError, match=r"(?s)holds 2 series.*T1 axial.*CT lung"):
         medproc.load(tmp_path)
-    assert medproc.load(tmp_path, series=7).shape == (10, 32, 32)
-    assert medproc.load(tmp_path, series="lung").shape == (10, 32, 32)
+    assert medproc.load(tmp_path, series=7).shape == (32, 32, 10)
+    assert medproc.load(tmp_path, series="lung").shape == (32, 32, 10)
     uid = medproc.load(tmp_path, series="T1").meta["series_uid"]
-    assert medproc.load(tmp_path, series=uid).shape == (16, 48, 40)
+    assert medproc.load(tmp_path, series=uid).shape == (40, 48, 16)
     with pytest.raises(medproc.SeriesError, match="matches none"):
         medproc.load(tmp_path, series="brain")
 
@@ -171,9 +212,9 @@ def test_folder_with_several_series(tmp_path):
 def test_series_uid_split_by_geometry_and_stray_files(tmp_path):
     """One SeriesInstanceUID holding two image sizes (e.g. a localizer) is split into parts;
     stray non-DICOM files are ignored."""
-    d, *_ = _series(tmp_path, "x", shape=(5, 16, 16))
-    aff = grid_affine((1, 20, 20), (1, 1, 1), (0, 0, 0), iop=(0, 1, 0, 0, 0, -1))
-    img, _ = ct_phantom((1, 20, 20), aff, [])
+    d, *_ = _series(tmp_path, "x", shape=(16, 16, 5))
+    aff = grid_affine((20, 20, 1), (1, 1, 1), (0, 0, 0), iop=(0, 1, 0, 0, 0, -1))
+    img, _ = ct_phantom((20, 20, 1), aff, [])
     uid = pydicom.dcmread(os.path.join(d, os.listdir(d)[0])).SeriesInstanceUID
     write_dicom_series(os.path.join(d, "loc"), medproc.Volume(img, aff), uid)
     (tmp_path / "x" / "notes.txt").write_text("hello")

@@ -24,8 +24,12 @@ def _cases(n=6, seed=0):
         aff = grid_affine(shape, sp, (-50.0, -50.0, -30.0))
         img, lab = ct_phantom(shape, aff, [], seed=c)
         lab = (img > 0).astype(np.uint8)
-        out.append((medproc.Volume(img, aff, {"source": f"case{c}"}),
-                    medproc.Volume(lab, aff, {"source": f"case{c}"})))
+        out.append(
+            (
+                medproc.Volume(img, aff, {"source": f"case{c}"}),
+                medproc.Volume(lab, aff, {"source": f"case{c}"}),
+            )
+        )
     return out
 
 
@@ -34,8 +38,9 @@ SPEC = Spec(spacing=2.0, orientation="RAS", intensity=medproc.Intensity(clip=(-1
 
 def test_threads_never_share_a_pipeline_and_results_match_serial():
     cases = _cases(8)
-    serial = medproc.resample_batch([c[0] for c in cases], SPEC, labels=[c[1] for c in cases],
-                                    batch_size=1)
+    serial = medproc.resample_batch(
+        [c[0] for c in cases], SPEC, labels=[c[1] for c in cases], batch_size=1
+    )
     got: dict = {}
     errors = []
 
@@ -69,8 +74,10 @@ def test_monai_cache_dataset_with_worker_threads_gives_each_case_its_own_image()
     from medproc.monai import Resampled, to_metatensor
 
     cases = _cases(12, seed=1)
-    data = [{"image": to_metatensor(img), "label": to_metatensor(lab), "n": n}
-            for n, (img, lab) in enumerate(cases)]
+    data = [
+        {"image": to_metatensor(img), "label": to_metatensor(lab), "n": n}
+        for n, (img, lab) in enumerate(cases)
+    ]
     t = Resampled(["image", "label"], SPEC)
     serial = [t(dict(d)) for d in data]
     ds = monai.data.CacheDataset(data, transform=t, num_workers=4, progress=False)
@@ -79,7 +86,9 @@ def test_monai_cache_dataset_with_worker_threads_gives_each_case_its_own_image()
         assert item["n"] == n
         np.testing.assert_array_equal(np.asarray(item["image"]), np.asarray(serial[n]["image"]))
         np.testing.assert_array_equal(np.asarray(item["label"]), np.asarray(serial[n]["label"]))
-        np.testing.assert_allclose(np.asarray(item["image"].affine), np.asarray(serial[n]["image"].affine))
+        np.testing.assert_allclose(
+            np.asarray(item["image"].affine), np.asarray(serial[n]["image"].affine)
+        )
 
 
 class _Cases(torch.utils.data.Dataset):
@@ -92,8 +101,11 @@ class _Cases(torch.utils.data.Dataset):
     def __getitem__(self, i):
         img, lab = self.cases[i]
         out, out_lab = medproc.resample(img, spec=self.spec, label=lab)
-        return {"image": torch.from_numpy(np.ascontiguousarray(out.array)),
-                "label": torch.from_numpy(np.ascontiguousarray(out_lab.array)), "i": i}
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(out.array)),
+            "label": torch.from_numpy(np.ascontiguousarray(out_lab.array)),
+            "i": i,
+        }
 
 
 def test_train_validate_train_with_forked_workers_after_dali_ran_in_the_parent():
@@ -102,8 +114,13 @@ def test_train_validate_train_with_forked_workers_after_dali_ran_in_the_parent()
     spec = SPEC.replace(crop=(24, 24, 16))
     cases = _cases(4, seed=2)
     ref = [_Cases(cases, spec)[i] for i in range(len(cases))]  # DALI has run in this process
-    loader = torch.utils.data.DataLoader(_Cases(cases, spec), batch_size=2, num_workers=2,
-                                         timeout=120, multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        _Cases(cases, spec),
+        batch_size=2,
+        num_workers=2,
+        timeout=120,
+        multiprocessing_context="fork",
+    )
     for _epoch in range(2):
         for batch in loader:  # train
             for b, i in enumerate(batch["i"].tolist()):
@@ -174,8 +191,9 @@ def test_gpu_stream_and_threads_match_serial():
 
     def work(i):
         try:
-            img, lab = medproc.resample(cases[i][0].to("gpu"), spec=SPEC, label=cases[i][1].to("gpu"),
-                                        device="gpu")
+            img, lab = medproc.resample(
+                cases[i][0].to("gpu"), spec=SPEC, label=cases[i][1].to("gpu"), device="gpu"
+            )
             got[i] = (img.array.cpu().numpy(), lab.array.cpu().numpy())
         except Exception as e:  # noqa: BLE001
             errors.append(e)
@@ -206,7 +224,22 @@ def test_gpu_forked_worker_after_cuda_in_parent_gets_a_clear_error():
             t = Resampled(["image"], SPEC, device="gpu")
             return t({"image": to_metatensor(cases[i][0])})["image"].cpu()
 
-    loader = torch.utils.data.DataLoader(DS(), num_workers=1, timeout=60,
-                                         multiprocessing_context="fork")
+    loader = torch.utils.data.DataLoader(
+        DS(), num_workers=1, timeout=60, multiprocessing_context="fork"
+    )
     with pytest.raises(Exception, match="forked after CUDA"):
         list(loader)
+
+
+def test_a_consumer_that_stops_early_leaks_no_outputs_into_the_next_run():
+    cases = _cases(4, seed=7)
+    graph = Graph.from_spec(SPEC, labels=1)
+    jobs = [Job(v.array, make_plan(v.shape, v.affine, SPEC), (lb.array,)) for v, lb in cases]
+    expected = Engine("cpu", batch_size=2).run(jobs, graph)  # another pipeline (batch size)
+    eng = Engine("cpu", batch_size=1)
+    it = eng.map(jobs, graph)
+    next(it)  # batch 1 is already scheduled when batch 0 is handed out
+    it.close()
+    for n, (img, lab) in enumerate(eng.run(jobs[::-1], graph)[::-1]):
+        np.testing.assert_array_equal(img, expected[n][0])
+        np.testing.assert_array_equal(lab, expected[n][1])

@@ -7,10 +7,10 @@ import re
 import nibabel as nib
 import numpy as np
 import pytest
+from world import assert_same_world
 
 import medproc
 from medproc.sample_data import grid_affine
-from world import assert_same_world
 
 
 def test_nibabel_oblique_example4d():
@@ -20,13 +20,17 @@ def test_nibabel_oblique_example4d():
     img = nib.load(path)
     vol = medproc.load(path)
     data = np.asanyarray(img.dataobj)
-    assert vol.array.shape == data.shape[:3][::-1] + data.shape[3:]
-    # the voxel nibabel calls (i, j, k) is ours at [k, j, i], at the same world position
+    assert vol.array.shape == data.shape
+    # the voxel nibabel calls (i, j, k) is ours at [i, j, k], at the same world position
     rng = np.random.default_rng(0)
     for _ in range(20):
         i, j, k = (rng.integers(0, n) for n in data.shape[:3])
-        np.testing.assert_array_equal(vol.array[k, j, i], data[i, j, k])
-        np.testing.assert_allclose(vol.voxel_to_world([k, j, i]), nib.affines.apply_affine(img.affine, [i, j, k]), atol=1e-9)
+        np.testing.assert_array_equal(vol.array[i, j, k], data[i, j, k])
+        np.testing.assert_allclose(
+            vol.voxel_to_world([i, j, k]),
+            nib.affines.apply_affine(img.affine, [i, j, k]),
+            atol=1e-9,
+        )
 
 
 def _nrrd_header_affine(path):
@@ -40,7 +44,9 @@ def _nrrd_header_affine(path):
             if ":" in line and not line.startswith("#"):
                 k, v = line.split(":", 1)
                 hdr[k.strip()] = v.strip().lstrip("=").strip()
-    vecs = [list(map(float, t.split(","))) for t in re.findall(r"\(([^)]*)\)", hdr["space directions"])]
+    vecs = [
+        list(map(float, t.split(","))) for t in re.findall(r"\(([^)]*)\)", hdr["space directions"])
+    ]
     origin = list(map(float, re.findall(r"\(([^)]*)\)", hdr["space origin"])[0].split(",")))
     a = np.eye(4)
     a[:3, :3] = np.array(vecs).T
@@ -59,8 +65,8 @@ def test_pyradiomics_nrrd_geometry(pyradiomics_data):
     for f in files:
         vol = medproc.load(f)
         aff_xyz, sizes = _nrrd_header_affine(f)
-        assert vol.shape == sizes[::-1], f
-        np.testing.assert_allclose(vol.affine, aff_xyz[:, [2, 1, 0, 3]], atol=1e-6, err_msg=f)
+        assert vol.shape == sizes, f
+        np.testing.assert_allclose(vol.affine, aff_xyz, atol=1e-6, err_msg=f)
 
 
 def test_pyradiomics_label_lines_up_with_image(pyradiomics_data):
@@ -70,24 +76,27 @@ def test_pyradiomics_label_lines_up_with_image(pyradiomics_data):
     inside = np.round(img.world_to_voxel(centroid_world)).astype(int)
     assert np.all(inside >= 0) and np.all(inside < img.shape)
     # the tumour is soft tissue (CT), not air
-    k, j, i = inside
-    assert img.array[k, j, i] > -300
+    i, j, k = inside
+    assert img.array[i, j, k] > -300
 
 
 @pytest.mark.parametrize("ext", [".nii.gz", ".nii", ".nrrd", ".mha"])
 def test_save_load_roundtrip(tmp_path, ext):
     c, s = np.cos(0.3), np.sin(0.3)
-    aff = grid_affine((7, 9, 11), (2.5, 0.8, 0.9), (10, -20, 5), iop=(c, s, 0, -s, c, 0))
-    arr = np.random.default_rng(0).integers(-1000, 1000, (7, 9, 11)).astype(np.int16)
+    aff = grid_affine((11, 9, 7), (0.9, 0.8, 2.5), (10, -20, 5), iop=(c, s, 0, -s, c, 0))
+    arr = np.random.default_rng(0).integers(-1000, 1000, (11, 9, 7)).astype(np.int16)
     out = medproc.save(medproc.Volume(arr, aff), tmp_path / f"v{ext}")
     back = medproc.load(out)
     assert_same_world(back.array, back.affine, arr, aff, atol_mm=1e-4)
+    # every format keeps the (i, j, k) axes as they are
+    np.testing.assert_array_equal(back.array, arr)
+    np.testing.assert_allclose(back.affine, aff, atol=1e-4)
     assert sorted(os.listdir(tmp_path)) == [f"v{ext}"]  # no temporary left behind
 
 
 def test_sheared_affine_saves_as_nifti_sform_only(tmp_path):
-    aff = grid_affine((4, 5, 6), (2.0, 1.0, 1.0), (0, 0, 0), tilt_deg=15)
-    vol = medproc.Volume(np.zeros((4, 5, 6), np.int16), aff)
+    aff = grid_affine((6, 5, 4), (1.0, 1.0, 2.0), (0, 0, 0), tilt_deg=15)
+    vol = medproc.Volume(np.zeros((6, 5, 4), np.int16), aff)
     back = medproc.load(medproc.save(vol, tmp_path / "t.nii.gz"))
     np.testing.assert_allclose(back.affine, aff, atol=1e-5)
     with pytest.raises(medproc.MedprocError, match="sheared"):
@@ -100,7 +109,9 @@ def test_nan_nifti_is_refused_unless_asked(broken_dataset):
     zero = medproc.load(broken_dataset["nan"], nan="zero")
     kept = medproc.load(broken_dataset["nan"], nan="keep")
     assert np.isfinite(zero.array).all() and np.isnan(kept.array).sum() == 100
-    np.testing.assert_array_equal(zero.array[np.isfinite(kept.array)], kept.array[np.isfinite(kept.array)])
+    np.testing.assert_array_equal(
+        zero.array[np.isfinite(kept.array)], kept.array[np.isfinite(kept.array)]
+    )
     with pytest.raises(ValueError, match="nan must be one of"):
         medproc.load(broken_dataset["nan"], nan="drop")
 
@@ -144,20 +155,50 @@ def test_every_nibabel_nifti_against_simpleitk(path, quiet):
         with pytest.raises(medproc.ReadError, match="NaN"):
             medproc.load(path)  # NaN voxels are refused with the count, never passed on silently
         kept = medproc.load(path, nan="keep")  # ... unless asked for
-        np.testing.assert_array_equal(kept.array, data.transpose(2, 1, 0, *range(3, data.ndim)))
+        np.testing.assert_array_equal(kept.array, data)
         return
     vol = medproc.load(path)
     try:
         img = sitk.ReadImage(path)
     except RuntimeError:  # e.g. NIfTI-2: compare with nibabel's view instead
-        np.testing.assert_array_equal(vol.array, data.transpose(2, 1, 0, *range(3, data.ndim)))
-        np.testing.assert_allclose(vol.affine, nimg.affine[:, [2, 1, 0, 3]])
+        np.testing.assert_array_equal(vol.array, data)
+        np.testing.assert_allclose(vol.affine, nimg.affine)
         return
     ref = sitk.GetArrayFromImage(img)
     if img.GetDimension() != 3:
         pytest.skip(f"SimpleITK reads it as {img.GetDimension()}D")
+    ref = ref.transpose(2, 1, 0) if ref.ndim == 3 else ref.transpose(2, 1, 0, 3)  # ITK (x, y, z)
     arr = vol.array if vol.array.ndim == 3 else vol.array[..., 0]
     if img.GetNumberOfComponentsPerPixel() > 1:
         ref = ref[..., 0]
-    assert_same_world(arr.astype(np.float64), vol.affine, ref.astype(np.float64), sitk_affine(img),
-                      atol_mm=1e-3, rtol=1e-6)
+    assert_same_world(
+        arr.astype(np.float64),
+        vol.affine,
+        ref.astype(np.float64),
+        sitk_affine(img),
+        atol_mm=1e-3,
+        rtol=1e-6,
+    )
+    assert arr.shape == ref.shape  # NIfTI's (i, j, k) is ITK's index (x, y, z): no permutation
+
+
+def _sample_niftis():
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_data")
+    return sorted(glob.glob(os.path.join(root, "**", "*.nii*"), recursive=True))
+
+
+def test_load_is_nibabel_for_every_sample_nifti_and_example4d():
+    """One axis order: medproc's shape, array and affine are nibabel's, as they are (no axis
+    reversal anywhere), for the bundled NIfTIs and nibabel's oblique 4D example."""
+    from nibabel.testing import data_path
+
+    sample = _sample_niftis()
+    assert len(sample) >= 4, sample  # images and labels of case001, case002
+    for path in sample + [os.path.join(data_path, "example4d.nii.gz")]:
+        img = nib.load(path)
+        vol = medproc.load(path)
+        assert vol.array.shape == img.shape, path
+        assert vol.shape == img.shape[:3], path
+        np.testing.assert_array_equal(vol.array, np.asanyarray(img.dataobj), err_msg=path)
+        np.testing.assert_array_equal(vol.affine, img.affine, err_msg=path)
+        assert vol.orientation == "".join(nib.aff2axcodes(img.affine)), path

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import scipy.ndimage as ndi
 import SimpleITK as sitk
+from world import sitk_array
 
 import medproc
 from medproc import Intensity, Spec, make_plan
@@ -23,11 +24,15 @@ DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
 def sitk_reference(vol, out_affine, out_shape, interp):
-    """SimpleITK's ResampleImageFilter of ``vol`` onto medproc's output grid."""
-    f = resample_filter(out_affine, out_shape, interp,
-                        sitk.sitkFloat64 if interp == "linear" else sitk.sitkUInt8)
+    """SimpleITK's ResampleImageFilter of ``vol`` onto medproc's output grid, indexed (i, j, k)
+    (``GetArrayFromImage`` is (z, y, x) = (k, j, i))."""
+    f = resample_filter(
+        out_affine, out_shape, interp, sitk.sitkFloat64 if interp == "linear" else sitk.sitkUInt8
+    )
     src = to_sitk(vol.with_array(vol.array.astype(np.float64) if interp == "linear" else vol.array))
-    return sitk.GetArrayFromImage(f.Execute(src))
+    ref = sitk_array(f.Execute(src))
+    assert ref.shape == tuple(out_shape)
+    return ref
 
 
 def interior(plan, margin=1.0):
@@ -41,9 +46,14 @@ def rel_l2(a, b, mask):
     return np.linalg.norm((a - b)[mask]) / np.linalg.norm(b[mask])
 
 
-def _synthetic(oblique=True, shape=(36, 80, 70)):
-    iop = (0.9659258, 0.0, -0.258819, 0.1830127, 0.7071068, 0.6830127) if oblique else (1, 0, 0, 0, 1, 0)
-    aff = grid_affine(shape, (3.0, 1.4, 1.1), (-40.0, -60.0, -30.0), iop=iop)
+def _synthetic(oblique=True, shape=(70, 80, 36)):
+    """(i, j, k) = 70 columns of 1.1 mm, 80 rows of 1.4 mm, 36 slices of 3 mm."""
+    iop = (
+        (0.9659258, 0.0, -0.258819, 0.1830127, 0.7071068, 0.6830127)
+        if oblique
+        else (1, 0, 0, 0, 1, 0)
+    )
+    aff = grid_affine(shape, (1.1, 1.4, 3.0), (-40.0, -60.0, -30.0), iop=iop)
     from medproc.sample_data import Lesion
 
     centre = apply_affine(aff, (np.array(shape) - 1) / 2) * [-1, -1, 1]
@@ -55,7 +65,10 @@ def _synthetic(oblique=True, shape=(36, 80, 70)):
 
 CASES = {
     "synthetic-oblique-RAS": (lambda: _synthetic(True), dict(spacing=1.5, orientation="RAS")),
-    "synthetic-oblique-PIR": (lambda: _synthetic(True), dict(spacing=(2.0, 1.2, 1.7), orientation="PIR")),
+    "synthetic-oblique-PIR": (
+        lambda: _synthetic(True),
+        dict(spacing=(2.0, 1.2, 1.7), orientation="PIR"),
+    ),
     "synthetic-axial-aniso": (lambda: _synthetic(False), dict(spacing=(0.8, 2.0, 1.25))),
 }
 
@@ -96,7 +109,9 @@ def test_real_oblique_nifti(device):
 def test_real_ct_with_tumour_label(pyradiomics_data, device):
     img = medproc.load(os.path.join(pyradiomics_data, "lung1_image.nrrd"))
     lab = medproc.load(os.path.join(pyradiomics_data, "lung1_label.nrrd"))
-    out, out_lab = medproc.resample(img, spacing=(1.5, 1.5, 2.0), orientation="RAS", label=lab, device=device)
+    out, out_lab = medproc.resample(
+        img, spacing=(1.5, 1.5, 2.0), orientation="RAS", label=lab, device=device
+    )
     plan = make_plan(img.shape, img.affine, Spec(spacing=(1.5, 1.5, 2.0), orientation="RAS"))
     mask = interior(plan)
     ref = sitk_reference(img, out.affine, out.shape, "linear")
@@ -114,24 +129,37 @@ def test_real_ct_with_tumour_label(pyradiomics_data, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_sheared_input_against_scipy(device):
     """A gantry-tilted (sheared) grid: SimpleITK cannot hold it, scipy can sample it."""
-    shape = (30, 48, 40)
-    aff = grid_affine(shape, (2.0, 1.0, 1.0), (0, 0, 0), tilt_deg=15)
+    shape = (40, 48, 30)
+    aff = grid_affine(shape, (1.0, 1.0, 2.0), (0, 0, 0), tilt_deg=15)
     rng = np.random.default_rng(0)
     arr = ndi.gaussian_filter(rng.normal(size=shape), 2).astype(np.float32)
     vol = medproc.Volume(arr, aff)
     out = medproc.resample(vol, spacing=1.3, device=device)
     plan = make_plan(shape, aff, Spec(spacing=1.3))
     assert not plan.axis_aligned
-    ref = ndi.affine_transform(arr.astype(np.float64), plan.matrix[:3, :3], plan.matrix[:3, 3],
-                               output_shape=plan.out_shape, order=1, mode="nearest")
+    assert out.shape == plan.out_shape
+    np.testing.assert_allclose(out.affine, plan.out_affine, atol=1e-6)
+    ref = ndi.affine_transform(
+        arr.astype(np.float64),
+        plan.matrix[:3, :3],
+        plan.matrix[:3, 3],
+        output_shape=plan.out_shape,
+        order=1,
+        mode="nearest",
+    )
     assert rel_l2(out.array.astype(np.float64), ref, interior(plan)) <= 1e-3
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_intensity_and_dtype(device):
     img, _ = _synthetic(False)
-    out = medproc.resample(img, spacing=2.0, device=device, dtype="float16",
-                           intensity=Intensity(clip=(-1000, 400), scale=(-1, 1)))
+    out = medproc.resample(
+        img,
+        spacing=2.0,
+        device=device,
+        dtype="float16",
+        intensity=Intensity(clip=(-1000, 400), scale=(-1, 1)),
+    )
     assert out.array.dtype == np.float16
     ref = medproc.resample(img, spacing=2.0, device=device).array
     expect = np.clip(ref, -1000, 400) * (2 / 1400) + (-1 - (2 / 1400) * -1000)
@@ -145,22 +173,33 @@ def test_cubic_and_antialias(device):
     img, _ = _synthetic(False)
     plan = make_plan(img.shape, img.affine, Spec(spacing=2.0))
     mask = interior(plan, 2)
-    ref3 = ndi.affine_transform(img.array.astype(np.float64), np.diag(plan.matrix)[:3], plan.matrix[:3, 3],
-                                output_shape=plan.out_shape, order=3, mode="nearest")
+    ref3 = ndi.affine_transform(
+        img.array.astype(np.float64),
+        np.diag(plan.matrix)[:3],
+        plan.matrix[:3, 3],
+        output_shape=plan.out_shape,
+        order=3,
+        mode="nearest",
+    )
     cub = medproc.resample(img, spacing=2.0, interp="cubic", device=device)
     assert rel_l2(cub.array.astype(np.float64), ref3, mask) <= 2e-2
     down = medproc.resample(img, spacing=4.0, antialias=True, device=device)
     plain = medproc.resample(img, spacing=4.0, device=device)
+
     # antialiasing smooths: less high-frequency energy than point sampling
-    lap = lambda a: np.abs(ndi.laplace(a.astype(np.float64))).mean()
+    def lap(a):
+        return np.abs(ndi.laplace(a.astype(np.float64))).mean()
+
     assert lap(down.array) < lap(plain.array)
     with pytest.raises(ValueError, match="axis-aligned"):
-        medproc.resample(_synthetic(True)[0], spacing=2.0, orientation="PIR", interp="cubic", device=device)
+        medproc.resample(
+            _synthetic(True)[0], spacing=2.0, orientation="PIR", interp="cubic", device=device
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_batch_equals_per_item(device):
-    vols = [_synthetic(True, shape=s)[0] for s in [(20, 40, 30), (24, 32, 36), (16, 44, 40)]]
+    vols = [_synthetic(True, shape=s)[0] for s in [(30, 40, 20), (36, 32, 24), (40, 44, 16)]]
     spec = Spec(spacing=1.7, orientation="RAS")
     batch = medproc.resample_batch(vols, spec, device=device, batch_size=2)
     for v, b in zip(vols, batch):
@@ -169,23 +208,54 @@ def test_batch_equals_per_item(device):
         if device == "cpu":
             np.testing.assert_array_equal(one.array, b.array)
         else:  # the GPU kernel's float rounding depends on the batch (measured: <= 1e-5 relative)
-            np.testing.assert_allclose(one.array, b.array, rtol=0, atol=1e-5 * np.abs(one.array).max())
+            np.testing.assert_allclose(
+                one.array, b.array, rtol=0, atol=1e-5 * np.abs(one.array).max()
+            )
 
 
 def test_label_must_share_the_image_grid():
     img, lab = _synthetic(False)
     with pytest.raises(ValueError, match="not on its image's grid"):
-        medproc.resample(img, 2.0, label=lab.with_array(lab.array[:-1]))
+        medproc.resample(img, 2.0, label=lab.with_array(lab.array[:, :, :-1]))  # a slice short
 
 
 @pytest.mark.gpu
 def test_cpu_and_gpu_agree():
     img, lab = _synthetic(True)
-    for kw in [dict(spacing=1.5, orientation="RAS"), dict(spacing=(2.0, 1.2, 1.7), orientation="PIR"),
-               dict(spacing=1.1, crop=(64, 64, 40))]:
+    for kw in [
+        dict(spacing=1.5, orientation="RAS"),
+        dict(spacing=(2.0, 1.2, 1.7), orientation="PIR"),
+        dict(spacing=1.1, crop=(64, 64, 40)),
+    ]:
         c, cl = medproc.resample(img, device="cpu", label=lab, **kw)
         g, gl = medproc.resample(img, device="gpu", label=lab, **kw)
         np.testing.assert_array_equal(c.affine, g.affine)
         scale = np.abs(c.array).max()
         assert np.abs(c.array - g.array).max() <= 1e-4 * scale
         assert (cl.array == gl.array).mean() >= 0.999
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("series", ["ct_axial", "ct_oblique"])
+def test_own_spacing_is_the_identity(sample_data, series, device):
+    """Anisotropic input (ct_axial: 2.9 x 2.9 x 2.5 mm, ct_oblique: 3.2 x 3.2 x 3.0 mm): its own
+    spacing gives its own grid and voxels back; a spec's spacing is (i, j, k), in that order."""
+    v = medproc.load(os.path.join(sample_data, "dicom", series))
+    assert v.spacing[0] == pytest.approx(v.spacing[1]) and abs(v.spacing[2] - v.spacing[0]) > 0.1
+    same = medproc.resample(v, spacing=v.spacing, device=device)
+    assert same.shape == v.shape
+    np.testing.assert_allclose(same.affine, v.affine, atol=1e-6)
+    assert same.orientation == v.orientation
+    np.testing.assert_array_equal(same.array, v.array.astype(same.array.dtype))
+    # (1, 1, 3): 1 mm along i and j, 3 mm along k (the slices), not reversed
+    out = medproc.resample(v, spec=Spec(spacing=(1, 1, 3)), device=device)
+    np.testing.assert_allclose(out.spacing, [1.0, 1.0, 3.0], atol=1e-9)
+    fov = np.array(v.shape) * v.spacing
+    assert out.shape == tuple(int(x) for x in np.floor(fov / [1.0, 1.0, 3.0] + 0.5))
+    assert out.shape[2] <= v.shape[2] < out.shape[0]  # 3 mm along the slices, 1 mm in-plane
+    np.testing.assert_allclose(
+        out.affine[:3, :3] / out.spacing, v.affine[:3, :3] / v.spacing, atol=1e-9
+    )
+    plan = make_plan(v.shape, v.affine, Spec(spacing=(1, 1, 3)))
+    assert plan.out_shape == out.shape
+    np.testing.assert_allclose(out.affine, plan.out_affine, atol=1e-6)

@@ -15,7 +15,11 @@ def _rows(path):
 
 
 def test_bundled_lesions_at_label_centroids(sample_data):
-    rows = [r for r in _rows(os.path.join(sample_data, "lesions.csv")) if r["seriesuid"].startswith("case")]
+    rows = [
+        r
+        for r in _rows(os.path.join(sample_data, "lesions.csv"))
+        if r["seriesuid"].startswith("case")
+    ]
     assert len(rows) == 4
     for name in ("case001", "case002"):
         lab = medproc.load(os.path.join(sample_data, "nifti", "labels", f"{name}.nii.gz"))
@@ -33,8 +37,10 @@ def test_bundled_is_reproducible(tmp_path, sample_data):
         a = open(os.path.join(sample_data, rel), "rb").read()
         b = open(os.path.join(tmp_path, rel), "rb").read()
         if rel.endswith(".gz"):
-            np.testing.assert_array_equal(medproc.load(os.path.join(sample_data, rel)).array,
-                                          medproc.load(os.path.join(tmp_path, rel)).array)
+            np.testing.assert_array_equal(
+                medproc.load(os.path.join(sample_data, rel)).array,
+                medproc.load(os.path.join(tmp_path, rel)).array,
+            )
         else:
             assert a == b
 
@@ -44,6 +50,13 @@ def test_generator_cases_and_lesion_hu(tmp_path):
     for case in info["cases"]:
         vol = medproc.load(os.path.join(tmp_path, "dicom", case["name"]))
         assert vol.shape == case["shape"] and vol.meta["series_uid"] == case["series_uid"]
+        assert case["shape"][:2] == (64, 64) and 20 <= case["shape"][2] <= 24  # (i, j, k)
         for les in case["lesions"]:
-            k, j, i = np.round(vol.world_to_voxel(np.array(les.center_lps) * [-1, -1, 1])).astype(int)
-            assert abs(vol.array[k, j, i] - les.hu) < 60  # lesion HU plus noise, not lung
+            i, j, k = np.round(vol.world_to_voxel(np.array(les.center_lps) * [-1, -1, 1])).astype(
+                int
+            )
+            assert abs(vol.array[i, j, k] - les.hu) < 60  # lesion HU plus noise, not lung
+        # the NIfTI written from the same (i, j, k) volume holds the same voxels on the same grid
+        nii = medproc.load(os.path.join(tmp_path, "nifti", f"{case['name']}.nii.gz"))
+        np.testing.assert_array_equal(nii.array, vol.array)
+        np.testing.assert_allclose(nii.affine, vol.affine, atol=1e-4)

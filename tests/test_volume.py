@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -53,3 +55,47 @@ def test_geometry_helpers():
     shear = np.eye(4)
     shear[0, 2] = 0.3
     assert is_orthogonal(np.eye(4)) and not is_orthogonal(shear)
+
+
+def test_axes_are_ijk():
+    """shape, spacing and orientation name axes (i, j, k), NIfTI's order; the affine maps
+    (i, j, k) to RAS mm."""
+    v = medproc.Volume(np.zeros((4, 5, 6), np.int16), np.diag([3.0, 2.0, 1.0, 1.0]))
+    assert v.shape == (4, 5, 6)
+    assert v.spacing.tolist() == [3.0, 2.0, 1.0]
+    assert v.orientation == "RAS"
+    assert v.voxel_to_world([1, 1, 1]).tolist() == [3.0, 2.0, 1.0]
+    # a DICOM axial grid: i along a row -> Left, j down a column -> Posterior, k -> Superior
+    assert (
+        medproc.Volume(np.zeros((4, 5, 6)), lps_to_ras(np.diag([0.7, 0.8, 2.5, 1.0]))).orientation
+        == "LPS"
+    )
+
+
+def _resample_input(name):
+    from medproc.sample_data import ct_phantom, grid_affine
+
+    if name == "synthetic":
+        # not square in-plane, three different spacings: an i/j mix-up cannot hide
+        aff = grid_affine((40, 48, 16), (0.9, 1.1, 2.5), (-20.0, -25.0, 30.0))
+        return medproc.Volume(ct_phantom((40, 48, 16), aff, [])[0], aff)
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sample_data")
+    return medproc.load(os.path.join(root, "dicom", name))
+
+
+@pytest.mark.parametrize("name", ["ct_axial", "ct_oblique", "synthetic"])
+def test_resample_to_own_spacing_is_identity(name):
+    """Resampling an anisotropic volume (ct_axial: 2.9 x 2.9 x 2.5 mm) to its own spacing, given
+    in (i, j, k) order as Volume.spacing is, changes nothing: same grid, same voxels."""
+    v = _resample_input(name)
+    assert len(set(np.round(v.spacing, 6))) > 1  # anisotropic
+    if name == "ct_axial":
+        np.testing.assert_allclose(v.spacing, [2.9, 2.9, 2.5], atol=1e-6)
+    out = medproc.resample(v, spacing=v.spacing)
+    assert out.shape == v.shape
+    np.testing.assert_allclose(out.affine, v.affine, rtol=0, atol=1e-9)
+    assert out.orientation == v.orientation
+    ref = v.array.astype(np.float32)
+    np.testing.assert_allclose(
+        out.array, ref, rtol=0, atol=4 * np.finfo(np.float32).eps * float(np.abs(ref).max())
+    )

@@ -74,8 +74,26 @@ class _Runner:
         self._stream = None
         self._rings: list[list] = [[], [], []]  # pinned staging, one set per batch in flight
         self._ring = 0
+        #: batches scheduled and not collected (a consumer that stopped early leaves some)
+        self.pending = 0
+        #: a feed or run failed: the pipeline's queues are in an unknown state, build anew
+        self.broken = False
 
     def start(self, jobs: list[Job]) -> int:
+        """Feed ``jobs`` and schedule their run; returns how many."""
+        while self.pending:  # outputs nobody collected must not be handed to this batch
+            self.pipe.outputs()
+            self.pending -= 1
+        try:
+            self._feed(jobs)
+            self.pipe.schedule_run()
+        except BaseException:
+            self.broken = True
+            raise
+        self.pending += 1
+        return len(jobs)
+
+    def _feed(self, jobs: list[Job]) -> None:
         dhwc = [[to_dhwc(j.image)] + [to_dhwc(lb) for lb in j.labels] for j in jobs]
         names = ["img"] + [f"lab{n}" for n in range(self.graph.labels)]
         if self.device == "gpu":
@@ -96,8 +114,6 @@ class _Runner:
                 self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
         for name, vals in plan_inputs([j.plan for j in jobs], self.mode, self.intensity).items():
             self.pipe.feed_input(name, vals)
-        self.pipe.schedule_run()
-        return len(jobs)
 
     def _to_device(self, arrays: list, ring: list) -> list:
         """Host arrays -> CUDA tensors: staged in pinned memory, copied on a side stream. A
@@ -120,7 +136,13 @@ class _Runner:
         return out
 
     def collect(self, n: int, as_torch: bool, stream=None) -> list[tuple]:
-        outs = self.pipe.outputs()
+        """The outputs of the oldest scheduled batch of ``n`` samples."""
+        try:
+            outs = self.pipe.outputs()
+        except BaseException:
+            self.broken = True
+            raise
+        self.pending -= 1
         res = []
         for i in range(n):
             arrs = [self._out(o[i], as_torch, stream) for o in outs]
@@ -226,7 +248,13 @@ class Engine:
             intensity,
             dtypes,
         )
-        return cached_pipeline(key, lambda: _Runner(self, graph, mode, intensity), self.device)
+        runner = cached_pipeline(key, lambda: _Runner(self, graph, mode, intensity), self.device)
+        if runner.broken:
+            drop_cached(key)
+            runner = cached_pipeline(
+                key, lambda: _Runner(self, graph, mode, intensity), self.device
+            )
+        return runner
 
     def _check(self, jobs: list[Job], graph: Graph) -> tuple[list[Job], list[str]]:
         """Jobs in dtypes DALI takes (one dtype per input across the batch), and the label
