@@ -103,6 +103,10 @@ class Volume:
             import torch
         except ImportError:
             raise ImportError(f"Volume.to({device!r}) needs PyTorch: pip install torch") from None
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"Volume.to({device!r}): PyTorch sees no CUDA GPU here; use device='cpu'"
+            )
         dev = "cuda" if device == "gpu" else device
         arr = self.array if _is_tensor(self.array) else torch.from_numpy(np.asarray(self.array))
         if arr.dtype == torch.bool:

@@ -33,6 +33,25 @@ def _cases(n=6, seed=0):
     return out
 
 
+def _in_threads(work, n):
+    """``work(i)`` for i in range(n), each in its own thread at once; results by i."""
+    got, errors = {}, []
+
+    def run(i):
+        try:
+            got[i] = work(i)
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return got
+
+
 SPEC = Spec(spacing=2.0, orientation="RAS", intensity=medproc.Intensity(clip=(-1000, 400)))
 
 
@@ -41,23 +60,15 @@ def test_threads_never_share_a_pipeline_and_results_match_serial():
     serial = medproc.resample_batch(
         [c[0] for c in cases], SPEC, labels=[c[1] for c in cases], batch_size=1
     )
-    got: dict = {}
-    errors = []
 
     def work(i):
-        try:
-            for _ in range(3):
-                img, lab = medproc.resample(cases[i][0], spec=SPEC, label=cases[i][1])
-                got.setdefault(i, []).append((img.array, lab.array))
-        except Exception as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
+        out = []
+        for _ in range(3):
+            img, lab = medproc.resample(cases[i][0], spec=SPEC, label=cases[i][1])
+            out.append((img.array, lab.array))
+        return out
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    got = _in_threads(work, len(cases))
     for i, (ref_img, ref_lab) in enumerate(serial):
         for img, lab in got[i]:
             np.testing.assert_array_equal(img, ref_img.array)
@@ -187,23 +198,14 @@ def test_gpu_pipeline_in_a_child_forked_after_cuda_fails_at_once(monkeypatch):
 def test_gpu_stream_and_threads_match_serial():
     cases = _cases(6, seed=5)
     cpu = medproc.resample_batch([c[0] for c in cases], SPEC, labels=[c[1] for c in cases])
-    errors, got = [], {}
 
     def work(i):
-        try:
-            img, lab = medproc.resample(
-                cases[i][0].to("gpu"), spec=SPEC, label=cases[i][1].to("gpu"), device="gpu"
-            )
-            got[i] = (img.array.cpu().numpy(), lab.array.cpu().numpy())
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+        img, lab = medproc.resample(
+            cases[i][0].to("gpu"), spec=SPEC, label=cases[i][1].to("gpu"), device="gpu"
+        )
+        return img.array.cpu().numpy(), lab.array.cpu().numpy()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
+    got = _in_threads(work, len(cases))
     for i, (img, lab) in enumerate(cpu):
         np.testing.assert_allclose(got[i][0], img.array, atol=0.5)  # GPU vs CPU interpolation
         assert (got[i][1] == lab.array).mean() > 0.995
