@@ -237,11 +237,29 @@ def test_a_consumer_that_stops_early_leaks_no_outputs_into_the_next_run():
     cases = _cases(4, seed=7)
     graph = Graph.from_spec(SPEC, labels=1)
     jobs = [Job(v.array, make_plan(v.shape, v.affine, SPEC), (lb.array,)) for v, lb in cases]
-    expected = Engine("cpu", batch_size=2).run(jobs, graph)  # another pipeline (batch size)
-    eng = Engine("cpu", batch_size=1)
+    expected = Engine("cpu", batch_size=1, num_threads=1).run(jobs, graph)  # another pipeline
+    eng = Engine("cpu", batch_size=1, num_threads=2)
     it = eng.map(jobs, graph)
     next(it)  # batch 1 is already scheduled when batch 0 is handed out
     it.close()
     for n, (img, lab) in enumerate(eng.run(jobs[::-1], graph)[::-1]):
         np.testing.assert_array_equal(img, expected[n][0])
         np.testing.assert_array_equal(lab, expected[n][1])
+
+
+def test_labels_never_get_values_they_do_not_hold_when_the_grid_leaves_the_input():
+    """DALI's nearest-neighbour resize reads past its input where the sampled region leaves it;
+    such plans must take the warp graph (found on an oblique phantom cropped beyond its field of
+    view, where labels came back holding 85, 124, 170, 253)."""
+    from test_annotations import oblique_case
+
+    img, lab, _ = oblique_case()
+    zeros = img.with_array(np.zeros(img.shape, np.uint8))
+    spec = Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40))
+    plan = make_plan(img.shape, img.affine, spec)
+    assert plan.axis_aligned  # the case the separable graph would take
+    for _ in range(10):
+        _, out = medproc.resample(img, spec=spec, label=zeros)
+        assert not out.array.any()
+        _, out = medproc.resample(img, spec=spec, label=lab)
+        assert set(np.unique(out.array)) <= {0, 1, 2}

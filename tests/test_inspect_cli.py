@@ -1,5 +1,7 @@
 import json
 
+import numpy as np
+
 from medproc.cli import main
 
 
@@ -7,8 +9,35 @@ def test_inspect_sample_data(sample_data, capsys):
     assert main(["inspect", sample_data, "--width", "250"]) == 0
     out = capsys.readouterr().out
     assert "6 volume(s) found" in out
-    assert "CT chest axial" in out and "40x112x112" in out and "2.5 x 2.9 x 2.9" in out
+    # sizes and spacings in (i, j, k) = (columns, rows, slices) order, as nibabel shows them
+    assert "CT chest axial" in out and "112x112x40" in out and "2.9 x 2.9 x 2.5" in out
     assert "lesions.csv" not in out  # stray files are ignored quietly
+
+
+def test_inspect_reports_what_load_gives(sample_data, capsys):
+    """inspect (headers only) reports the shape, spacing and orientation that medproc.load and
+    nibabel give: one axis order, (i, j, k)."""
+    import os
+
+    import nibabel as nib
+
+    import medproc
+
+    assert main(["inspect", sample_data, "--json"]) == 0
+    entries = json.loads(capsys.readouterr().out)
+    assert len(entries) == 6
+    for e in entries:
+        vol = medproc.load(e["source"], series=e["series"] or None)
+        assert tuple(e["shape"]) == vol.shape, e
+        np.testing.assert_allclose(e["spacing"], vol.spacing, atol=1e-4)
+        assert e["orientation"] == vol.orientation == "LPS"
+        if e["kind"] == "nifti":
+            img = nib.load(e["source"])
+            assert tuple(e["shape"]) == img.shape[:3]
+            np.testing.assert_allclose(e["spacing"], img.header.get_zooms()[:3], atol=1e-4)
+            assert e["orientation"] == "".join(nib.aff2axcodes(img.affine))
+    axial = next(e for e in entries if os.path.basename(e["source"]) == "ct_axial")
+    assert axial["shape"] == [112, 112, 40] and axial["spacing"] == [2.9, 2.9, 2.5]
 
 
 def test_inspect_reports_broken_inputs(broken_dataset, capsys):
@@ -21,7 +50,10 @@ def test_inspect_reports_broken_inputs(broken_dataset, capsys):
     assert "missing slices" in errors["missing_slice"]
     assert "share a slice position" in errors["duplicate_slice"]
     assert "not a DICOM file" in errors["not_dicom.dcm"]
-    assert "truncated file(s), e.g. IM00002.dcm: its pixel data ends 3000 bytes early" in errors["truncated"]
+    assert (
+        "truncated file(s), e.g. IM00002.dcm: its pixel data ends 3000 bytes early"
+        in errors["truncated"]
+    )
     ok = [e for e in entries if e["kind"] == "dicom" and not e["error"]]
     assert ok == []  # every broken series is reported, from headers and file sizes only
 
@@ -31,11 +63,13 @@ def test_inspect_shows_warnings(tmp_path, capsys):
     import medproc
     from medproc.sample_data import ct_phantom, grid_affine, write_dicom_series
 
-    aff = grid_affine((6, 16, 16), (2.0, 1.0, 1.0), (0, 0, 0), tilt_deg=20)
-    img, _ = ct_phantom((6, 16, 16), aff, [])
+    # (i, j, k) = 16 columns, 16 rows of 1 mm, 6 slices of 2 mm
+    aff = grid_affine((16, 16, 6), (1.0, 1.0, 2.0), (0, 0, 0), tilt_deg=20)
+    img, _ = ct_phantom((16, 16, 6), aff, [])
     write_dicom_series(str(tmp_path / "tilt"), medproc.Volume(img, aff), "1.2.3.4", gantry_tilt=20)
     assert main(["inspect", str(tmp_path), "--width", "250"]) == 0
     out = capsys.readouterr().out
     assert "1 warning(s)" in out and "gantry tilt of 20.000 degrees" in out
+    assert "16x16x6" in out
     (tmp_path / "empty").mkdir()
     assert main(["inspect", str(tmp_path / "empty")]) == 1

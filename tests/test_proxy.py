@@ -1,19 +1,26 @@
 """The proxy layer: DataLoader workers plan and map lesions, one DALI pipeline resamples.
 
-CPU (CI): medproc's fallback path (DALI CPU backend in the main process). GPU (-m gpu, H200):
-DALI Proxy's DALIServer with a multi-worker DataLoader. Same assertions on both.
+CPU (CI): medproc's fallback path (the engine on DALI's CPU backend in the main process). GPU
+(-m gpu, H200): DALI Proxy's DALIServer with a multi-worker DataLoader. Same assertions on both.
+Batches are (B, C, i, j, k), as MONAI collates images.
 """
 
 import numpy as np
 import pytest
 import torch
-
-import medproc
-from medproc.plan import affine_map, flip_map
-from medproc.proxy import ProxyServer
 from test_annotations import oblique_case
 
+import medproc
+from medproc.pipeline import Engine, Graph, Job
+from medproc.plan import affine_map, flip_map
+from medproc.proxy import ProxyServer
+
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def _case(i):
+    """Sample i: (i, j, k) = 50 columns, 60 rows, 30 + i slices (a different input per sample)."""
+    return oblique_case(shape=(50, 60, 30 + i))
 
 
 class CaseDataset(torch.utils.data.Dataset):
@@ -26,12 +33,24 @@ class CaseDataset(torch.utils.data.Dataset):
         return self.n
 
     def __getitem__(self, i):
-        img, lab, lesions = oblique_case(shape=(30 + i, 60, 50))
+        img, lab, lesions = _case(i)
         return self.transform({"image": img, "label": lab, "lesions": lesions, "index": i})
 
 
 def augment(plan, rng):
-    return flip_map(plan.out_shape, [2]) @ affine_map(plan.out_shape, [1.5] * 3, rotate_deg=(0, 0, 10))
+    # a flip of i and a rotation about i (voxel axes (i, j, k) = 0, 1, 2)
+    return flip_map(plan.out_shape, [0]) @ affine_map(
+        plan.out_shape, [1.5] * 3, rotate_deg=(10, 0, 0)
+    )
+
+
+def _reference(src, src_lab, plan):
+    """This sample resampled directly with its plan (the whole input, the engine on the CPU):
+    ``(image, label)`` indexed (i, j, k)."""
+    ((img, lab),) = Engine("cpu", batch_size=1).run(
+        [Job(src.array, plan, (src_lab.array,))], Graph(labels=1, interp="linear")
+    )
+    return img, lab
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -44,8 +63,10 @@ def test_proxy_batches_in_order_with_lesions_on_lesions(device, workers):
         seen = []
         for batch in server.loader(ds, batch_size=3, num_workers=workers):
             n = len(batch["index"])
-            assert batch["image"].shape == (n, 1, 40, 56, 48)
-            assert batch["label"].shape == (n, 1, 40, 56, 48) and batch["label"].dtype == torch.uint8
+            assert batch["image"].shape == (n, 1, 48, 56, 40)  # (B, C, i, j, k) = spec.crop
+            assert (
+                batch["label"].shape == (n, 1, 48, 56, 40) and batch["label"].dtype == torch.uint8
+            )
             assert batch["image"].device.type == ("cuda" if device == "gpu" else "cpu")
             assert batch["affine"].shape == (n, 4, 4) and batch["affine"].dtype == torch.float64
             for s in range(n):
@@ -54,19 +75,58 @@ def test_proxy_batches_in_order_with_lesions_on_lesions(device, workers):
                 lab = batch["label"][s, 0].cpu().numpy()
                 img = batch["image"][s, 0].cpu().numpy()
                 # same voxels as resampling this sample directly with its plan
-                src, src_lab, lesions = oblique_case(shape=(30 + i, 60, 50))
+                src, src_lab, lesions = _case(i)
                 base = medproc.make_plan(src.shape, src.affine, spec)
                 plan = base.augmented(augment(base, None))
+                assert plan.out_shape == (48, 56, 40)
                 np.testing.assert_allclose(batch["affine"][s].numpy(), plan.out_affine)
-                ref_img, ref_lab = medproc.pipeline.Resampler("cpu", with_label=True, interp="linear").run(
-                    [src.array], [plan], [src_lab.array])[0]
+                ref_img, ref_lab = _reference(src, src_lab, plan)
+                assert ref_img.shape == img.shape and ref_lab.shape == lab.shape
                 assert np.abs(img - ref_img).max() <= 1e-3 * np.abs(ref_img).max()
                 assert (lab == ref_lab).mean() >= 0.999
+                assert set(np.unique(lab).tolist()) <= {0, 1, 2}  # label values, nothing else
+                assert len(batch["lesions"][s]) == 2
                 for k, les in enumerate(batch["lesions"][s], 1):
                     assert les["inside"]
-                    centroid = np.argwhere(lab == k).mean(0)
-                    assert np.abs(np.array(les["center_index"]) - centroid).max() <= 0.5
+                    centroid = np.argwhere(lab == k).mean(0)  # (i, j, k)
+                    assert np.abs(np.array(les["center_voxel"]) - centroid).max() <= 0.5
+                    # affine @ center_voxel is the lesion's (moved) world centre
+                    world = batch["affine"][s].numpy() @ np.array([*les["center_voxel"], 1.0])
+                    np.testing.assert_allclose(world[:3], les["center_world_ras"], atol=1e-3)
+                    # and the lesion is bright in the image there
+                    assert img[tuple(np.round(les["center_voxel"]).astype(int))] > 0
         assert seen == list(range(7))  # every sample, in order
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_proxy_applies_the_spec_intensity(device):
+    spec = medproc.Spec(
+        spacing=1.5,
+        orientation="RAS",
+        crop=(48, 56, 40),
+        intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1)),
+    )
+    with ProxyServer(spec, device=device, batch_size=2, with_label=True) as server:
+        ds = CaseDataset(3, server.transform)
+        n = 0
+        for batch in server.loader(ds, batch_size=2, num_workers=0):
+            for s in range(len(batch["index"])):
+                i = int(batch["index"][s])
+                img = batch["image"][s, 0].cpu().numpy()
+                assert img.min() >= 0 and img.max() <= 1 and img.max() > 0.5
+                src, src_lab, _ = _case(i)
+                plan = medproc.make_plan(src.shape, src.affine, spec)
+                assert plan.intensity is not None
+                ref_img, ref_lab = _reference(src, src_lab, plan)
+                assert np.abs(img - ref_img).max() <= 1e-3 * np.abs(ref_img).max()  # as above
+                lab = batch["label"][s, 0].cpu().numpy()  # labels get no intensity step
+                assert (lab == ref_lab).mean() >= 0.999 and set(np.unique(lab).tolist()) == {
+                    0,
+                    1,
+                    2,
+                }
+                n += 1
+        assert n == 3
 
 
 def test_proxy_needs_a_fixed_output_size():

@@ -95,17 +95,20 @@ def cached_pipeline(key: tuple, build, device: str = "cpu"):
             )
         _STATE["cuda_here"] = True
     ident = threading.get_ident()
-    obj = _CACHE.get((ident, key))
+    alive = {t.ident for t in threading.enumerate()}
+    with _LOCK:  # pipelines of threads that ended go now (destroyed outside the lock)
+        dead = [_CACHE.pop(k) for k in list(_CACHE) if k[0] not in alive]
+        obj = _CACHE.get((ident, key))
+    del dead
     if obj is None:
-        with _LOCK:
-            alive = {t.ident for t in threading.enumerate()}
-            for k in [k for k in _CACHE if k[0] not in alive]:
-                del _CACHE[k]
         obj = build()
-        _CACHE[(ident, key)] = obj
+        with _LOCK:
+            _CACHE[(ident, key)] = obj
     return obj
 
 
 def drop_cached(key: tuple) -> None:
     """Forget the calling thread's object for ``key`` (e.g. a pipeline that failed)."""
-    _CACHE.pop((threading.get_ident(), key), None)
+    with _LOCK:
+        obj = _CACHE.pop((threading.get_ident(), key), None)
+    del obj

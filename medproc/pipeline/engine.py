@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..plan import Plan
-from ._dtypes import _astype, _dtype_name, _feed_dtype, _is_torch
+from ._dtypes import _astype, _dtype_name, _feed_dtype
 from .cache import INSTALL, ForkError, cached_pipeline, dali_available, drop_cached, gpu_available
-from .graphs import Graph, build_resample, plan_inputs, to_dhwc
+from .graphs import Graph
+from .runner import Runner, _restored
 
 __all__ = [
     "Engine",
@@ -56,136 +56,6 @@ class Job:
     labels: Sequence = field(default_factory=tuple)
 
 
-class _Runner:
-    """One DALI pipeline with its staging buffers; used by one thread only."""
-
-    def __init__(self, engine: Engine, graph: Graph, mode: str, intensity: bool):
-        self.device, self.device_id = engine.device, engine.device_id
-        self.graph, self.mode, self.intensity = graph, mode, intensity
-        self.pipe = build_resample(
-            graph,
-            mode,
-            intensity,
-            engine.device,
-            engine.batch_size,
-            engine.num_threads,
-            engine.device_id,
-        )
-        self._stream = None
-        self._rings: list[list] = [[], [], []]  # pinned staging, one set per batch in flight
-        self._ring = 0
-        #: batches scheduled and not collected (a consumer that stopped early leaves some)
-        self.pending = 0
-        #: a feed or run failed: the pipeline's queues are in an unknown state, build anew
-        self.broken = False
-
-    def start(self, jobs: list[Job]) -> int:
-        """Feed ``jobs`` and schedule their run; returns how many."""
-        while self.pending:  # outputs nobody collected must not be handed to this batch
-            self.pipe.outputs()
-            self.pending -= 1
-        try:
-            self._feed(jobs)
-            self.pipe.schedule_run()
-        except BaseException:
-            self.broken = True
-            raise
-        self.pending += 1
-        return len(jobs)
-
-    def _feed(self, jobs: list[Job]) -> None:
-        dhwc = [[to_dhwc(j.image)] + [to_dhwc(lb) for lb in j.labels] for j in jobs]
-        names = ["img"] + [f"lab{n}" for n in range(self.graph.labels)]
-        if self.device == "gpu":
-            import torch
-
-            ring = self._rings[self._ring]
-            self._ring = (self._ring + 1) % len(self._rings)
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(device=self.device_id)
-            flat = self._to_device([a for row in dhwc for a in row], ring)
-            n = len(names)
-            for c, name in enumerate(names):
-                self.pipe.feed_input(
-                    name, flat[c::n], layout="DHWC", cuda_stream=self._stream.cuda_stream
-                )
-        else:
-            for c, name in enumerate(names):
-                self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
-        for name, vals in plan_inputs([j.plan for j in jobs], self.mode, self.intensity).items():
-            self.pipe.feed_input(name, vals)
-
-    def _to_device(self, arrays: list, ring: list) -> list:
-        """Host arrays -> CUDA tensors: staged in pinned memory, copied on a side stream. A
-        staging set is reused every third batch, when the copy that read it has finished."""
-        import torch
-
-        out = []
-        with torch.cuda.stream(self._stream):
-            for n, a in enumerate(arrays):
-                t = a if isinstance(a, torch.Tensor) else torch.from_numpy(a)
-                if t.device.type == "cpu" and not t.is_pinned():
-                    nbytes = t.numel() * t.element_size()
-                    if n >= len(ring) or ring[n].numel() < nbytes:
-                        buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=True)
-                        ring[n : n + 1] = [buf]
-                    staged = ring[n][:nbytes].view(t.dtype).view(t.shape)
-                    staged.copy_(t)
-                    t = staged
-                out.append(t.to(f"cuda:{self.device_id}", non_blocking=True))
-        return out
-
-    def collect(self, n: int, as_torch: bool, stream=None) -> list[tuple]:
-        """The outputs of the oldest scheduled batch of ``n`` samples."""
-        try:
-            outs = self.pipe.outputs()
-        except BaseException:
-            self.broken = True
-            raise
-        self.pending -= 1
-        res = []
-        for i in range(n):
-            arrs = [self._out(o[i], as_torch, stream) for o in outs]
-            if not self.graph.channels_first:  # DHWC -> (i, j, k[, C]), a view
-                arrs = [_from_dhwc(a) for a in arrs]
-            res.append(tuple(arrs))
-        return res
-
-    def _out(self, t, as_torch: bool, stream):
-        if self.device == "cpu":
-            a = np.array(t)
-            if as_torch:
-                import torch
-
-                return torch.from_numpy(a)
-            return a
-        import torch
-        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
-
-        dst = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=f"cuda:{self.device_id}")
-        s = stream or torch.cuda.current_stream(self.device_id)
-        feed_ndarray(t, dst, cuda_stream=s)
-        if as_torch:
-            return dst
-        s.synchronize()
-        return dst.cpu().numpy()
-
-
-def _from_dhwc(a):
-    """DALI's (k, j, i, C) output as (i, j, k) or (i, j, k, C): a view."""
-    if a.shape[-1] == 1:
-        a = a[..., 0]
-        return a.permute(2, 1, 0) if _is_torch(a) else a.transpose(2, 1, 0)
-    return a.permute(2, 1, 0, 3) if _is_torch(a) else a.transpose(2, 1, 0, 3)
-
-
-def _restored(res: list[tuple], restore: list[str]) -> list[tuple]:
-    """Labels back in the dtype they came in (they were fed in one DALI resamples exactly)."""
-    if not any(_dtype_name(row[c + 1]) != d for row in res[:1] for c, d in enumerate(restore)):
-        return res
-    return [(row[0], *(_astype(x, d) for x, d in zip(row[1:], restore))) for row in res]
-
-
 # --- the public door ------------------------------------------------------------------------
 class Engine:
     """Run resampling jobs through DALI (see the module doc for the contract).
@@ -198,8 +68,8 @@ class Engine:
         Largest batch a pipeline takes; longer job lists are split.
     num_threads : int, optional
         DALI CPU threads (default ``MEDPROC_DALI_THREADS`` or all cores, at most 16).
-    device_id : int
-        GPU ordinal.
+    device_id : int, optional
+        GPU ordinal; default the current CUDA device (``torch.cuda.set_device``), else 0.
 
     Examples
     --------
@@ -212,7 +82,7 @@ class Engine:
         device: str = "cpu",
         batch_size: int = 8,
         num_threads: int | None = None,
-        device_id: int = 0,
+        device_id: int | None = None,
     ):
         if not dali_available():
             raise ImportError(f"medproc's pipelines need NVIDIA DALI: {INSTALL}")
@@ -231,9 +101,13 @@ class Engine:
         self.batch_size = max(1, int(batch_size))
         env = int(os.environ.get("MEDPROC_DALI_THREADS", 0) or 0)
         self.num_threads = int(num_threads or env or min(os.cpu_count() or 1, 16))
+        if device_id is None:
+            torch = sys.modules.get("torch")
+            cuda = device == "gpu" and torch is not None and torch.cuda.is_initialized()
+            device_id = torch.cuda.current_device() if cuda else 0
         self.device_id = int(device_id)
 
-    def _runner(self, graph: Graph, jobs: list[Job]) -> _Runner:
+    def _runner(self, graph: Graph, jobs: list[Job]) -> Runner:
         mode = graph.mode_for([j.plan for j in jobs], self.device)
         intensity = any(j.plan.intensity is not None for j in jobs)
         dtypes = tuple(_dtype_name(a) for a in [jobs[0].image, *jobs[0].labels])
@@ -248,12 +122,10 @@ class Engine:
             intensity,
             dtypes,
         )
-        runner = cached_pipeline(key, lambda: _Runner(self, graph, mode, intensity), self.device)
+        runner = cached_pipeline(key, lambda: Runner(self, graph, mode, intensity), self.device)
         if runner.broken:
             drop_cached(key)
-            runner = cached_pipeline(
-                key, lambda: _Runner(self, graph, mode, intensity), self.device
-            )
+            runner = cached_pipeline(key, lambda: Runner(self, graph, mode, intensity), self.device)
         return runner
 
     def _check(self, jobs: list[Job], graph: Graph) -> tuple[list[Job], list[str]]:

@@ -100,6 +100,13 @@ class Graph:
             )
         if self.antialias and not aligned:
             raise ValueError("antialias needs axis-aligned plans; use antialias=False here")
+        # DALI's nearest-neighbour resize (labels, interp="nearest") reads past the input where
+        # the sampled region leaves it (garbage label values): such plans take the warp graph
+        nn_outside = (self.labels or self.interp == "nearest") and not all(
+            _reads_inside(p) for p in plans
+        )
+        if nn_outside and self.mode == "auto" and self.interp != "cubic" and not self.antialias:
+            return "warp"
         # measured (docs/benchmarks.md): warp beats resize on the GPU; on the CPU the separable
         # resize is several times faster. Cubic and antialiasing exist only in resize.
         if self.mode == "resize" or (
@@ -109,6 +116,15 @@ class Graph:
         ):
             return "resize"
         return "warp"
+
+
+def _reads_inside(plan: Plan) -> bool:
+    """Whether an axis-aligned plan samples only inside its input grid."""
+    start, end = resize_roi(plan)
+    n = np.array(plan.in_shape[::-1], dtype=np.float64)
+    return bool(
+        np.all(np.minimum(start, end) >= -1e-4) and np.all(np.maximum(start, end) <= n + 1e-4)
+    )
 
 
 def to_dhwc(a):

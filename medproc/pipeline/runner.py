@@ -1,0 +1,144 @@
+"""A runner: one DALI pipeline of the engine with its staging buffers, used by one thread.
+
+Private to :mod:`medproc.pipeline`; the engine (:mod:`.engine`) creates runners through the
+per-thread cache (:mod:`.cache`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._dtypes import _astype, _dtype_name, _is_torch
+from .graphs import Graph, build_resample, plan_inputs, to_dhwc
+
+__all__ = ["Runner"]
+
+
+class Runner:
+    """One DALI pipeline with its staging buffers; used by one thread only."""
+
+    def __init__(self, engine, graph: Graph, mode: str, intensity: bool):
+        self.device, self.device_id = engine.device, engine.device_id
+        self.graph, self.mode, self.intensity = graph, mode, intensity
+        self.pipe = build_resample(
+            graph,
+            mode,
+            intensity,
+            engine.device,
+            engine.batch_size,
+            engine.num_threads,
+            engine.device_id,
+        )
+        self._stream = None
+        self._rings: list[list] = [[], [], []]  # pinned staging, one set per batch in flight
+        self._ring = 0
+        #: batches scheduled and not collected (a consumer that stopped early leaves some)
+        self.pending = 0
+        #: a feed or run failed: the pipeline's queues are in an unknown state, build anew
+        self.broken = False
+
+    def start(self, jobs: list) -> int:
+        """Feed ``jobs`` and schedule their run; returns how many."""
+        while self.pending:  # outputs nobody collected must not be handed to this batch
+            self.pipe.outputs()
+            self.pending -= 1
+        try:
+            self._feed(jobs)
+            self.pipe.schedule_run()
+        except BaseException:
+            self.broken = True
+            raise
+        self.pending += 1
+        return len(jobs)
+
+    def _feed(self, jobs: list) -> None:
+        dhwc = [[to_dhwc(j.image)] + [to_dhwc(lb) for lb in j.labels] for j in jobs]
+        names = ["img"] + [f"lab{n}" for n in range(self.graph.labels)]
+        if self.device == "gpu":
+            import torch
+
+            ring = self._rings[self._ring]
+            self._ring = (self._ring + 1) % len(self._rings)
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(device=self.device_id)
+            flat = self._to_device([a for row in dhwc for a in row], ring)
+            n = len(names)
+            for c, name in enumerate(names):
+                self.pipe.feed_input(
+                    name, flat[c::n], layout="DHWC", cuda_stream=self._stream.cuda_stream
+                )
+        else:
+            for c, name in enumerate(names):
+                self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
+        for name, vals in plan_inputs([j.plan for j in jobs], self.mode, self.intensity).items():
+            self.pipe.feed_input(name, vals)
+
+    def _to_device(self, arrays: list, ring: list) -> list:
+        """Host arrays -> CUDA tensors: staged in pinned memory, copied on a side stream. A
+        staging set is reused every third batch, when the copy that read it has finished."""
+        import torch
+
+        out = []
+        with torch.cuda.stream(self._stream):
+            for n, a in enumerate(arrays):
+                t = a if isinstance(a, torch.Tensor) else torch.from_numpy(a)
+                if t.device.type == "cpu" and not t.is_pinned():
+                    nbytes = t.numel() * t.element_size()
+                    if n >= len(ring) or ring[n].numel() < nbytes:
+                        buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=True)
+                        ring[n : n + 1] = [buf]
+                    staged = ring[n][:nbytes].view(t.dtype).view(t.shape)
+                    staged.copy_(t)
+                    t = staged
+                out.append(t.to(f"cuda:{self.device_id}", non_blocking=True))
+        return out
+
+    def collect(self, n: int, as_torch: bool, stream=None) -> list[tuple]:
+        """The outputs of the oldest scheduled batch of ``n`` samples."""
+        try:
+            outs = self.pipe.outputs()
+        except BaseException:
+            self.broken = True
+            raise
+        self.pending -= 1
+        res = []
+        for i in range(n):
+            arrs = [self._out(o[i], as_torch, stream) for o in outs]
+            if not self.graph.channels_first:  # DHWC -> (i, j, k[, C]), a view
+                arrs = [_from_dhwc(a) for a in arrs]
+            res.append(tuple(arrs))
+        return res
+
+    def _out(self, t, as_torch: bool, stream):
+        if self.device == "cpu":
+            a = np.array(t)
+            if as_torch:
+                import torch
+
+                return torch.from_numpy(a)
+            return a
+        import torch
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        dst = torch.empty(t.shape(), dtype=to_torch_type[t.dtype], device=f"cuda:{self.device_id}")
+        s = stream or torch.cuda.current_stream(self.device_id)
+        feed_ndarray(t, dst, cuda_stream=s)
+        if as_torch:
+            return dst
+        s.synchronize()
+        return dst.cpu().numpy()
+
+
+def _from_dhwc(a):
+    """DALI's (k, j, i, C) output as (i, j, k) or (i, j, k, C): a view."""
+    if a.shape[-1] == 1:
+        a = a[..., 0]
+        return a.permute(2, 1, 0) if _is_torch(a) else a.transpose(2, 1, 0)
+    return a.permute(2, 1, 0, 3) if _is_torch(a) else a.transpose(2, 1, 0, 3)
+
+
+def _restored(res: list[tuple], restore: list[str]) -> list[tuple]:
+    """Labels back in the dtype they came in (they were fed in one DALI resamples exactly)."""
+    if not any(_dtype_name(row[c + 1]) != d for row in res[:1] for c, d in enumerate(restore)):
+        return res
+    return [(row[0], *(_astype(x, d) for x, d in zip(row[1:], restore))) for row in res]
