@@ -151,7 +151,7 @@ def main(argv=None):
         from medproc.pipeline.graphs import to_dhwc
 
         runner = eng._runner(Graph(), jobs(pinned)[:1])
-        t_h2d = timeit(lambda: runner._to_device([to_dhwc(t) for t in pinned], []), a.repeat, sync)
+        t_h2d = timeit(lambda: runner._to_device([to_dhwc(t) for t in pinned], {}), a.repeat, sync)
         record(
             "medproc-gpu (end to end)",
             t_e2e,

@@ -74,7 +74,7 @@ def _convert_one(
     from .resample import resample_batch
 
     t = time.perf_counter()
-    lab = load(case.label, nan=nan) if case.label else None
+    lab = load(case.label, nan=nan, device=device) if case.label else None
     # with --device gpu the voxels go to the GPU once, decoded there where it is proven
     if case.dicom is not None:
         vol = read_series(case.dicom, workers=decode_workers, device=device)

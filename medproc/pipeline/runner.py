@@ -30,7 +30,7 @@ class Runner:
             engine.device_id,
         )
         self._stream = None
-        self._rings: list[list] = [[], [], []]  # pinned staging, one set per batch in flight
+        self._rings: list[dict] = [{}, {}, {}]  # pinned staging, one set per batch in flight
         self._ring = 0
         #: batches scheduled and not collected (a consumer that stopped early leaves some)
         self.pending = 0
@@ -73,7 +73,7 @@ class Runner:
         for name, vals in plan_inputs([j.plan for j in jobs], self.mode, self.intensity).items():
             self.pipe.feed_input(name, vals)
 
-    def _to_device(self, arrays: list, ring: list) -> list:
+    def _to_device(self, arrays: list, ring: dict) -> list:
         """Host arrays -> CUDA tensors: staged in pinned memory, copied on a side stream. A
         staging set is reused every third batch, when the copy that read it has finished."""
         import torch
@@ -84,9 +84,10 @@ class Runner:
                 t = a if isinstance(a, torch.Tensor) else torch.from_numpy(a)
                 if t.device.type == "cpu" and not t.is_pinned():
                     nbytes = t.numel() * t.element_size()
-                    if n >= len(ring) or ring[n].numel() < nbytes:
-                        buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=True)
-                        ring[n : n + 1] = [buf]
+                    if n not in ring or ring[n].numel() < nbytes:
+                        ring[n] = torch.empty(
+                            max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=True
+                        )
                     staged = ring[n][:nbytes].view(t.dtype).view(t.shape)
                     staged.copy_(t)
                     t = staged
