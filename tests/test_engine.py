@@ -263,3 +263,42 @@ def test_labels_never_get_values_they_do_not_hold_when_the_grid_leaves_the_input
         assert not out.array.any()
         _, out = medproc.resample(img, spec=spec, label=lab)
         assert set(np.unique(out.array)) <= {0, 1, 2}
+
+
+def _tie_case():
+    """4 mm labels to 1.5 mm on a centred grid: many samples fall exactly half-way."""
+    rng = np.random.default_rng(0)
+    lab = np.asfortranarray(rng.integers(0, 5, (40, 36, 30)).astype(np.uint8))
+    aff = np.diag([4.0, 4.0, 4.0, 1.0])
+    aff[:3, 3] = [-80, -70, -60]
+    return medproc.Volume(lab, aff)
+
+
+def _half_up_reference(vol, out):
+    """Nearest neighbour with ties rounded half up, in float64 from the plan's own grid."""
+    from nibabel.affines import apply_affine
+
+    idx = apply_affine(
+        np.linalg.inv(vol.affine) @ out.affine, np.indices(out.shape).reshape(3, -1).T
+    )
+    near = np.floor(idx + 0.5 + 1e-9).astype(int)
+    near = np.clip(near, 0, np.array(vol.shape) - 1)
+    ties = (np.abs(idx % 1 - 0.5) < 1e-9).any(1).mean()
+    return vol.array[tuple(near.T)].reshape(out.shape), ties
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("mode", ["auto", "warp"])
+def test_nearest_neighbour_ties_are_broken_half_up_on_every_device(device, mode):
+    vol = _tie_case()
+    plan = make_plan(vol.shape, vol.affine, Spec(spacing=1.5))
+    eng = Engine(device, batch_size=1)
+    img = vol.array.astype(np.float32)
+    ((lab_out, lab_as_label),) = eng.run(
+        [Job(img, plan, (vol.array,))], Graph(interp="nearest", labels=1, mode=mode)
+    )
+    out = vol.with_array(np.asarray(lab_as_label), plan.out_affine)
+    ref, ties = _half_up_reference(vol, out)
+    assert ties > 0.1  # the case really is full of ties
+    np.testing.assert_array_equal(np.asarray(lab_as_label), ref)
+    np.testing.assert_array_equal(np.asarray(lab_out), ref.astype(np.float32))

@@ -83,6 +83,11 @@ class Graph:
             **kw,
         )
 
+    @property
+    def needs_nn(self) -> bool:
+        """Whether anything is sampled with nearest neighbour (labels, or interp="nearest")."""
+        return bool(self.labels) or self.interp == "nearest"
+
     def mode_for(self, plans, device: str) -> str:
         """Which graph executes this batch of plans (see the module doc)."""
         aligned = all(p.axis_aligned for p in plans)
@@ -207,29 +212,36 @@ def build_resample(
             ins = [x.gpu() for x in ins]
         img, labs = ins[0], ins[1:]
         size = fn.external_source(name="size", device="cpu", dtype=types.FLOAT)
+        nn = graph.needs_nn
         if mode == "warp":
             mat = fn.external_source(name="mat", device="cpu", dtype=types.FLOAT)
+            mat_nn = (
+                fn.external_source(name="mat_nn", device="cpu", dtype=types.FLOAT) if nn else None
+            )
             kw = {} if graph.fill is None else {"fill_value": graph.fill}
             x = fn.warp_affine(
                 img,
-                matrix=mat,
+                matrix=mat_nn if graph.interp == "nearest" else mat,
                 size=size,
                 interp_type=_interp(graph.interp),
                 dtype=types.FLOAT,
                 **kw,
             )
             labs = [
-                fn.warp_affine(lb, matrix=mat, size=size, interp_type=types.INTERP_NN, **kw)
+                fn.warp_affine(lb, matrix=mat_nn, size=size, interp_type=types.INTERP_NN, **kw)
                 for lb in labs
             ]
         else:  # resize clamps at the border: plans with a fill value take the warp graph
             r0 = fn.external_source(name="roi_start", device="cpu", dtype=types.FLOAT)
             r1 = fn.external_source(name="roi_end", device="cpu", dtype=types.FLOAT)
+            if nn:
+                n0 = fn.external_source(name="roi_start_nn", device="cpu", dtype=types.FLOAT)
+                n1 = fn.external_source(name="roi_end_nn", device="cpu", dtype=types.FLOAT)
             x = fn.resize(
                 img,
                 size=size,
-                roi_start=r0,
-                roi_end=r1,
+                roi_start=n0 if graph.interp == "nearest" else r0,
+                roi_end=n1 if graph.interp == "nearest" else r1,
                 roi_relative=False,
                 interp_type=_interp(graph.interp),
                 antialias=graph.antialias,
@@ -239,8 +251,8 @@ def build_resample(
                 fn.resize(
                     lb,
                     size=size,
-                    roi_start=r0,
-                    roi_end=r1,
+                    roi_start=n0,
+                    roi_end=n1,
                     roi_relative=False,
                     interp_type=types.INTERP_NN,
                     antialias=False,
@@ -265,16 +277,34 @@ def build_resample(
     return p
 
 
-def plan_inputs(plans, mode: str, intensity: bool) -> dict:
-    """The per-sample argument inputs of a batch of plans (fed beside the voxels)."""
+#: nearest-neighbour sampling is nudged by this many voxels towards +index, so that a sample
+#: exactly half-way between two voxels takes the upper one, as ITK rounds (half up), whatever
+#: float32 rounding DALI's CPU or GPU arithmetic does (1e-3 voxel: far above float32's error at
+#: indices up to ~4000, far below anything visible)
+NN_TIE = 1e-3
+
+
+def plan_inputs(plans, mode: str, intensity: bool, graph: Graph = Graph()) -> dict:
+    """The per-sample argument inputs of a batch of plans (fed beside the voxels): the sampling
+    of interpolated images (``mat`` or ``roi_start``/``roi_end``) and of nearest-neighbour ones
+    (``mat_nn`` or ``roi_*_nn``: ties broken half up, see :data:`NN_TIE`), as the graph uses them."""
     f32 = np.float32
     feed = {"size": [dali_size(p) for p in plans]}
+    smooth = graph.interp != "nearest"
     if mode == "warp":
-        feed["mat"] = [dali_matrix(p) for p in plans]
+        mats = [dali_matrix(p) for p in plans]
+        if smooth:
+            feed["mat"] = mats
+        if graph.needs_nn:
+            feed["mat_nn"] = [m + np.array([0, 0, 0, NN_TIE], f32) for m in mats]
     else:
         rois = [resize_roi(p) for p in plans]
-        feed["roi_start"] = [r[0] for r in rois]
-        feed["roi_end"] = [r[1] for r in rois]
+        if smooth:
+            feed["roi_start"] = [r[0] for r in rois]
+            feed["roi_end"] = [r[1] for r in rois]
+        if graph.needs_nn:
+            feed["roi_start_nn"] = [r[0] + f32(NN_TIE) for r in rois]
+            feed["roi_end_nn"] = [r[1] + f32(NN_TIE) for r in rois]
     if intensity:
         feed["inten"] = [
             np.array(p.intensity if p.intensity else (-np.inf, np.inf, 1.0, 0.0), f32)

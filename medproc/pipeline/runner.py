@@ -70,7 +70,9 @@ class Runner:
         else:
             for c, name in enumerate(names):
                 self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
-        for name, vals in plan_inputs([j.plan for j in jobs], self.mode, self.intensity).items():
+        for name, vals in plan_inputs(
+            [j.plan for j in jobs], self.mode, self.intensity, self.graph
+        ).items():
             self.pipe.feed_input(name, vals)
 
     def _to_device(self, arrays: list, ring: dict) -> list:
