@@ -1,13 +1,19 @@
-"""Benchmark: the DALI Proxy loader against a plain PyTorch DataLoader doing the same work on
-CPU workers (same samples, same plans, same batches delivered on the GPU).
+"""Benchmark: medproc's proxy loader against a plain PyTorch DataLoader doing the same work on
+CPU workers (same samples, same plans, same batches delivered on the GPU), in one run.
 
-    python bench/proxy.py --workers 8 --samples 64 --batch 4 --out results.json   # H200
+    python bench/proxy.py --workers 8 16 --samples 96 --batch 4 --out results.json   # H200
+    python bench/proxy.py --workers 2 --samples 8 --batch 2 --device cpu             # CPU box
 
-Each sample: a CT volume (int16, 200 x 256 x 256 at 0.8 x 0.8 x 1.25 mm) -> 1.5 mm RAS, a
-random flip + rotation, cropped to 96^3, with two lesions mapped onto the output grid.
-- proxy: workers plan and map lesions (Python), DALI resamples on the GPU in the main process.
-- plain: workers plan, map lesions and resample with SimpleITK (1 thread each, on the plan's
-  exact output grid), the batch is collated and moved to the GPU.
+Each sample is a CT volume (int16, 256 x 256 x 200 at 0.8 x 0.8 x 1.25 mm, (i, j, k)) with two
+lesions. Two tasks:
+- ``crop``: -> 1.5 mm RAS, a random flip + rotation, cropped to 96^3 (training patches);
+- ``whole``: -> 1.5 mm RAS + intensity window, the whole volume (detection / inference).
+Loaders:
+- ``proxy (engine)``: workers plan, map lesions and hand the input box over in shared memory;
+  the engine resamples the batch on the GPU in the main process, ahead of the consumer;
+- ``proxy (DALI Proxy)``: the same transform through DALI Proxy's DALIServer (crop only);
+- ``plain``: workers plan, map lesions and resample with SimpleITK (1 thread each, on the plan's
+  exact output grid, + the same intensity step), the batch is collated and moved to the GPU.
 """
 
 from __future__ import annotations
@@ -30,7 +36,11 @@ from medproc.plan import affine_map, flip_map  # noqa: E402
 from medproc.proxy import ProxyServer, ProxyTransform, collate  # noqa: E402
 from medproc.sample_data import grid_affine  # noqa: E402
 
-SPEC = medproc.Spec(spacing=1.5, orientation="RAS", crop=(96, 96, 96))
+INTENSITY = medproc.Intensity(clip=(-1000, 400), scale=(0, 1))
+SPECS = {
+    "crop": medproc.Spec(spacing=1.5, orientation="RAS", crop=(96, 96, 96)),
+    "whole": medproc.Spec(spacing=1.5, orientation="RAS", intensity=INTENSITY),
+}
 _VOLS = []
 
 
@@ -64,7 +74,7 @@ class Samples(torch.utils.data.Dataset):
 
 
 class SitkTransform(ProxyTransform):
-    """The same plan and lesions, resampled in the worker with SimpleITK."""
+    """The same plan and lesions, resampled in the worker with SimpleITK (+ the intensity)."""
 
     def __call__(self, sample):
         import SimpleITK as sitk
@@ -77,6 +87,9 @@ class SitkTransform(ProxyTransform):
         # the augmented plan is a general affine: SimpleITK's AffineTransform from output to input
         f = resample_filter(plan.out_affine, plan.out_shape, motion=plan.motion)
         out = sitk.GetArrayFromImage(f.Execute(to_sitk(img))).transpose(2, 1, 0)  # (i, j, k)
+        if plan.intensity is not None:
+            lo, hi, a, b = plan.intensity
+            out = np.clip(out, lo, hi) * np.float32(a) + np.float32(b)
         return {
             "image": torch.from_numpy(np.ascontiguousarray(out))[None],
             "affine": torch.as_tensor(plan.out_affine),
@@ -85,41 +98,85 @@ class SitkTransform(ProxyTransform):
         }
 
 
-def run(loader, to_gpu):
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run(loader, to_gpu, n_batches=None):
     n = 0
-    torch.cuda.synchronize()
+    _sync()
     t = time.perf_counter()
-    for batch in loader:
-        img = batch["image"].cuda(non_blocking=True) if to_gpu else batch["image"]
-        n += img.shape[0]
-    torch.cuda.synchronize()
+    for b, batch in enumerate(loader):
+        imgs = batch["image"] if isinstance(batch["image"], list) else [batch["image"]]
+        for img in imgs:
+            img = img.cuda(non_blocking=True) if to_gpu else img
+            n += 1 if isinstance(batch["image"], list) else img.shape[0]
+        if n_batches and b + 1 >= n_batches:
+            break
+    _sync()
     return n / (time.perf_counter() - t)
 
 
+def _plain_collate_lists(samples):
+    """Whole volumes differ in size: a list per key, as the proxy returns them."""
+    out = {k: [s[k] for s in samples] for k in samples[0]}
+    return out
+
+
+def measure(task, workers, a):
+    spec = SPECS[task]
+    aug = augment if task == "crop" else None
+    res = {}
+    gpu = a.device == "gpu"
+    with ProxyServer(spec, device=a.device, batch_size=a.batch, augment=aug, prefetch=4) as server:
+        loader = server.loader(
+            Samples(a.samples, server.transform), batch_size=a.batch, num_workers=workers
+        )
+        run(loader, False)  # warm-up (workers, pipelines)
+        res["proxy (engine)"] = run(loader, False)
+    if task == "crop" and gpu and "dali-proxy" not in a.skip:
+        with ProxyServer(
+            spec, device="gpu", batch_size=a.batch, augment=aug, prefetch=2, route="dali-proxy"
+        ) as server:
+            loader = server.loader(
+                Samples(a.samples, server.transform), batch_size=a.batch, num_workers=workers
+            )
+            run(loader, False)
+            res["proxy (DALI Proxy)"] = run(loader, False)
+    plain = torch.utils.data.DataLoader(
+        Samples(a.samples, SitkTransform(spec, augment=aug)),
+        batch_size=a.batch,
+        num_workers=workers,
+        collate_fn=collate if task == "crop" else _plain_collate_lists,
+        pin_memory=gpu,
+        persistent_workers=workers > 0,
+    )
+    run(plain, gpu)
+    res["plain (SimpleITK workers)"] = run(plain, gpu)
+    res["proxy_vs_plain"] = res["proxy (engine)"] / res["plain (SimpleITK workers)"]
+    return res
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--samples", type=int, default=64)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--workers", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--samples", type=int, default=96)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--tasks", nargs="+", default=list(SPECS))
+    ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
+    ap.add_argument("--skip", nargs="*", default=[])
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     _VOLS.extend(volumes())
-    res = {"workers": a.workers, "samples": a.samples, "batch": a.batch}
-    with ProxyServer(SPEC, device="gpu", batch_size=a.batch, augment=augment, prefetch=2) as server:
-        ds = Samples(a.samples, server.transform)
-        loader = server.loader(ds, batch_size=a.batch, num_workers=a.workers)
-        run(loader, False)  # warm-up (workers, pipeline)
-        res["proxy_samples_per_s"] = run(loader, False)
-    plain = torch.utils.data.DataLoader(
-        Samples(a.samples, SitkTransform(SPEC, augment=augment)),
-        batch_size=a.batch,
-        num_workers=a.workers,
-        collate_fn=collate,
-        pin_memory=True,
-    )
-    run(plain, True)
-    res["plain_samples_per_s"] = run(plain, True)
-    res["speedup"] = res["proxy_samples_per_s"] / res["plain_samples_per_s"]
+    res = {"samples": a.samples, "batch": a.batch, "results": {}}
+    for task in a.tasks:
+        for w in a.workers:
+            r = measure(task, w, a)
+            res["results"][f"{task}, {w} workers"] = r
+            print(task, w, json.dumps(r), flush=True)
     print(json.dumps(res, indent=1))
     if a.out:
         json.dump(res, open(a.out, "w"), indent=1)

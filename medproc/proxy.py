@@ -1,26 +1,30 @@
-"""The annotation-preserving proxy: Python workers plan, one DALI pipeline resamples.
+"""The annotation-preserving proxy: Python workers plan, one GPU pipeline resamples.
 
 PyTorch DataLoader workers read volumes, parse lesion annotations and compute each sample's
-plan in Python (:class:`ProxyTransform`, usable inside any ``Compose``); the voxel work goes
-through DALI Proxy (``nvidia.dali.plugin.pytorch.experimental.proxy.DALIServer``) to one DALI
-pipeline in the main process, on the GPU. Each batch comes back in order with the images (and
-labels) as tensors, and beside them every sample's output affine and its lesions mapped onto
-the output grid by the same matrix as the voxels.
+plan in Python (:class:`ProxyTransform`, usable as the last step of any ``Compose``); the voxel
+work runs once per batch in the main process, on the GPU (or DALI's CPU backend). Each batch
+comes back in order with the images (and labels) as tensors and, beside them, every sample's
+output affine and its lesions mapped onto the output grid by the same matrix as the voxels
+(also as boxes in MONAI's detection format).
 
-Where DALI Proxy cannot run (no CUDA: it calls ``torch.cuda.nvtx``), the same transform and
-loader fall back to the engine: workers send the voxels and plans, and the main process runs
-the same DALI graph on DALI's CPU backend. Same outputs, same order.
+Two routes to the pipeline:
 
-DALI Proxy returns each batch as one tensor, so the spec must give a fixed output size
-(``crop=`` or ``shape=``).
+- ``route="engine"`` (default): a worker cuts the input box the sample's output touches
+  (:meth:`~medproc.plan.Plan.input_region`) into a tensor that the DataLoader hands over through
+  shared memory (no pickled voxels); the main process runs the batch through
+  :class:`~medproc.pipeline.Engine` in a background thread, ``prefetch`` batches ahead of the
+  training loop (host -> device copies from pinned staging, overlapped). Works on the CPU too,
+  and with outputs of varying size (whole volumes).
+- ``route="dali-proxy"``: DALI Proxy (``DALIServer``), GPU only, fixed output size. Its queue
+  pickles every input, so it loses to the engine route (docs/benchmarks.md).
 
 Example
 -------
 >>> spec = medproc.Spec(spacing=1.5, orientation="RAS", crop=(96, 96, 96))  # doctest: +SKIP
 >>> with ProxyServer(spec, device="gpu", batch_size=4) as server:            # doctest: +SKIP
 ...     ds = MyDataset(transform=Compose([read_case, parse_lesions, server.transform]))
-...     for batch in server.loader(ds, batch_size=4, num_workers=4):
-...         batch["image"], batch["affine"], batch["lesions"]
+...     for batch in server.loader(ds, batch_size=4, num_workers=8):
+...         batch["image"], batch["affine"], batch["lesions"], batch["boxes"]
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ import numpy as np
 from .plan import Plan, make_plan
 from .spec import Spec
 
-__all__ = ["ProxyServer", "ProxyTransform", "collate"]
+__all__ = ["ProxyServer", "ProxyTransform", "collate", "lesion_boxes"]
+
+ROUTES = ("engine", "dali-proxy")
 
 
 class _Pending:
-    """Fallback payload: what the main process resamples (voxels + plan)."""
+    """The voxels a worker hands over (tensors: shared memory across processes) and the plan."""
 
     __slots__ = ("array", "labels", "plan")
 
@@ -44,26 +50,70 @@ class _Pending:
         self.array, self.labels, self.plan = array, labels, plan
 
 
+def _shareable(a):
+    """A copy of an ``(i, j, k)`` array region as a torch tensor whose memory is DALI's layout
+    (k, j, i contiguous), so the main process feeds it without another copy; a DataLoader moves
+    it through shared memory."""
+    import torch
+
+    c = np.ascontiguousarray(a.transpose(2, 1, 0) if a.ndim == 3 else a.transpose(2, 1, 0, 3))
+    t = torch.from_numpy(c)
+    return t.permute(2, 1, 0) if a.ndim == 3 else t.permute(2, 1, 0, 3)
+
+
+def lesion_boxes(placed: list[dict], mode: str = "xyzxyz"):
+    """Lesions placed on a grid (``Lesions.on_grid`` dicts) as MONAI detection boxes.
+
+    Returns ``(boxes_voxel, boxes_world, labels)``: float32 ``(N, 6)`` arrays in ``mode``
+    (``"xyzxyz"``: corners, MONAI's ``StandardMode``; ``"cccwhd"``: centre and size), in voxel
+    ``(i, j, k)`` and world RAS mm coordinates, and int64 ``(N,)`` labels.
+    """
+    if mode not in ("xyzxyz", "cccwhd"):
+        raise ValueError(f"box mode must be 'xyzxyz' or 'cccwhd', got {mode!r}")
+    vox = np.zeros((len(placed), 6), np.float32)
+    world = np.zeros((len(placed), 6), np.float32)
+    for n, p in enumerate(placed):
+        for out, c, s in (
+            (vox, p["center_voxel"], p["size_voxels"]),
+            (world, p["center_world_ras"], p["size_mm"]),
+        ):
+            c, s = np.asarray(c, np.float64), np.asarray(s, np.float64)
+            out[n] = np.r_[c - s / 2, c + s / 2] if mode == "xyzxyz" else np.r_[c, s]
+    return vox, world, np.array([p["label"] for p in placed], np.int64)
+
+
 class ProxyTransform:
     """Plan a sample and hand its voxels to the server; map its lesions. Picklable.
 
     Takes a dict with ``"image"`` (a :class:`~medproc.Volume`), optionally ``"label"`` (a
     Volume on the image's grid) and ``"lesions"`` (:class:`~medproc.annotations.Lesions`), and
-    returns a dict with ``"image"``/``"label"`` (DALI proxy references, replaced by tensors in
-    the batch), ``"affine"`` (4x4 float64 tensor of the output grid), ``"lesions"`` (a list of
-    dicts from ``Lesions.on_grid``: voxel centre, world centre, size, inside flag) and
+    returns a dict with ``"image"``/``"label"`` (replaced by tensors in the batch), ``"affine"``
+    (4x4 float64 tensor of the output grid), ``"lesions"`` (a list of dicts from
+    ``Lesions.on_grid``: voxel centre, world centre, size, inside flag), ``"boxes"``,
+    ``"boxes_world"``, ``"box_labels"`` (MONAI detection format, see :func:`lesion_boxes`) and
     ``"meta"``. Other keys pass through.
 
     ``augment(plan, rng) -> index_map`` may add a random spatial augmentation (see
     :func:`medproc.plan.flip_map`, :func:`medproc.plan.affine_map`); the voxels and the lesions
-    move by the same matrix.
+    move by the same matrix. ``box_mode`` is the boxes' MONAI mode; ``with_label`` True requires
+    a label in every sample, False ignores labels, None ships them when present.
     """
 
-    def __init__(self, spec: Spec, proxy=None, augment: Callable | None = None, seed: int = 0):
+    def __init__(
+        self,
+        spec: Spec,
+        proxy=None,
+        augment: Callable | None = None,
+        seed: int = 0,
+        box_mode: str = "xyzxyz",
+        with_label: bool | None = None,
+    ):
         self.spec = spec
+        self.with_label = with_label
         self.proxy = proxy
         self.augment = augment
         self.seed = seed
+        self.box_mode = box_mode
         self._rng = None
 
     def _generator(self):
@@ -77,7 +127,9 @@ class ProxyTransform:
     def plan(self, sample: dict) -> Plan:
         """The sample's plan: the spec's resample, then the random augmentation if any."""
         img = sample["image"]
-        plan = make_plan(img.shape, img.affine, self.spec, img.array)
+        plan = make_plan(
+            img.shape, img.affine, self.spec, img.array if self.spec.needs_array else None
+        )
         if self.augment is not None:
             plan = plan.augmented(self.augment(plan, self._generator()))
         return plan
@@ -86,7 +138,12 @@ class ProxyTransform:
         import torch
 
         img = sample["image"]
-        lab = sample.get("label")
+        lab = sample.get("label") if self.with_label is not False else None
+        if self.with_label and lab is None:
+            raise ValueError(
+                f"the server was made with_label=True but sample "
+                f"{img.meta.get('source') or ''} has no 'label'"
+            )
         # ship only the input box the output touches (a crop of a big volume is a small box)
         region, plan = self.plan(sample).input_region()
         out = {k: v for k, v in sample.items() if k not in ("image", "label", "lesions")}
@@ -101,29 +158,37 @@ class ProxyTransform:
             if lab is not None:
                 out["label"] = refs[1]
         else:
-            out["image"] = _Pending(np.array(arr), [np.array(a) for a in labs], plan)
+            out["image"] = _Pending(_shareable(arr), [_shareable(a) for a in labs], plan)
         out["affine"] = torch.as_tensor(plan.out_affine)
         lesions = sample.get("lesions")
-        out["lesions"] = plan.lesions_on_grid(lesions) if lesions is not None else []
+        placed = plan.lesions_on_grid(lesions) if lesions is not None else []
+        out["lesions"] = placed
+        vox, world, labels = lesion_boxes(placed, self.box_mode)
+        out["boxes"], out["boxes_world"] = torch.from_numpy(vox), torch.from_numpy(world)
+        out["box_labels"] = torch.from_numpy(labels)
         out["meta"] = {
             "source": img.meta.get("source"),
             "in_shape": img.shape,
             "in_affine": img.affine,
             "out_shape": plan.out_shape,
             "region": region,
+            "box_mode": self.box_mode,
         }
         return out
 
 
+_PER_SAMPLE = ("lesions", "meta", "boxes", "boxes_world", "box_labels")
+
+
 def collate(samples: list[dict]) -> dict:
-    """Batch dicts: proxy references and tensors via torch's default_collate (DALI Proxy
-    registers its references there), lesions and meta as per-sample lists."""
+    """Batch dicts: tensors and DALI proxy references via torch's default_collate; lesions,
+    boxes (their number varies per sample) and meta as per-sample lists."""
     from torch.utils.data import default_collate
 
     out = {}
     for key in samples[0]:
         vals = [s[key] for s in samples]
-        if key in ("lesions", "meta") or isinstance(vals[0], _Pending):
+        if key in _PER_SAMPLE or isinstance(vals[0], _Pending):
             out[key] = vals
         else:
             out[key] = default_collate(vals)
@@ -131,25 +196,29 @@ def collate(samples: list[dict]) -> dict:
 
 
 class ProxyServer:
-    """One DALI pipeline serving PyTorch DataLoader workers (DALI Proxy on the GPU; the
-    engine, in the main process, on DALI's CPU backend elsewhere).
+    """One pipeline serving PyTorch DataLoader workers (see the module doc for the routes).
 
     Parameters
     ----------
     spec : Spec
-        Must fix the output size (``crop`` or ``shape``); its intensity steps are applied.
+        The preprocessing; its intensity steps are applied. ``route="dali-proxy"`` needs a fixed
+        output size (``crop`` or ``shape``).
     device : {"gpu", "cpu", "auto"}
-        ``"auto"`` takes the GPU when DALI Proxy can run there.
+        ``"auto"`` takes the GPU when there is one.
     batch_size : int
-        The loader's batch size (the largest DALI batch).
+        The loader's batch size (the largest pipeline batch).
     with_label : bool
         Samples carry a ``"label"`` Volume.
     augment : callable, optional
         See :class:`ProxyTransform`.
-    num_threads, device_id, prefetch : int
-        DALI settings (threads, GPU, batches in flight).
+    num_threads, device_id : int
+        DALI CPU threads and GPU.
+    prefetch : int
+        Batches prepared ahead of the consumer.
     seed : int
         Seed of the workers' augmentation generators.
+    route : {"engine", "dali-proxy"}
+        How voxels reach the pipeline.
     """
 
     def __init__(
@@ -160,20 +229,11 @@ class ProxyServer:
         with_label: bool = False,
         augment: Callable | None = None,
         num_threads: int | None = None,
-        device_id: int = 0,
+        device_id: int | None = None,
         prefetch: int = 2,
         seed: int = 0,
+        route: str = "engine",
     ):
-        if spec.crop is None and spec.shape is None:
-            raise ValueError(
-                "ProxyServer batches outputs into one tensor: give the spec a fixed "
-                "output size (crop=(ni, nj, nk) or shape=...)"
-            )
-        if spec.interp == "cubic" or spec.antialias:
-            raise ValueError(
-                "the proxy pipeline resamples with warp_affine: use interp linear or "
-                "nearest, without antialias"
-            )
         try:
             import torch  # noqa: F401
         except ImportError:
@@ -181,14 +241,31 @@ class ProxyServer:
                 "the proxy feeds PyTorch DataLoaders: pip install 'medproc[torch]'"
             ) from None
         from .pipeline import Engine, Graph, gpu_available
-        from .pipeline.proxy_server import ProxyPipeline, dali_proxy_usable
 
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if spec.antialias:
+            raise ValueError("the proxy resamples with warp_affine: use antialias=False")
+        if spec.interp == "cubic":
+            raise ValueError("the proxy resamples with warp_affine: use interp linear or nearest")
         if device == "auto":
-            device = "gpu" if gpu_available() and dali_proxy_usable("gpu") else "cpu"
-        self.device = device
-        self.spec = spec
-        self.with_label = with_label
-        self.uses_dali_proxy = dali_proxy_usable(device)
+            device = "gpu" if gpu_available() else "cpu"
+        if route == "dali-proxy":
+            from .pipeline.proxy_server import dali_proxy_usable
+
+            if spec.crop is None and spec.shape is None:
+                raise ValueError(
+                    "route='dali-proxy' batches outputs into one tensor: give the "
+                    "spec a fixed output size (crop=(ni, nj, nk) or shape=...), or "
+                    "use route='engine'"
+                )
+            if not dali_proxy_usable(device):
+                raise RuntimeError(
+                    "route='dali-proxy' needs CUDA (DALI Proxy calls torch.cuda."
+                    "nvtx); use route='engine'"
+                )
+        self.device, self.spec, self.with_label, self.route = device, spec, with_label, route
+        self.prefetch = prefetch
         self._graph = Graph.from_spec(
             spec, labels=int(with_label), channels_first=True, mode="warp"
         )
@@ -196,18 +273,29 @@ class ProxyServer:
             device, batch_size=batch_size, num_threads=num_threads, device_id=device_id
         )
         self._proxy = None
-        if self.uses_dali_proxy:
+        if route == "dali-proxy":
+            from .pipeline.proxy_server import ProxyPipeline
+
             self._proxy = ProxyPipeline(
                 self._graph,
                 spec.intensity.active,
                 batch_size,
                 self._engine.num_threads,
-                device_id,
+                self._engine.device_id,
                 prefetch,
             )
         self.transform = ProxyTransform(
-            spec, self._proxy.server.proxy if self._proxy else None, augment=augment, seed=seed
+            spec,
+            self._proxy.server.proxy if self._proxy else None,
+            augment=augment,
+            seed=seed,
+            with_label=with_label,
         )
+
+    @property
+    def uses_dali_proxy(self) -> bool:
+        """Whether batches go through DALI Proxy's server."""
+        return self._proxy is not None
 
     def __enter__(self):
         if self._proxy is not None:
@@ -220,8 +308,9 @@ class ProxyServer:
         return False
 
     def loader(self, dataset, batch_size: int, num_workers: int = 0, **kw):
-        """A DataLoader over ``dataset`` (whose samples went through :attr:`transform`) that
-        yields batches with tensors in place of the proxy references."""
+        """An iterable over batches of ``dataset`` (whose samples went through
+        :attr:`transform`): images (and labels) as tensors on the device, ``(B, C, i, j, k)``
+        when the output size is fixed, else lists of ``(C, i, j, k)`` tensors."""
         import torch.utils.data as tud
 
         kw.setdefault("collate_fn", collate)
@@ -230,20 +319,38 @@ class ProxyServer:
                 return self._proxy.loader(dataset, batch_size, num_workers, **kw)
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
             return _Mapped(base, self._proxy.server.produce_data)
+        if num_workers > 0:
+            kw.setdefault("persistent_workers", True)
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)
-        return _Mapped(base, self._run_fallback)
+        return _Streamed(base, self._engine, self._graph, self.prefetch, self.with_label)
 
-    def _run_fallback(self, batch: dict) -> dict:
-        import torch
 
+class _Streamed:
+    """A DataLoader whose batches are finished by the engine in its background thread."""
+
+    def __init__(self, loader, engine, graph, ahead: int, with_label: bool):
+        self.loader, self.engine, self.graph = loader, engine, graph
+        self.ahead, self.with_label = ahead, with_label
+
+    def __len__(self):
+        return len(self.loader)
+
+    def _items(self):
         from .pipeline import Job
 
-        jobs = [Job(p.array, p.plan, p.labels) for p in batch["image"]]
-        res = self._engine.run(jobs, self._graph, as_torch=True)
-        batch["image"] = torch.stack([r[0] for r in res])
-        if self.with_label:
-            batch["label"] = torch.stack([r[1] for r in res])
-        return batch
+        for batch in self.loader:
+            jobs = [Job(p.array, p.plan, p.labels) for p in batch["image"]]
+            yield jobs, self.graph, batch
+
+    def __iter__(self):
+        import torch
+
+        for res, batch in self.engine.stream(self._items(), as_torch=True, ahead=self.ahead):
+            cols = list(zip(*res))
+            for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
+                same = all(t.shape == col[0].shape for t in col)
+                batch[key] = torch.stack(col) if same else list(col)
+            yield batch
 
 
 class _Mapped:

@@ -1,8 +1,9 @@
-"""The proxy layer: DataLoader workers plan and map lesions, one DALI pipeline resamples.
+"""The proxy layer: DataLoader workers plan and map lesions, one pipeline resamples.
 
-CPU (CI): medproc's fallback path (the engine on DALI's CPU backend in the main process). GPU
-(-m gpu, H200): DALI Proxy's DALIServer with a multi-worker DataLoader. Same assertions on both.
-Batches are (B, C, i, j, k), as MONAI collates images.
+Both routes run the same assertions: the engine route (default; workers hand voxels over in
+shared memory, the engine finishes batches in a background thread) on the CPU (CI) and the GPU,
+and DALI Proxy's DALIServer on the GPU (-m gpu, H200). Batches are (B, C, i, j, k), as MONAI
+collates images.
 """
 
 import numpy as np
@@ -53,12 +54,23 @@ def _reference(src, src_lab, plan):
     return img, lab
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("workers", [0, 2])
-def test_proxy_batches_in_order_with_lesions_on_lesions(device, workers):
+ROUTES = [
+    ("cpu", "engine", 0),
+    ("cpu", "engine", 2),
+    pytest.param("gpu", "engine", 0, marks=pytest.mark.gpu),
+    pytest.param("gpu", "engine", 8, marks=pytest.mark.gpu),
+    pytest.param("gpu", "dali-proxy", 0, marks=pytest.mark.gpu),
+    pytest.param("gpu", "dali-proxy", 8, marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize(("device", "route", "workers"), ROUTES)
+def test_proxy_batches_in_order_with_lesions_on_lesions(device, route, workers):
     spec = medproc.Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40))
-    with ProxyServer(spec, device=device, batch_size=3, with_label=True, augment=augment) as server:
-        assert server.uses_dali_proxy == (device == "gpu")
+    with ProxyServer(
+        spec, device=device, batch_size=3, with_label=True, augment=augment, route=route
+    ) as server:
+        assert server.uses_dali_proxy == (route == "dali-proxy")
         ds = CaseDataset(7, server.transform)
         seen = []
         for batch in server.loader(ds, batch_size=3, num_workers=workers):
@@ -129,6 +141,71 @@ def test_proxy_applies_the_spec_intensity(device):
         assert n == 3
 
 
-def test_proxy_needs_a_fixed_output_size():
+def test_dali_proxy_route_needs_a_fixed_output_size():
     with pytest.raises(ValueError, match="fixed output size"):
-        ProxyServer(medproc.Spec(spacing=1.5))
+        ProxyServer(medproc.Spec(spacing=1.5), route="dali-proxy")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_whole_volumes_of_different_sizes_come_back_as_lists(device):
+    """Detection/inference: whole volumes resampled to 1.5 mm + intensity, sizes differ."""
+    spec = medproc.Spec(
+        spacing=1.5, orientation="RAS", intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1))
+    )
+    with ProxyServer(spec, device=device, batch_size=2, with_label=True) as server:
+        ds = CaseDataset(4, server.transform)
+        seen = []
+        for batch in server.loader(ds, batch_size=2, num_workers=2):
+            assert isinstance(batch["image"], list)
+            for s, img in enumerate(batch["image"]):
+                i = int(batch["index"][s])
+                seen.append(i)
+                src, src_lab, _ = _case(i)
+                plan = medproc.make_plan(src.shape, src.affine, spec)
+                assert tuple(img.shape) == (1, *plan.out_shape)
+                ref_img, ref_lab = _reference(src, src_lab, plan)
+                got = img[0].cpu().numpy()
+                assert np.abs(got - ref_img).max() <= 1e-3
+                assert (batch["label"][s][0].cpu().numpy() == ref_lab).mean() >= 0.999
+        assert seen == [0, 1, 2, 3]
+
+
+def test_boxes_come_in_monai_detection_format():
+    from monai.data.box_utils import convert_box_mode
+
+    spec = medproc.Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40))
+    with ProxyServer(spec, device="cpu", batch_size=2, with_label=True, augment=augment) as server:
+        batch = next(iter(server.loader(CaseDataset(2, server.transform), batch_size=2)))
+    for s in range(2):
+        boxes, world = batch["boxes"][s], batch["boxes_world"][s]
+        assert boxes.shape == (2, 6) and batch["box_labels"][s].shape == (2,)
+        ccc = convert_box_mode(boxes, src_mode="xyzxyz", dst_mode="cccwhd")
+        lab = batch["label"][s, 0].numpy()
+        for k, les in enumerate(batch["lesions"][s], 1):
+            np.testing.assert_allclose(ccc[k - 1, :3].numpy(), les["center_voxel"], atol=1e-3)
+            # the label's voxels of this lesion lie inside its box (half a voxel of slack)
+            pts = np.argwhere(lab == k)
+            assert (pts >= boxes[k - 1, :3].numpy() - 0.5).all()
+            assert (pts <= boxes[k - 1, 3:].numpy() + 0.5).all()
+            wc = convert_box_mode(world, src_mode="xyzxyz", dst_mode="cccwhd")[k - 1, :3]
+            np.testing.assert_allclose(wc.numpy(), les["center_world_ras"], atol=1e-3)
+
+
+class _Crashing(CaseDataset):
+    def __getitem__(self, i):
+        import os
+
+        if i == 3:
+            os._exit(3)  # a worker dies (segfault, OOM kill...)
+        return super().__getitem__(i)
+
+
+def test_a_worker_crash_is_a_clear_error_not_a_hang():
+    import time
+
+    server = ProxyServer(medproc.Spec(spacing=1.5, crop=(8, 8, 8)), device="cpu")
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError, match="(?i)worker"):
+        for _ in server.loader(_Crashing(6, server.transform), batch_size=1, num_workers=2):
+            pass
+    assert time.perf_counter() - t < 60
