@@ -302,3 +302,19 @@ def test_nearest_neighbour_ties_are_broken_half_up_on_every_device(device, mode)
     assert ties > 0.1  # the case really is full of ties
     np.testing.assert_array_equal(np.asarray(lab_as_label), ref)
     np.testing.assert_array_equal(np.asarray(lab_out), ref.astype(np.float32))
+
+
+def test_default_threads_share_the_cores_between_local_ranks(monkeypatch):
+    from medproc.pipeline.engine import default_threads
+
+    monkeypatch.delenv("MEDPROC_DALI_THREADS", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert default_threads() == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert default_threads() == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert default_threads() == 4
+    assert Engine("cpu").num_threads == 4
+    monkeypatch.setenv("MEDPROC_DALI_THREADS", "3")
+    assert default_threads() == 3
