@@ -15,7 +15,7 @@ from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 from .geometry import apply_affine, is_orthogonal, spacing_of
 from .spec import Spec
 
-__all__ = ["Plan", "make_plan", "intensity_params", "flip_map", "affine_map"]
+__all__ = ["Plan", "make_plan", "intensity_params", "flip_map", "affine_map", "monai_grid"]
 
 
 def flip_map(shape, axes) -> np.ndarray:
@@ -198,18 +198,22 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
     n_in = np.array(shape, dtype=np.float64)[src]
     s_src = s_in[src]
     # 2) spacing / shape
-    if spec.shape is not None:
-        n_out = np.array(spec.shape, dtype=int)
-        s_out = n_in * s_src / n_out
-    elif spec.spacing is not None:
+    if spec.grid == "monai" and spec.spacing is not None:
         s_out = np.array(spec.spacing, dtype=np.float64)
-        n_out = np.maximum(1, _round_half_up(n_in * s_src / s_out))
+        out, n_out = monai_grid(shape, A, src, sign, s_out)
     else:
-        s_out, n_out = s_src.copy(), n_in.astype(int)
-    out = np.eye(4)
-    out[:3, :3] = dirs[:, src] * sign * s_out
-    centre = apply_affine(A, (np.array(shape) - 1) / 2.0)
-    out[:3, 3] = centre - out[:3, :3] @ ((n_out - 1) / 2.0)
+        if spec.shape is not None:
+            n_out = np.array(spec.shape, dtype=int)
+            s_out = n_in * s_src / n_out
+        elif spec.spacing is not None:
+            s_out = np.array(spec.spacing, dtype=np.float64)
+            n_out = np.maximum(1, _round_half_up(n_in * s_src / s_out))
+        else:
+            s_out, n_out = s_src.copy(), n_in.astype(int)
+        out = np.eye(4)
+        out[:3, :3] = dirs[:, src] * sign * s_out
+        centre = apply_affine(A, (np.array(shape) - 1) / 2.0)
+        out[:3, 3] = centre - out[:3, :3] @ ((n_out - 1) / 2.0)
     # 3) crop / pad on the output grid
     start = np.zeros(3, dtype=int)
     size = n_out.copy()
@@ -239,6 +243,49 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
     if spec.intensity.active:
         plan.intensity = intensity_params(spec, array)
     return plan
+
+
+def monai_grid(shape, affine, src, sign, spacing) -> tuple[np.ndarray, np.ndarray]:
+    """The output affine and shape of MONAI's ``Orientationd`` + ``Spacingd`` (``diagonal=False``,
+    ``scale_extent=False``), computed as MONAI does, in float64.
+
+    ``src[o]`` is the input axis that feeds output axis ``o`` and ``sign[o]`` whether it is
+    flipped (the orientation step); ``spacing`` the target spacing along the output axes.
+    MONAI reorients the input (a flipped axis starts at its last voxel), keeps the directions
+    (re-orthogonalised in axis order when the input is sheared), and lays the new grid from the
+    corner that is lowest along every new axis (the first voxel centre, for an orthogonal
+    input; the centres of the two grids are aligned when no corner is lowest along all axes).
+    Along each axis ``n_out = round(extent / spacing + 1)``, with ``extent`` the span of the
+    input's voxel centres (numpy's round: half to even).
+
+    >>> out, n = monai_grid((100, 100, 36), np.diag([3.0, 3, 2, 1]), [0, 1, 2], [1, 1, 1], [2.0] * 3)
+    >>> n.tolist(), out[:3, 3].tolist()
+    ([150, 150, 36], [0.0, 0.0, 0.0])
+    """
+    shape = np.asarray(shape[:3])
+    reorient = np.zeros((4, 4))  # reoriented index -> input index
+    reorient[3, 3] = 1.0
+    for o in range(3):
+        reorient[src[o], o] = sign[o]
+        if sign[o] < 0:
+            reorient[src[o], 3] = shape[src[o]] - 1
+    a_r = np.asarray(affine, dtype=np.float64) @ reorient
+    n_r = shape[np.asarray(src)].astype(np.float64)
+    q, r = np.linalg.qr(a_r[:3, :3])  # directions, each axis kept on its side
+    out = np.eye(4)
+    out[:3, :3] = q * np.sign(np.diag(r)) * np.asarray(spacing, dtype=np.float64) + 0.0
+    ends = [(0.0, n - 1.0) for n in n_r]
+    corners = np.array([[a, b, c, 1.0] for a in ends[0] for b in ends[1] for c in ends[2]]).T
+    on_out = np.linalg.solve(out, a_r) @ corners
+    n_out = np.round(np.ptp(on_out[:3], axis=1) + 1.0).astype(int)
+    world = a_r @ corners
+    for c in range(corners.shape[1]):
+        if np.allclose(np.min(on_out[:3] - on_out[:3, c : c + 1], axis=1), 0.0):
+            out[:3, 3] = world[:3, c]
+            break
+    else:  # MONAI aligns the two grids' centres (as shape / 2, its convention)
+        out[:3, 3] = a_r[:3, :3] @ (n_r / 2.0) + a_r[:3, 3] - out[:3, :3] @ (n_out / 2.0)
+    return out, n_out
 
 
 def _foreground_box(array, threshold: float):

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["Intensity", "Spec", "INTERPOLATIONS"]
+__all__ = ["Intensity", "Spec", "INTERPOLATIONS", "GRIDS"]
 
 INTERPOLATIONS = ("linear", "cubic", "nearest")
+#: output grid conventions for ``spacing=`` (see :class:`Spec`)
+GRIDS = ("centred", "monai")
 _VALID_CODES = set("RLAPSI")
 
 
@@ -106,14 +108,26 @@ class Spec:
         Output dtype of images (labels keep theirs).
     fill : float, optional
         Value outside the input grid; ``None`` repeats the border voxel.
+    grid : {"centred", "monai"}
+        Where a ``spacing=`` grid lies (see Notes). ``"centred"`` (the default) is medproc's
+        rule; ``"monai"`` reproduces MONAI's ``Orientationd`` + ``Spacingd`` grid exactly.
 
     Notes
     -----
-    medproc's output grid rule, held exactly: along each output axis
+    medproc's output grid rule (``grid="centred"``), held exactly: along each output axis
     ``n_out = max(1, floor(n_in * s_in / s_out + 1/2))`` and the output grid is centred on the
     input grid's centre (the field-of-view centre is preserved, so the rule is symmetric under
     flips). With ``shape`` the spacing is ``n_in * s_in / n_out`` and the field of view is
     identical (the ``align_corners=False`` convention of torch's interpolate).
+
+    ``grid="monai"`` is the grid of MONAI's ``Spacingd(pixdim=spacing)`` (``diagonal=False``,
+    ``scale_extent=False``) after ``Orientationd(axcodes=orientation)``: the first voxel centre
+    of the reoriented input stays where it is and ``n_out = round((n_in - 1) * s_in / s_out +
+    1)`` (numpy's round, half to even). Both grids are exact in world coordinates; they differ
+    in where the voxels lie and sometimes in size (pyradiomics' lung1, 0.57 x 0.57 x 5 mm, at
+    1.5 mm: 195 x 195 x 160 centred, 195 x 195 x 158 MONAI, first voxels 1.75 mm apart along
+    k). ``shape=`` and an unchanged spacing give the same grid under both (MONAI's ``Resized``
+    keeps the field of view, as medproc does).
     """
 
     spacing: tuple[float, float, float] | None = None
@@ -127,6 +141,7 @@ class Spec:
     intensity: Intensity = field(default_factory=Intensity)
     dtype: str = "float32"
     fill: float | None = None
+    grid: str = "centred"
 
     def __post_init__(self):
         object.__setattr__(self, "spacing", _triple(self.spacing, "spacing"))
@@ -143,6 +158,9 @@ class Spec:
                     f"got {self.orientation!r}"
                 )
             object.__setattr__(self, "orientation", o)
+        if self.grid not in GRIDS:
+            hint = " (medproc spells it 'centred')" if self.grid == "centered" else ""
+            raise ValueError(f"grid must be one of {GRIDS}, got {self.grid!r}{hint}")
         if self.interp not in INTERPOLATIONS:
             raise ValueError(f"interp must be one of {INTERPOLATIONS}, got {self.interp!r}")
         try:

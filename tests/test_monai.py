@@ -1,5 +1,6 @@
-"""MONAI compatibility, proven by MONAI itself: its reader, its Compose, UNet, DiceCELoss,
-sliding_window_inference; medproc's loader, transforms and inverse in between."""
+"""MONAI compatibility, proven by MONAI itself: its reader, its metadata, its Compose and
+Invertd, UNet, DiceCELoss, sliding_window_inference; medproc's loader and transforms in between.
+(More in test_monai_invert.py, test_monai_grid.py and test_monai_training.py.)"""
 
 import os
 import sys
@@ -10,12 +11,16 @@ import pytest
 import medproc
 from medproc.monai import LoadVolumed, Resampled, to_metatensor, to_volume
 
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-)
-import train_monai  # noqa: E402
-
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def _datalist(sample_data):
+    root = os.path.join(sample_data, "nifti")
+    return [
+        {"image": f"{root}/images/case00{n}.nii.gz", "label": f"{root}/labels/case00{n}.nii.gz"}
+        for n in (1, 2)
+    ]
 
 
 def _tol(device, ref):
@@ -42,11 +47,29 @@ def test_metatensor_matches_monai_loadimage(sample_data):
     assert isinstance(back.array, np.ndarray) and np.shares_memory(back.array, vol.array)
 
 
+def test_loadvolumed_writes_the_metadata_loadimaged_writes(sample_data):
+    """What SaveImage(d) reads to name a file and put it back where it came from, per key."""
+    from monai.transforms import LoadImaged
+
+    case = _datalist(sample_data)[0]
+    ref = LoadImaged(["image", "label"], ensure_channel_first=True)(dict(case))
+    mine = LoadVolumed(["image", "label"])(dict(case))
+    for key in ("image", "label"):
+        m, r = mine[key].meta, ref[key].meta
+        assert m["filename_or_obj"] == r["filename_or_obj"] == case[key]
+        np.testing.assert_allclose(m["original_affine"], r["original_affine"], atol=1e-6)
+        np.testing.assert_allclose(mine[key].affine, ref[key].affine, atol=1e-6)
+        np.testing.assert_array_equal(m["spatial_shape"], r["spatial_shape"])
+        assert np.isnan(m["original_channel_dim"]) and np.isnan(r["original_channel_dim"])
+        assert m["space"] == r["space"] == "RAS"
+        assert mine[key].applied_operations == []
+
+
 def test_compose_mixes_monai_and_medproc(sample_data):
     from monai.transforms import Compose, EnsureTyped, RandSpatialCropd, ScaleIntensityRanged
 
     spec = medproc.Spec(spacing=2.0, orientation="RAS")
-    case = train_monai.datalist()[1]
+    case = _datalist(sample_data)[1]
     pipe = Compose(
         [
             LoadVolumed(["image", "label"]),
@@ -72,23 +95,22 @@ def test_compose_mixes_monai_and_medproc(sample_data):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_load_resample_invert_on_the_device(device):
+def test_load_resample_invert_on_the_device(sample_data, device):
     """LoadVolumed(device=...) and Resampled(device=...): MetaTensors (C, i, j, k) on the device
     (CUDA tensors stay tensors through to_volume), the same voxels and affine as
-    medproc.resample on the CPU; Invertd puts the label back on the source grid."""
+    medproc.resample on the CPU; MONAI's Invertd puts the label back on the source grid."""
     import torch
-    from monai.transforms import Compose
-
-    from medproc.monai import Invertd
+    from monai.transforms import Compose, Invertd
 
     spec = medproc.Spec(spacing=2.0, orientation="RAS")
-    case = train_monai.datalist()[1]
-    d = Compose(
+    case = _datalist(sample_data)[1]
+    pipe = Compose(
         [
             LoadVolumed(["image", "label"], device=device),
             Resampled(["image", "label"], spec, device=device),
         ]
-    )(dict(case))
+    )
+    d = pipe(dict(case))
     ref, ref_lab = medproc.resample(
         medproc.load(case["image"]), spec=spec, label=medproc.load(case["label"])
     )
@@ -106,16 +128,36 @@ def test_load_resample_invert_on_the_device(device):
         np.testing.assert_array_equal(lab, ref_lab.array)
     else:  # nearest neighbour: ties at exactly half-way may go either way on another backend
         assert (lab == ref_lab.array).mean() >= 0.999
-    back = to_volume(Invertd(["label"], plan_key="image_plan", device=device)(d)["label"]).numpy()
+    out = Invertd(["label"], transform=pipe, orig_keys=["label"])(d)["label"]
+    assert out.device.type == want
+    back = to_volume(out).numpy()
     src_lab = medproc.load(case["label"])
-    assert back.shape == src_lab.shape
+    assert back.shape == src_lab.shape and back.array.dtype == src_lab.array.dtype
     np.testing.assert_allclose(back.affine, src_lab.affine, atol=1e-6)
     truth, inv = src_lab.array > 0, back.array > 0
     assert 2 * (inv & truth).sum() / (inv.sum() + truth.sum()) >= 0.9
 
 
+def test_the_old_invertd_is_deprecated_and_still_works(sample_data):
+    """medproc.monai.Invertd (MONAI's name, another meaning) warns and points to MONAI's; it is
+    not in ``import *``, and until it goes it reads the plan from applied_operations."""
+    import medproc.monai as mm
+
+    assert "Invertd" not in mm.__all__
+    case = _datalist(sample_data)[0]
+    spec = medproc.Spec(spacing=2.0, orientation="RAS")
+    d = Resampled(["image", "label"], spec)(LoadVolumed(["image", "label"])(dict(case)))
+    with pytest.warns(DeprecationWarning, match="monai.transforms.Invertd"):
+        old = mm.Invertd(["label"], plan_key="image_plan")
+    back = to_volume(old(d)["label"])
+    np.testing.assert_allclose(back.affine, medproc.load(case["label"]).affine, atol=1e-6)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_monai_unet_trains_infers_and_inverts(tmp_path, device):
+    sys.path.insert(0, EXAMPLES)
+    import train_monai
+
     net, losses = train_monai.train(steps=40, device=device, cache_dir=str(tmp_path / "cache"))
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
     case = train_monai.datalist()[0]

@@ -100,6 +100,8 @@ def test_intensity_params():
         ({"interp": "bilinear"}, "interp"),
         ({"spacing": 1, "shape": (2, 2, 2)}, "not both"),
         ({"crop": (1.5, 2, 2)}, "whole numbers"),
+        ({"grid": "centered"}, "spells it 'centred'"),
+        ({"grid": "itk"}, "grid must be one of"),
     ],
 )
 def test_spec_validation(kw, match):
@@ -180,3 +182,52 @@ def test_spec_needs_array(kw, needs):
     else:
         with pytest.raises(ValueError, match="need"):
             make_plan(SHAPE, OBLIQUE, spec)
+
+
+TILTED = grid_affine(SHAPE, (1.0, 1.0, 2.0), (3.0, 4.0, 5.0), tilt_deg=15)
+SAGITTAL = grid_affine(SHAPE, (0.8, 0.9, 1.1), (1.0, 2.0, 3.0), iop=(0, 1, 0, 0, 0, -1))
+
+
+@pytest.mark.parametrize("affine", [OBLIQUE, TILTED, SAGITTAL], ids=["oblique", "tilt", "sag"])
+@pytest.mark.parametrize("orientation", [None, "RAS", "PIR"])
+@pytest.mark.parametrize("spacing", [1.5, (0.5, 0.7, 4.0), (0.9, 0.7, 2.5), 2 / 3])
+def test_monai_grid_is_orientationd_then_spacingd(affine, orientation, spacing):
+    """grid="monai": the shape and affine MONAI's Orientation + Spacing compute (asked lazily:
+    MONAI's own geometry, no resampling), on oblique, gantry-tilted and sagittal inputs."""
+    torch = pytest.importorskip("torch")
+    monai = pytest.importorskip("monai")
+    x = monai.data.MetaTensor(torch.zeros((1, *SHAPE)), affine=torch.as_tensor(affine))
+    if orientation:
+        x = monai.transforms.Orientation(orientation, lazy=True)(x)
+    x = monai.transforms.Spacing(pixdim=spacing, lazy=True)(x)
+    p = make_plan(SHAPE, affine, Spec(spacing=spacing, orientation=orientation, grid="monai"))
+    assert p.out_shape == tuple(int(n) for n in x.peek_pending_shape())
+    np.testing.assert_allclose(p.out_affine, x.peek_pending_affine().numpy(), atol=1e-6)
+    corner = np.array(p.out_shape, float) - 1  # still one exact matrix
+    np.testing.assert_allclose(
+        apply_affine(affine @ p.matrix, corner), apply_affine(p.out_affine, corner), atol=1e-6
+    )
+
+
+def test_monai_grid_keeps_the_first_voxel_and_rounds_half_to_even():
+    """n_out = round((n - 1) * s_in / s_out + 1) with numpy's round (half to even), from the
+    first voxel centre; pyradiomics' lung1 geometry: 158 slices where the centred rule has 160."""
+    a = np.diag([3.0, 3.0, 2.0, 1.0])
+    a[:3, 3] = (10.0, -20.0, 30.0)
+    m = make_plan((100, 100, 36), a, Spec(spacing=(2.0, 2.0, 2.4), grid="monai"))
+    assert m.out_shape == (150, 150, 30)  # 149.5 -> 150, 30.17 -> 30
+    np.testing.assert_array_equal(m.out_affine[:3, 3], a[:3, 3])  # the first voxel stays
+    assert make_plan((4, 6, 8), np.eye(4), Spec(spacing=2, grid="monai")).out_shape == (2, 4, 4)
+    lung = np.diag([0.57, 0.57, 5.0, 1.0])
+    assert make_plan((512, 512, 48), lung, Spec(spacing=1.5, grid="monai")).out_shape[2] == 158
+    assert make_plan((512, 512, 48), lung, Spec(spacing=1.5)).out_shape[2] == 160
+
+
+@pytest.mark.parametrize("kw", [{"shape": (40, 30, 20)}, {}, {"orientation": "RAS"}])
+def test_grids_agree_without_a_new_spacing(kw):
+    """shape= keeps the field of view under both conventions (MONAI's Resized does too), and
+    an unchanged spacing is the identity (or a pure reorientation) under both."""
+    c = make_plan(SHAPE, OBLIQUE, Spec(**kw))
+    m = make_plan(SHAPE, OBLIQUE, Spec(grid="monai", **kw))
+    assert c.out_shape == m.out_shape
+    np.testing.assert_allclose(c.matrix, m.matrix, atol=1e-12)

@@ -1,4 +1,10 @@
-"""MONAI-style dict transforms backed by medproc (readers, plans, DALI resampling)."""
+"""MONAI dict transforms backed by medproc (readers, plans, DALI resampling).
+
+``Resampled`` is a MONAI ``InvertibleTransform``: it records each key's resample in the
+MetaTensor's ``applied_operations`` (plain arrays, strings and numbers, so
+``list_data_collate``/``decollate_batch`` carry it), and ``monai.transforms.Invertd`` (or
+``Compose.inverse``) undoes it wherever it sits in a Compose of MONAI and medproc transforms.
+"""
 
 from __future__ import annotations
 
@@ -7,63 +13,22 @@ from collections.abc import Hashable, Mapping
 import numpy as np
 import torch
 from monai.data import MetaTensor
-from monai.transforms import MapTransform
+from monai.transforms import InvertibleTransform, MapTransform
+from monai.utils import ensure_tuple_rep
 
-from ..plan import make_plan
+from ..plan import Plan, make_plan
 from ..spec import Spec
-from ..volume import Volume
+from ._voxels import MONAI_NAME, interp_of, invert, resample_arrays
+from .meta import to_metatensor, to_volume, with_voxels
 
-__all__ = ["to_metatensor", "to_volume", "LoadVolumed", "Resampled", "Invertd"]
-
-
-def to_metatensor(vol: Volume, **meta) -> MetaTensor:
-    """A Volume as MONAI sees images: a ``(C, i, j, k)`` MetaTensor with the Volume's affine
-    (a view of the same memory, on the same device: no copy).
-
-    Parameters
-    ----------
-    vol : Volume
-        Voxels ``(i, j, k)`` or ``(i, j, k, C)``, numpy or torch.
-    **meta
-        Extra metadata (``affine``/``original_affine`` are ignored: the Volume's affine is used).
-    """
-    arr = vol.array
-    if isinstance(arr, np.ndarray):
-        t = torch.from_numpy(arr if arr.flags.writeable else np.array(arr))
-    else:
-        t = arr
-    t = t[None] if t.ndim == 3 else t.permute(3, 0, 1, 2)
-    m = {
-        "filename_or_obj": vol.meta.get("source", ""),
-        **{k: v for k, v in meta.items() if k not in ("affine", "original_affine")},
-    }
-    return MetaTensor(t, affine=torch.as_tensor(vol.affine), meta=m)
-
-
-def to_volume(x, affine=None) -> Volume:
-    """A MONAI image ``(C, i, j, k)`` (MetaTensor, tensor or array, + affine) as a Volume: a view,
-    on the same device (CPU tensors become numpy arrays)."""
-    aff = x.affine if affine is None and isinstance(x, MetaTensor) else affine
-    if aff is None:
-        raise ValueError("to_volume needs an affine: pass a MetaTensor or affine=")
-    aff = np.asarray(aff.detach().cpu() if torch.is_tensor(aff) else aff, dtype=np.float64)
-    if torch.is_tensor(x):
-        x = x.as_tensor() if isinstance(x, MetaTensor) else x
-        x = x.detach()
-        a = x.numpy() if x.device.type == "cpu" else x
-    else:
-        a = np.asarray(x)
-    if a.shape[0] == 1:
-        a = a[0]
-    else:
-        a = a.permute(1, 2, 3, 0) if torch.is_tensor(a) else np.moveaxis(a, 0, -1)
-    return Volume(a, aff)
+__all__ = ["LoadVolumed", "Resampled", "plan_of", "invert", "to_metatensor", "to_volume"]
 
 
 class LoadVolumed(MapTransform):
     """Load ``keys`` (paths: DICOM folders/files, NIfTI, NRRD, MHA) with medproc's readers into
-    ``(C, i, j, k)`` MetaTensors; lesion files under ``lesion_key`` become
-    :class:`~medproc.annotations.Lesions`.
+    ``(C, i, j, k)`` MetaTensors with the metadata ``LoadImaged(ensure_channel_first=True)``
+    writes (``filename_or_obj`` per key, ``original_affine``, ``spatial_shape``...); lesion files
+    under ``lesion_key`` become :class:`~medproc.annotations.Lesions`.
 
     Parameters
     ----------
@@ -72,7 +37,8 @@ class LoadVolumed(MapTransform):
     series : str or int, optional
         Which DICOM series of a folder (see :func:`medproc.load`).
     lesion_key : str, optional
-        Key of a lesion file (LUNA16-style CSV or medproc JSON).
+        Key of a lesion file (LUNA16-style CSV or medproc JSON). A ``Lesions`` object does not
+        collate: batch such samples with ``collate_fn=monai.data.utils.no_collation``.
     device : {"cpu", "gpu"}
         ``"gpu"``: CUDA tensors, compressed DICOM decoded on the GPU where proven.
     allow_missing_keys : bool
@@ -93,125 +59,184 @@ class LoadVolumed(MapTransform):
         self.device = device
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
+        """Read every key's path (and the lesion file) into the sample."""
         from ..io import load
 
         d = dict(data)
         for key in self.key_iterator(d):
-            vol = load(d[key], series=self.series, device=self.device)
-            d[key] = to_metatensor(vol)
+            d[key] = to_metatensor(load(d[key], series=self.series, device=self.device))
         if self.lesion_key and self.lesion_key in d and isinstance(d[self.lesion_key], str):
             from ..annotations import read_json, read_luna_csv
 
             path = d[self.lesion_key]
-            stem = (
-                str(d[self.first_key(d)].meta.get("filename_or_obj", ""))
-                .split("/")[-1]
-                .split(".")[0]
-            )
+            source = str(d[self.first_key(d)].meta.get("filename_or_obj", ""))
+            stem = source.split("/")[-1].split(".")[0]
             d[self.lesion_key] = (
                 read_json(path, image=stem) if path.endswith(".json") else read_luna_csv(path, stem)
             )
         return d
 
 
-class Resampled(MapTransform):
-    """Resample ``keys`` to a :class:`~medproc.Spec` with medproc's plan and DALI pipeline.
+class Resampled(MapTransform, InvertibleTransform):
+    """Resample ``keys`` to a :class:`~medproc.Spec` with one plan and medproc's DALI engine,
+    invertible as MONAI's own spatial transforms are.
 
-    The first key is the image (spec interpolation and intensity); the others are labels
-    (nearest neighbour, dtype kept), on the image's grid, resampled in the same DALI call. The
-    plan is kept in the dict under ``"<first key>_plan"`` so that :class:`Invertd` can map
-    predictions back. With ``device="gpu"`` the outputs are CUDA tensors.
+    Parameters
+    ----------
+    keys : str or sequence of str
+        Keys of ``(C, i, j, k)`` MetaTensors on one grid (same shape and affine), e.g. an image
+        and its label map.
+    spec : Spec
+        The output grid (``grid="monai"`` gives ``Spacingd``'s grid), image interpolation,
+        intensity steps and image dtype.
+    mode : str or sequence, optional
+        Per key, as MONAI's ``Spacingd``: ``"bilinear"``, ``"nearest"``, ``"bicubic"`` (or 1, 0,
+        3). A ``"nearest"`` key keeps its dtype and values (a label map: no intensity step);
+        the others are images: the spec's dtype and intensity steps (statistics per key).
+        Default: the first key is the image (``spec.interp``), the others label maps.
+    device : {"cpu", "gpu"}
+        DALI backend; ``"gpu"`` returns CUDA MetaTensors (on the inputs' GPU if they are there).
+    lesion_key : str, optional
+        Key of :class:`~medproc.annotations.Lesions`: their places on the output grid are put
+        under ``"<lesion_key>_on_grid"`` (a list of dicts; see ``LoadVolumed`` on collation).
+    allow_missing_keys : bool
+        As in MONAI.
+
+    Notes
+    -----
+    Each key's MetaTensor gets the output affine (``original_affine``, ``spatial_shape`` and
+    ``filename_or_obj`` are kept, so ``SaveImaged(resample=True)`` writes in the source
+    geometry) and a record in ``applied_operations``: the input affine and shape, the index
+    matrix and the mode. ``inverse`` (what ``monai.transforms.Invertd`` calls) resamples back
+    onto the input grid: nearest keeps the dtype, bilinear/bicubic give float32; where a crop
+    cut the input away the inverse is 0, elsewhere the border is repeated (MONAI's default).
+    Intensity steps are not inverted (neither are MONAI's). :func:`plan_of` rebuilds the plan.
     """
 
     def __init__(
         self,
         keys,
         spec: Spec,
+        mode=None,
         device: str = "cpu",
         lesion_key: str | None = None,
         allow_missing_keys=False,
     ):
         super().__init__(keys, allow_missing_keys)
+        if not isinstance(spec, Spec):
+            raise TypeError(f"spec must be a medproc.Spec, got {type(spec).__name__}")
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
         self.spec = spec
         self.device = device
         self.lesion_key = lesion_key
+        if mode is None:
+            self.roles = ((spec.interp, False),) + (("nearest", True),) * (len(self.keys) - 1)
+        else:
+            modes = ensure_tuple_rep(mode, len(self.keys))
+            interps = [interp_of(m, k) for m, k in zip(modes, self.keys)]
+            self.roles = tuple((i, i == "nearest") for i in interps)
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
-        from ..pipeline import Engine, Graph, Job
-
+        """Resample the sample's keys (see the class doc)."""
         d = dict(data)
-        keys = list(self.key_iterator(d))
-        img = to_volume(d[keys[0]])
-        labs = [to_volume(d[k]) for k in keys[1:]]
-        plan = make_plan(img.shape, img.affine, self.spec, img.array)
-        engine = Engine(self.device, batch_size=1)
-        (out,) = engine.run(
-            [Job(img.array, plan, [lb.array for lb in labs])],
-            Graph.from_spec(self.spec, labels=len(labs)),
-            as_torch=self.device == "gpu",
+        items = list(self.key_iterator(d, self.roles))
+        if not items:
+            return d
+        keys = [k for k, _ in items]
+        vols = {}
+        for k in keys:
+            try:
+                vols[k] = to_volume(d[k])
+            except ValueError as e:
+                raise ValueError(f"Resampled: key {k!r}: {e}") from None
+        ref = vols[keys[0]]
+        for k in keys[1:]:
+            v = vols[k]
+            if v.shape[:3] != ref.shape[:3] or not np.allclose(v.affine, ref.affine, atol=1e-4):
+                raise ValueError(
+                    f"Resampled: key {k!r} is not on key {keys[0]!r}'s grid (shape "
+                    f"{v.shape[:3]} vs {ref.shape[:3]}, affines differ by "
+                    f"{np.abs(v.affine - ref.affine).max():.3g}); resample it in its own "
+                    "Resampled, or onto the image first"
+                )
+        device_id = None
+        on_gpu = isinstance(ref.array, torch.Tensor) and ref.array.is_cuda
+        if self.device == "gpu" and on_gpu:
+            device_id = ref.array.device.index
+        elif self.device == "cpu":
+            vols = {k: v.numpy() for k, v in vols.items()}
+        roles = dict(items)
+        stats = next((k for k in keys if not roles[k][1]), keys[0])
+        arr = vols[stats].array if self.spec.needs_array else None
+        plan = make_plan(ref.shape, ref.affine, self.spec, arr)
+        out = resample_arrays(
+            {k: vols[k].array for k in keys}, plan, roles, self.spec, self.device, device_id
         )
-        keep = {k: v for k, v in d[keys[0]].meta.items() if k not in ("affine", "original_affine")}
-        d[keys[0]] = to_metatensor(img.with_array(out[0], plan.out_affine), **keep)
-        for k, lab, arr in zip(keys[1:], labs, out[1:]):
-            d[k] = to_metatensor(lab.with_array(arr, plan.out_affine))
-        d[f"{keys[0]}_plan"] = plan
+        for k in keys:
+            d[k] = self._record(with_voxels(d[k], out[k], plan.out_affine), plan, roles[k][0])
         if self.lesion_key and self.lesion_key in d:
             d[f"{self.lesion_key}_on_grid"] = plan.lesions_on_grid(d[self.lesion_key])
         return d
 
+    def _record(self, x: MetaTensor, plan: Plan, interp: str) -> MetaTensor:
+        info = {
+            "src_affine": np.array(plan.in_affine, dtype=np.float64),
+            "matrix": np.array(plan.matrix, dtype=np.float64),
+            "out_shape": tuple(int(n) for n in plan.out_shape),
+            "mode": MONAI_NAME[interp],
+            "grid": self.spec.grid,
+        }
+        return self.push_transform(x, orig_size=tuple(plan.in_shape), extra_info=info)
 
-class Invertd(MapTransform):
-    """Map ``keys`` (predictions on a plan's output grid) back to the source grid of the plan
-    stored under ``plan_key`` (the inverse matrix; nearest neighbour for label maps)."""
-
-    def __init__(
-        self,
-        keys,
-        plan_key: str = "image_plan",
-        nearest: bool = True,
-        device: str = "cpu",
-        allow_missing_keys=False,
-    ):
-        super().__init__(keys, allow_missing_keys)
-        self.plan_key = plan_key
-        self.nearest = nearest
-        self.device = device
-
-    def __call__(self, data):
+    def inverse(self, data: Mapping[Hashable, object]) -> dict:
+        """Put each key back on the grid it had before this transform (see the class doc)."""
         d = dict(data)
-        plan = d[self.plan_key]
         for key in self.key_iterator(d):
-            d[key] = to_metatensor(
-                invert(
-                    to_volume(
-                        d[key], plan.out_affine if not isinstance(d[key], MetaTensor) else None
-                    ),
-                    plan,
-                    nearest=self.nearest,
-                    device=self.device,
-                )
-            )
+            record = self.pop_transform(d[key])
+            d[key] = _inverted(d[key], record, key)
         return d
 
 
-def invert(pred: Volume, plan, nearest: bool = True, device: str = "cpu") -> Volume:
-    """``pred`` on ``plan``'s output grid, resampled back onto the plan's input grid (nearest
-    neighbour for label maps, else linear)."""
-    from ..pipeline import Engine, Graph, Job
-
-    arr = pred.array
-    graph = Graph(
-        interp="nearest" if nearest else "linear",
-        fill=0.0,
-        dtype=_dtype_name(arr) if nearest else "float32",
+def plan_of(x: MetaTensor) -> Plan:
+    """The :class:`~medproc.plan.Plan` of the last :class:`Resampled` applied to ``x`` (from its
+    ``applied_operations``): for mapping lesions or predictions with medproc's own tools."""
+    for op in reversed(list(x.applied_operations)):
+        if op.get("class") == "Resampled":
+            return _record_plan(op)
+    raise ValueError(
+        "no Resampled in this MetaTensor's applied_operations (they are kept only while MONAI "
+        "tracks metadata: monai.data.set_track_meta(True), the default)"
     )
-    (out,) = Engine(device, batch_size=1).run([Job(arr, plan.inverse())], graph)
-    return Volume(out[0], plan.in_affine, {**pred.meta, "inverted": True})
 
 
-def _dtype_name(a) -> str:
-    name = str(a.dtype).replace("torch.", "")
-    return "uint8" if name == "bool" else name
+def _record_plan(record: Mapping) -> Plan:
+    info = record["extra_info"]
+    src = np.asarray(info["src_affine"], dtype=np.float64)
+    m = np.asarray(info["matrix"], dtype=np.float64)
+    in_shape = tuple(int(n) for n in np.asarray(record["orig_size"]).ravel())
+    out_shape = tuple(int(n) for n in np.asarray(info["out_shape"]).ravel())
+    return Plan(in_shape, src, out_shape, src @ m, m)
 
 
-__all__ += ["invert"]
+def _inverted(x, record: Mapping, key) -> MetaTensor:
+    """``x`` (on a Resampled output grid) back on that Resampled's input grid."""
+    plan = _record_plan(record)
+    if tuple(x.shape[1:]) != plan.out_shape:
+        raise ValueError(
+            f"Resampled.inverse: key {key!r} is {tuple(x.shape[1:])} but Resampled made "
+            f"{plan.out_shape}: invert the transforms applied after it first (Compose.inverse "
+            "and monai.transforms.Invertd do)"
+        )
+    interp = interp_of(record["extra_info"]["mode"], key)
+    on_gpu = isinstance(x, torch.Tensor) and x.is_cuda
+    device, device_id = ("gpu", x.device.index) if on_gpu else ("cpu", None)
+    vol = to_volume(x, affine=plan.out_affine)
+    back = invert(vol, plan, interp=interp, device=device, device_id=device_id)
+    arr = back.array
+    if arr.ndim == 3:
+        arr = arr[None]
+    else:
+        arr = arr.permute(3, 0, 1, 2) if torch.is_tensor(arr) else np.moveaxis(arr, -1, 0)
+    like = x if isinstance(x, MetaTensor) else MetaTensor(x)
+    return with_voxels(like, arr, plan.in_affine)

@@ -1,0 +1,108 @@
+"""Volumes <-> MONAI MetaTensors, with the metadata MONAI's ``LoadImaged`` writes.
+
+A MetaTensor here is what ``LoadImaged(ensure_channel_first=True)`` gives: ``(C, i, j, k)``
+voxels, ``affine`` (float64 tensor, index -> RAS mm), and in ``meta`` ``original_affine``,
+``spatial_shape``, ``original_channel_dim``, ``filename_or_obj`` and ``space`` (what
+``SaveImage``/``SaveImaged`` read to name a file and to put it back in its source geometry).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from monai.data import MetaTensor
+
+from ..geometry import spacing_of
+from ..volume import Volume
+
+__all__ = ["to_metatensor", "to_volume", "source_meta"]
+
+
+def source_meta(vol: Volume) -> dict:
+    """The metadata ``LoadImaged(ensure_channel_first=True)`` writes for a freshly read ``vol``
+    (without ``affine``, which a MetaTensor holds itself).
+
+    >>> m = source_meta(Volume(np.zeros((4, 5, 6), np.int16), np.eye(4), {"source": "a.nii"}))
+    >>> m["filename_or_obj"], m["spatial_shape"].tolist(), m["space"]
+    ('a.nii', [4, 5, 6], 'RAS')
+    """
+    return {
+        "filename_or_obj": str(vol.meta.get("source", "")),
+        "original_affine": np.array(vol.affine, dtype=np.float64),
+        "spatial_shape": np.array(vol.shape[:3], dtype=np.int64),
+        # LoadImaged's marks: NaN = the file had no channel axis, else where it was
+        "original_channel_dim": float("nan") if len(vol.shape) == 3 else -1,
+        "space": "RAS",
+    }
+
+
+def to_metatensor(vol: Volume, **meta) -> MetaTensor:
+    """A Volume as MONAI sees images: a ``(C, i, j, k)`` MetaTensor with the Volume's affine and
+    the metadata of :func:`source_meta` (a view of the same memory, on the same device).
+
+    Parameters
+    ----------
+    vol : Volume
+        Voxels ``(i, j, k)`` or ``(i, j, k, C)``, numpy or torch.
+    **meta
+        Metadata that replaces or adds to :func:`source_meta` (``affine`` is ignored: the
+        Volume's affine is used; pass ``original_affine`` to keep an earlier one).
+    """
+    arr = vol.array
+    if isinstance(arr, np.ndarray):
+        t = torch.from_numpy(arr if arr.flags.writeable else np.array(arr))
+    else:
+        t = arr
+    t = t[None] if t.ndim == 3 else t.permute(3, 0, 1, 2)
+    m = {**source_meta(vol), **{k: v for k, v in meta.items() if k != "affine"}}
+    return MetaTensor(t, affine=torch.as_tensor(vol.affine, dtype=torch.float64), meta=m)
+
+
+def to_volume(x, affine=None) -> Volume:
+    """A MONAI image ``(C, i, j, k)`` (MetaTensor, tensor or array, + affine) as a Volume: a view,
+    on the same device (CPU tensors become numpy arrays).
+
+    Raises
+    ------
+    ValueError
+        When there is no affine (a plain tensor without ``affine=``) or the image is not
+        ``(C, i, j, k)``.
+    """
+    aff = x.affine if affine is None and isinstance(x, MetaTensor) else affine
+    if aff is None:
+        raise ValueError(
+            f"to_volume needs an affine: got a {type(x).__name__} without one; pass a MetaTensor "
+            "(LoadVolumed or MONAI's LoadImaged give them) or affine="
+        )
+    if len(x.shape) != 4:
+        raise ValueError(
+            f"expected a channel-first image (C, i, j, k), got shape {tuple(x.shape)}; load it "
+            "with LoadImaged(..., ensure_channel_first=True) or add EnsureChannelFirstd"
+        )
+    aff = np.asarray(aff.detach().cpu() if torch.is_tensor(aff) else aff, dtype=np.float64)
+    if torch.is_tensor(x):
+        x = x.as_tensor() if isinstance(x, MetaTensor) else x
+        x = x.detach()
+        a = x.numpy() if x.device.type == "cpu" else x
+    else:
+        a = np.asarray(x)
+    if a.shape[0] == 1:
+        a = a[0]
+    else:
+        a = a.permute(1, 2, 3, 0) if torch.is_tensor(a) else np.moveaxis(a, 0, -1)
+    return Volume(a, aff)
+
+
+def with_voxels(like: MetaTensor, array, affine) -> MetaTensor:
+    """A MetaTensor holding ``array`` (``(C, i, j, k)``, numpy or torch) on ``affine``, with
+    ``like``'s metadata and applied operations (``pixdim`` follows the new spacing)."""
+    t = torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
+    out = MetaTensor(t)
+    out.copy_meta_from(like)
+    out.affine = torch.as_tensor(np.asarray(affine), dtype=torch.float64)
+    pixdim = out.meta.get("pixdim")
+    if pixdim is not None and len(pixdim) >= 4:
+        pixdim = np.array(pixdim, copy=True)
+        pixdim[1:4] = spacing_of(np.asarray(affine))
+        out.meta["pixdim"] = pixdim
+    return out
