@@ -258,9 +258,12 @@ def test_labels_never_get_values_they_do_not_hold_when_the_grid_leaves_the_input
     spec = Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40))
     plan = make_plan(img.shape, img.affine, spec)
     assert plan.axis_aligned  # the case the separable graph would take
+    assert Graph.from_spec(spec, labels=1).mode_for([plan], "cpu") == "mixed"
+    alone = medproc.resample(img, spec=spec)  # the image keeps the separable resize
     for _ in range(10):
-        _, out = medproc.resample(img, spec=spec, label=zeros)
+        with_lab, out = medproc.resample(img, spec=spec, label=zeros)
         assert not out.array.any()
+        np.testing.assert_array_equal(with_lab.array, alone.array)
         _, out = medproc.resample(img, spec=spec, label=lab)
         assert set(np.unique(out.array)) <= {0, 1, 2}
 

@@ -89,7 +89,8 @@ class Graph:
         return bool(self.labels) or self.interp == "nearest"
 
     def mode_for(self, plans, device: str) -> str:
-        """Which graph executes this batch of plans (see the module doc)."""
+        """Which graph executes this batch of plans: ``"warp"``, ``"resize"`` (see the module
+        doc) or ``"mixed"`` (the image resized, its labels warped)."""
         aligned = all(p.axis_aligned for p in plans)
         if self.mode == "warp":
             if self.interp == "cubic" or self.antialias:
@@ -105,22 +106,24 @@ class Graph:
             )
         if self.antialias and not aligned:
             raise ValueError("antialias needs axis-aligned plans; use antialias=False here")
-        # DALI's nearest-neighbour resize (labels, interp="nearest") reads past the input where
-        # the sampled region leaves it (garbage label values): such plans take the warp graph
-        nn_outside = (self.labels or self.interp == "nearest") and not all(
-            _reads_inside(p) for p in plans
-        )
-        if nn_outside and self.mode == "auto" and self.interp != "cubic" and not self.antialias:
-            return "warp"
         # measured (docs/benchmarks.md): warp beats resize on the GPU; on the CPU the separable
         # resize is several times faster. Cubic and antialiasing exist only in resize.
-        if self.mode == "resize" or (
+        resize = self.mode == "resize" or (
             aligned
             and self.fill is None
             and (device == "cpu" or self.interp == "cubic" or self.antialias)
-        ):
-            return "resize"
-        return "warp"
+        )
+        if not resize or self.mode == "resize":
+            return "resize" if resize else "warp"
+        # DALI's nearest-neighbour resize (labels, interp="nearest") reads past the input where
+        # the sampled region leaves it (garbage label values): there nearest neighbour takes
+        # the warp graph, while an interpolated image keeps the (more exact) resize: "mixed"
+        if not all(_reads_inside(p) for p in plans):
+            if self.interp == "nearest":
+                return "warp"
+            if self.labels:
+                return "mixed"
+        return "resize"
 
 
 def _reads_inside(plan: Plan) -> bool:
@@ -213,7 +216,26 @@ def build_resample(
         img, labs = ins[0], ins[1:]
         size = fn.external_source(name="size", device="cpu", dtype=types.FLOAT)
         nn = graph.needs_nn
-        if mode == "warp":
+        if mode == "mixed":  # the image through resize, its labels through warp (NN)
+            r0 = fn.external_source(name="roi_start", device="cpu", dtype=types.FLOAT)
+            r1 = fn.external_source(name="roi_end", device="cpu", dtype=types.FLOAT)
+            mat_nn = fn.external_source(name="mat_nn", device="cpu", dtype=types.FLOAT)
+            kw = {} if graph.fill is None else {"fill_value": graph.fill}
+            x = fn.resize(
+                img,
+                size=size,
+                roi_start=r0,
+                roi_end=r1,
+                roi_relative=False,
+                interp_type=_interp(graph.interp),
+                antialias=graph.antialias,
+                dtype=types.FLOAT,
+            )
+            labs = [
+                fn.warp_affine(lb, matrix=mat_nn, size=size, interp_type=types.INTERP_NN, **kw)
+                for lb in labs
+            ]
+        elif mode == "warp":
             mat = fn.external_source(name="mat", device="cpu", dtype=types.FLOAT)
             mat_nn = (
                 fn.external_source(name="mat_nn", device="cpu", dtype=types.FLOAT) if nn else None
@@ -291,18 +313,18 @@ def plan_inputs(plans, mode: str, intensity: bool, graph: Graph = Graph()) -> di
     f32 = np.float32
     feed = {"size": [dali_size(p) for p in plans]}
     smooth = graph.interp != "nearest"
-    if mode == "warp":
+    if mode in ("warp", "mixed"):
         mats = [dali_matrix(p) for p in plans]
-        if smooth:
+        if smooth and mode == "warp":
             feed["mat"] = mats
         if graph.needs_nn:
             feed["mat_nn"] = [m + np.array([0, 0, 0, NN_TIE], f32) for m in mats]
-    else:
+    if mode in ("resize", "mixed"):
         rois = [resize_roi(p) for p in plans]
         if smooth:
             feed["roi_start"] = [r[0] for r in rois]
             feed["roi_end"] = [r[1] for r in rois]
-        if graph.needs_nn:
+        if graph.needs_nn and mode == "resize":
             feed["roi_start_nn"] = [r[0] + f32(NN_TIE) for r in rois]
             feed["roi_end_nn"] = [r[1] + f32(NN_TIE) for r in rois]
     if intensity:
