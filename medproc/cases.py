@@ -1,113 +1,205 @@
 """Finding the cases of a batch: DICOM series and image files under folders, files, or CSV
-case lists, with their labels and the fields of the output naming template."""
+case lists, with their labels and the fields of the output naming template.
+
+Nothing the user named is dropped silently: an input (file, folder, case-list row) that yields
+no volume becomes a case with an ``error`` (a failed manifest row). Every file is a case once
+(inputs are compared by real path; identical DICOM copies are read once), and folders holding
+``medproc convert`` outputs, or the output folder itself, are never taken as inputs.
+"""
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 
-from .errors import MedprocError
+from .errors import ReadError, UsageError
 from .io import IMAGE_EXT as _IMAGE_EXT
 from .io import stem as _stem
+from .io.tables import read_csv_rows
 
-__all__ = ["Case", "find_cases", "lesions_for", "read_annotation_table", "DEFAULT_NAME"]
+__all__ = [
+    "Case",
+    "find_cases",
+    "lesions_for",
+    "read_annotation_table",
+    "safe_name",
+    "DEFAULT_NAME",
+]
 
 #: default output name: no patient identifiers (file stem, or a hash of the series UID)
 DEFAULT_NAME = "{name}"
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\]")
+
+
+def safe_name(name: str) -> str:
+    """``name`` usable as one file name inside the output folder: no path separators or
+    control characters, no leading dot (so never ``..`` or hidden), at most ~200 bytes.
+
+    >>> safe_name("../../etc/passwd"), safe_name(".hidden"), safe_name("a/b")
+    ('_.._etc_passwd', 'hidden', 'a_b')
+    """
+    out = _UNSAFE.sub("_", str(name)).strip().lstrip(".").strip()
+    # bytes that are not UTF-8 (surrogates in Python): "_", so names are UTF-8 everywhere
+    out = "".join("_" if "\udc80" <= ch <= "\udcff" else ch for ch in out)
+    if not out:
+        out = "case"
+    if len(out.encode("utf-8", "replace")) > 200:
+        digest = hashlib.sha1(out.encode("utf-8", "replace")).hexdigest()[:10]
+        out = out.encode("utf-8", "replace")[:180].decode("utf-8", "ignore") + "-" + digest
+    return out
 
 
 @dataclass
 class Case:
-    """One input volume to convert (a DICOM series or an image file) and its optional label."""
+    """One input volume to convert (a DICOM series or an image file) and its optional label.
+
+    ``error`` is set for an input that yields no volume: it is recorded as a failed case."""
 
     source: str
     series: str | None = None  # DICOM series key when source is a folder
     label: str | None = None
     fields: dict = field(default_factory=dict)  # naming template fields
     dicom: object | None = None  # the scanned DicomSeries: workers read it without a re-scan
+    error: str = ""
 
     def name(self, template: str) -> str:
-        """The output name from a naming template such as ``"{name}"`` or ``"{modality}_{stem}"``."""
+        """The output name from a naming template such as ``"{name}"`` or ``"{modality}_{stem}"``
+        (made safe: one file name inside the output folder, see :func:`safe_name`)."""
         try:
             out = template.format(**self.fields)
         except KeyError as e:
-            raise ValueError(
+            raise UsageError(
                 f"naming template {template!r} uses unknown field {e}; fields: "
                 f"{sorted(self.fields)}"
             ) from None
-        return out.replace(os.sep, "_")
+        except (ValueError, IndexError, AttributeError, TypeError) as e:
+            raise UsageError(
+                f"naming template {template!r} is malformed ({e}); use fields in braces, e.g. "
+                "'{name}' or '{modality}_{stem}'"
+            ) from None
+        return safe_name(out)
 
 
 def _uid_hash(uid: str) -> str:
-    return hashlib.sha1(uid.encode()).hexdigest()[:12]
+    return hashlib.sha1(uid.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def _image_case(p: str) -> Case:
+    return Case(p, fields={"name": _stem(p), "stem": _stem(p)})
+
+
+def _failed(p: str, reason: str) -> Case:
+    return Case(p, fields={"name": _stem(p) or "input", "stem": _stem(p)}, error=reason)
+
+
+def _under(path: str, root: str) -> bool:
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def find_cases(
-    inputs, labels_dir: str | None = None, executor=None
+    inputs, labels_dir: str | None = None, executor=None, exclude=()
 ) -> tuple[list[Case], list[tuple[str, str]]]:
     """Cases under ``inputs`` (folders scanned recursively, files, or CSV lists).
 
     A CSV has a header with ``image`` (and optionally ``label`` and ``name``) columns; relative
     paths are relative to the CSV. With ``labels_dir``, an image file's label is the file of the
-    same name there. Returns (cases, skipped files with reasons).
+    same name there. ``exclude``: folders never entered (the output folder). Returns (cases,
+    skipped files with reasons); inputs that yield nothing are cases with an ``error``.
     """
-    from .io.dicom_scan import find_series
+    from .io.dicom_scan import scan_dicom
+    from .io.walk import walk_inputs
 
+    if labels_dir is not None and not os.path.isdir(labels_dir):
+        what = "is not a folder" if os.path.exists(labels_dir) else "does not exist"
+        raise UsageError(f"the labels folder (--labels) {what}; check the path", labels_dir)
+    inputs = [os.fspath(p) for p in inputs]
+    if labels_dir and os.path.realpath(labels_dir) in {os.path.realpath(p) for p in inputs}:
+        raise UsageError(
+            "the labels folder (--labels) is also an input; give the images and the labels as "
+            "two separate folders",
+            labels_dir,
+        )
+    exclude = list(exclude) + ([labels_dir] if labels_dir else [])
     cases: list[Case] = []
     skipped: list[tuple[str, str]] = []
-    dicom_roots = []
-    for inp in [os.fspath(p) for p in inputs]:
-        if inp.lower().endswith(".csv"):
-            cases += _cases_from_csv(inp)
-        elif os.path.isdir(inp):
-            for root, dirs, files in os.walk(inp):
-                dirs.sort()
-                for n in sorted(files):
-                    if n.lower().endswith(_IMAGE_EXT) and not n.startswith("."):
-                        p = os.path.join(root, n)
-                        cases.append(Case(p, fields={"name": _stem(p), "stem": _stem(p)}))
-            dicom_roots.append(inp)
-        elif os.path.exists(inp):
-            if inp.lower().endswith(_IMAGE_EXT):
-                cases.append(Case(inp, fields={"name": _stem(inp), "stem": _stem(inp)}))
-            else:
-                dicom_roots.append(inp)
+    seen: set[str] = set()
+    found_by: dict[str, int] = {}
+
+    def add(c: Case, origin: str):
+        real = os.path.realpath(c.source)
+        if c.error or real not in seen:
+            seen.add(real)
+            cases.append(c)
+        found_by[origin] = found_by.get(origin, 0) + 1
+
+    tree_inputs = []
+    for inp in inputs:
+        if inp.lower().endswith(".csv") and os.path.isfile(inp):
+            for c in _cases_from_csv(inp):
+                add(c, inp)
+        elif inp.lower().endswith(_IMAGE_EXT) and not os.path.isdir(inp):
+            add(_image_case(inp), inp)  # a missing or unreadable one fails when loaded
         else:
-            skipped.append((inp, "no such file or folder"))
+            tree_inputs.append(inp)
     if labels_dir:
-        if os.path.abspath(labels_dir) in {os.path.abspath(r) for r in dicom_roots}:
-            raise ValueError("the labels folder must not be one of the inputs")
-        cases = [
-            c
-            for c in cases
-            if not os.path.abspath(c.source).startswith(os.path.abspath(labels_dir) + os.sep)
-        ]
         for c in cases:
             cand = os.path.join(labels_dir, os.path.basename(c.source))
-            if os.path.exists(cand):
+            if os.path.exists(cand) and not c.label:
                 c.label = cand
-    if dicom_roots:
-        series, sk = find_series(dicom_roots, executor=executor)
-        skipped += [(p, r) for p, r in sk if not p.lower().endswith(_IMAGE_EXT)]
-        for s in series:
-            files = s.files
-            src = files[0] if len(files) == 1 else os.path.commonpath(files)
-            cases.append(
-                Case(
-                    src,
-                    series=s.key,
-                    dicom=s,
-                    fields={
-                        "name": f"series-{_uid_hash(s.key)}",
-                        "uid_hash": _uid_hash(s.key),
-                        "series_number": s.info.get("SeriesNumber") or 0,
-                        "modality": s.info.get("Modality") or "",
-                        "stem": _stem(src),
-                    },
-                )
+    images = walk_inputs(
+        [p for p in tree_inputs if os.path.isdir(p)],
+        keep=lambda n: n.lower().endswith(_IMAGE_EXT),
+        exclude=exclude,
+    )
+    for p in images.files:
+        c = _image_case(p)
+        if labels_dir:
+            cand = os.path.join(labels_dir, os.path.basename(p))
+            c.label = cand if os.path.exists(cand) else None
+        add(c, next(r for r in tree_inputs if _under(p, r)))
+    scan = scan_dicom(tree_inputs, executor=executor, exclude=exclude) if tree_inputs else None
+    for s in scan.series if scan else []:
+        files = s.files
+        src = files[0] if len(files) == 1 else os.path.commonpath(files)
+        c = Case(
+            src,
+            series=s.key,
+            dicom=s,
+            fields={
+                "name": f"series-{_uid_hash(s.key)}",
+                "uid_hash": _uid_hash(s.key),
+                "series_number": s.info.get("SeriesNumber") or 0,
+                "modality": s.info.get("Modality") or "",
+                "stem": _stem(src),
+            },
+        )
+        cases.append(c)
+        for r in tree_inputs:
+            if any(_under(f, r) for f in files + s.copies):
+                found_by[r] = found_by.get(r, 0) + 1
+    for p, reason in (scan.bad if scan else []) + images.bad:
+        if os.path.realpath(p) not in seen:
+            add(_failed(p, reason), next((r for r in tree_inputs if _under(p, r)), p))
+    skipped += scan.skipped if scan else []
+    skipped += images.skipped
+    for inp in tree_inputs:  # a named file or folder that gave nothing fails, saying why
+        if found_by.get(inp):
+            continue
+        mine = [(p, r) for p, r in skipped if _under(p, inp)]
+        if not os.path.lexists(inp):
+            reason = "no such file or folder; check the path"
+        elif os.path.isdir(inp):
+            listed = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in mine[:3])
+            reason = (
+                f"holds no DICOM series or NIfTI/NRRD/MHA file ({len(mine)} file(s) skipped"
+                + (f": {listed})" if listed else ")")
             )
+        else:
+            reason = mine[0][1] if mine else "not a DICOM or image file"
+        cases.append(_failed(inp, reason))
     for c in cases:
         c.fields.setdefault("uid_hash", _uid_hash(c.source))
         c.fields.setdefault("series_number", 0)
@@ -118,22 +210,20 @@ def find_cases(
 def _cases_from_csv(path: str) -> list[Case]:
     base = os.path.dirname(os.path.abspath(path))
     out = []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if not reader.fieldnames or "image" not in reader.fieldnames:
-            raise MedprocError(
-                f"a case list needs an 'image' column, found {reader.fieldnames}", path
+    for line, row in read_csv_rows(path, ("image",), "case list"):
+        img = (row.get("image") or "").strip()
+        if not img:
+            raise ReadError(
+                "the 'image' cell is empty; give every row an image path (or delete the row)",
+                path,
+                where=f"line {line}",
             )
-        for line, row in enumerate(reader, 2):
-            img = (row.get("image") or "").strip()
-            if not img:
-                raise MedprocError(f"line {line}: empty 'image'", path)
-            img = img if os.path.isabs(img) else os.path.join(base, img)
-            lab = (row.get("label") or "").strip() or None
-            if lab and not os.path.isabs(lab):
-                lab = os.path.join(base, lab)
-            name = (row.get("name") or "").strip() or _stem(img)
-            out.append(Case(img, label=lab, fields={"name": name, "stem": _stem(img)}))
+        img = img if os.path.isabs(img) else os.path.join(base, img)
+        lab = (row.get("label") or "").strip() or None
+        if lab and not os.path.isabs(lab):
+            lab = os.path.join(base, lab)
+        name = (row.get("name") or "").strip() or _stem(img)
+        out.append(Case(img, label=lab, fields={"name": safe_name(name), "stem": _stem(img)}))
     return out
 
 

@@ -66,7 +66,9 @@ def add_convert_parser(sub) -> None:
 
 
 def _cmd_convert(a) -> int:
-    from rich.console import Console
+    import time
+    import warnings
+
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -75,22 +77,29 @@ def _cmd_convert(a) -> int:
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.text import Text
 
-    from .convert import convert, find_cases, summary
+    from .cli import plain_console
+    from .convert import convert, plain_warning, summary
+    from .errors import UsageError
     from .spec import Intensity, Spec
 
-    con = Console(stderr=True)
-    spec = Spec(
-        spacing=a.spacing,
-        shape=a.shape,
-        orientation=a.orientation,
-        interp=a.interp,
-        antialias=a.antialias,
-        crop=a.crop,
-        dtype=a.dtype,
-        intensity=Intensity(clip=a.clip, percentiles=a.percentiles, scale=a.scale, zscore=a.zscore),
-    )
-    n = len(find_cases(a.inputs, a.labels)[0])
+    con = plain_console(stderr=True)
+    try:
+        spec = Spec(
+            spacing=a.spacing,
+            shape=a.shape,
+            orientation=a.orientation,
+            interp=a.interp,
+            antialias=a.antialias,
+            crop=a.crop,
+            dtype=a.dtype,
+            intensity=Intensity(
+                clip=a.clip, percentiles=a.percentiles, scale=a.scale, zscore=a.zscore
+            ),
+        )
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"invalid options: {e}") from None
     cols = [
         TextColumn("converting"),
         BarColumn(),
@@ -100,19 +109,17 @@ def _cmd_convert(a) -> int:
         TextColumn("ETA"),
         TimeRemainingColumn(),
     ]
-    import time
-
     t0 = time.perf_counter()
-    with Progress(*cols, console=con, transient=False) as bar:
-        task = bar.add_task("convert", total=n, rate=0.0)
+    with warnings.catch_warnings(), Progress(*cols, console=con, transient=False) as bar:
+        warnings.showwarning = plain_warning
+        task = bar.add_task("convert", total=None, rate=0.0)
 
         def progress(row):
             done = bar.tasks[0].completed + 1
             bar.update(task, advance=1, rate=done / max(time.perf_counter() - t0, 1e-9))
             if row["status"] == "failed":
-                bar.console.print(
-                    f"[red]failed[/red] {row['source']}: {row['error']}", highlight=False
-                )
+                msg = row["error"] or row["source"]
+                bar.console.print(Text("failed", style="red"), msg, soft_wrap=True)
 
         rows = convert(
             a.inputs,
@@ -129,6 +136,7 @@ def _cmd_convert(a) -> int:
             annotations=a.annotations,
             nan=a.nan,
             progress=progress,
+            on_start=lambda n: bar.update(task, total=n),
         )
     s = summary(rows)
     con.print(

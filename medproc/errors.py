@@ -1,7 +1,13 @@
 """Exceptions and warnings raised by medproc.
 
-Every error names the file (or argument) it is about, what was expected, what arrived, and
-where possible the fix.
+Every error names the file (or argument) it is about, and where inside it (a line of a CSV, an
+item of a JSON file), what was expected, what was found, and what to do. The public surface
+(``medproc.load``, the annotation readers, case lists, ``medproc convert``) raises only
+:class:`MedprocError` subclasses; the command line prints their text as it is, without a
+traceback (``-v`` shows one).
+
+>>> str(ReadError("expected 6 numbers, got 3; fix the box", "lesions.json", where="cases[0]"))
+'lesions.json: cases[0]: expected 6 numbers, got 3; fix the box'
 """
 
 from __future__ import annotations
@@ -11,24 +17,51 @@ import os
 __all__ = [
     "MedprocError",
     "ReadError",
+    "LimitError",
     "SeriesError",
     "GeometryError",
+    "UsageError",
+    "OutputError",
     "MedprocWarning",
     "GeometryWarning",
 ]
 
 
 class MedprocError(ValueError):
-    """Base class of medproc's errors. ``path`` is the file or folder concerned (or None)."""
+    """Base class of medproc's errors.
 
-    def __init__(self, message: str, path: str | os.PathLike | None = None):
-        self.path = None if path is None else os.fspath(path)
+    Parameters
+    ----------
+    message : str
+        What was expected, what was found, and what to do.
+    path : str or path-like, optional
+        The file or folder concerned; it starts the text.
+    where : str, optional
+        Where in the file: ``"line 3"``, ``"cases[2].boxes[0]"``, ``"frame 7"``.
+
+    Attributes
+    ----------
+    path, where, message
+        As given (``path`` as a str).
+    """
+
+    def __init__(
+        self, message: str, path: str | os.PathLike | None = None, where: str | None = None
+    ):
+        self.path = None if path is None else os.fsdecode(path)
+        self.where = where
         self.message = message
-        super().__init__(f"{self.path}: {message}" if self.path else message)
+        text = f"{where}: {message}" if where else message
+        super().__init__(f"{self.path}: {text}" if self.path else text)
 
 
 class ReadError(MedprocError):
-    """A file could not be read: not the format it claims, truncated, missing pixel data..."""
+    """A file could not be read: not the format it claims, truncated, damaged, unsafe."""
+
+
+class LimitError(ReadError):
+    """A header declares more data than the file can hold or memory allows (checked before any
+    allocation: raise ``MEDPROC_MAX_BYTES`` for genuinely huge volumes)."""
 
 
 class SeriesError(MedprocError):
@@ -37,6 +70,14 @@ class SeriesError(MedprocError):
 
 class GeometryError(MedprocError):
     """The voxel grid cannot be built without being wrong (missing slices, duplicates...)."""
+
+
+class UsageError(MedprocError):
+    """An argument or option is invalid (the command line exits with status 2)."""
+
+
+class OutputError(MedprocError):
+    """The output folder cannot be used (it is a file, not writable, or busy)."""
 
 
 class MedprocWarning(UserWarning):

@@ -22,7 +22,7 @@ from .io import IMAGE_EXT as _IMAGE_EXT
 class Entry:
     """One volume found (a DICOM series or an image file), or one file that failed."""
 
-    kind: str  # "dicom", "nifti", "itk" or "skipped"
+    kind: str  # "dicom", "nifti", "itk", "error" (unusable) or "skipped" (not an image)
     source: str
     series: str = ""
     modality: str = ""
@@ -41,44 +41,41 @@ class Entry:
         return asdict(self)
 
 
-def _image_files(paths):
-    for p in paths:
-        if os.path.isdir(p):
-            for root, dirs, files in os.walk(p):
-                dirs.sort()
-                for n in sorted(files):
-                    if n.lower().endswith(_IMAGE_EXT) and not n.startswith("."):
-                        yield os.path.join(root, n)
-        elif p.lower().endswith(_IMAGE_EXT):
-            yield p
-
-
 def _header_entry(path: str) -> Entry:
     from .io import kind_of
+    from .io.safety import check_affine
 
     kind = kind_of(path)
     e = Entry(kind or "?", path, files=1)
     try:
         if kind == "nifti":
-            import nibabel as nib
+            from .io.nifti import open_nifti
 
-            img = nib.load(path)
-            aff = img.affine
+            img = open_nifti(path)
             shp = tuple(img.shape)
+            aff = check_affine(img.affine, path, "the NIfTI header")
             if not img.get_sform(coded=True)[1] and not img.get_qform(coded=True)[1]:
                 e.warnings.append("neither sform nor qform is set")
         else:
             import SimpleITK as sitk
 
+            from .io.itk_header import check_itk_header
+            from .io.safety import check_file
             from .io.sitk_io import sitk_affine
 
+            check_file(path)
+            check_itk_header(path)
             r = sitk.ImageFileReader()
             r.SetFileName(path)
-            r.ReadImageInformation()
-            aff = sitk_affine(r)
+            try:
+                r.ReadImageInformation()
+            except RuntimeError as ex:
+                msg = str(ex).strip().splitlines()[-1] if str(ex).strip() else repr(ex)
+                raise MedprocError(f"SimpleITK cannot read its header: {msg}") from None
+            aff = check_affine(sitk_affine(r), path, "the header")
             shp = tuple(r.GetSize())
-    except Exception as ex:  # noqa: BLE001 - reported per file, the scan goes on
-        e.kind, e.error = "skipped", f"cannot read header: {type(ex).__name__}: {ex}"
+    except MedprocError as ex:
+        e.kind, e.error = "error", ex.message
         return e
     e.shape = tuple(int(s) for s in shp)
     e.spacing = tuple(float(x) for x in np.round(spacing_of(aff), 4))
@@ -87,18 +84,27 @@ def _header_entry(path: str) -> Entry:
 
 
 def inspect_paths(paths) -> list[Entry]:
-    """Entries for every DICOM series and image file under ``paths`` (files or folders)."""
+    """Entries for every DICOM series and image file under ``paths`` (files or folders).
+
+    Files that cannot be used are entries of kind ``"error"`` with the reason; stray files that
+    are not images are entries of kind ``"skipped"``. Reads headers only (and never opens a
+    FIFO or a device)."""
     from .io.dicom_geometry import series_geometry
-    from .io.dicom_scan import find_series
+    from .io.dicom_scan import scan_dicom
+    from .io.walk import walk_inputs
     from .pipeline.decode import decode_path
 
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     paths = [os.fspath(p) for p in paths]
     out: list[Entry] = []
+    image_paths = [p for p in paths if os.path.isdir(p) or p.lower().endswith(_IMAGE_EXT)]
+    images = walk_inputs(
+        image_paths, keep=lambda n: n.lower().endswith(_IMAGE_EXT), skip_outputs=False
+    )
     dicom_paths = [p for p in paths if os.path.isdir(p) or not p.lower().endswith(_IMAGE_EXT)]
-    series, skipped = find_series(dicom_paths) if dicom_paths else ([], [])
-    for s in series:
+    scan = scan_dicom(dicom_paths, skip_outputs=False) if dicom_paths else None
+    for s in scan.series if scan else []:
         i = s.info
         files = s.files
         src = files[0] if len(files) == 1 else os.path.commonpath(files)
@@ -115,23 +121,51 @@ def inspect_paths(paths) -> list[Entry]:
             transfer_syntax=str(getattr(ts, "name", ts) or ""),
             decode=decode_path(i),
         )
-        short = [f for f in s.frames if f.missing_bytes]
-        if short:
-            e.error = (
-                f"{len(short)} truncated file(s), e.g. {os.path.basename(short[0].path)}: its pixel "
-                f"data ends {short[0].missing_bytes} bytes early"
-            )
+        if s.problems:
+            p, reason = s.problems[0]
+            more = f" ({len(s.problems)} unusable files)" if len(s.problems) > 1 else ""
+            e.error = f"{os.path.basename(p)}: {reason}{more}"
         try:
             g = series_geometry(s)
             e.spacing = tuple(float(x) for x in np.round(spacing_of(g.affine), 4))
             e.orientation = axcodes(g.affine)
-            e.warnings = list(g.warnings)
+            e.warnings = list(g.warnings) + list(s.notes)
         except MedprocError as ex:
-            e.error = "; ".join(x for x in (e.error, ex.message) if x)
+            if not e.error:  # a missing file's gap is a consequence, not a second problem
+                e.error = ex.message
         out.append(e)
-    for f in _image_files(paths):
+    for f in images.files:
         out.append(_header_entry(f))
-    for p, reason in skipped:
+    listed = set()
+    for p, reason in (scan.bad if scan else []) + images.bad:
+        if p not in listed:
+            listed.add(p)
+            out.append(Entry("error", p, error=reason))
+    for p, reason in scan.skipped if scan else []:
         if not p.lower().endswith(_IMAGE_EXT):
             out.append(Entry("skipped", p, error=reason))
+    return _named_inputs_accounted(paths, out)
+
+
+def _under(p: str, root: str) -> bool:
+    p, root = os.path.abspath(p), os.path.abspath(root)
+    return p == root or p.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _named_inputs_accounted(paths, out: list[Entry]) -> list[Entry]:
+    """A path the user named that gave no volume and no error becomes an error entry saying
+    why (an empty folder, a report with no image...): never silently nothing."""
+    for p in paths:
+        found = [e for e in out if e.kind != "skipped" and _under(e.source, p)]
+        if found:
+            continue
+        mine = [e for e in out if e.kind == "skipped" and _under(e.source, p)]
+        if os.path.isdir(p):
+            listed = "; ".join(f"{os.path.basename(e.source)}: {e.error}" for e in mine[:3])
+            reason = f"holds no DICOM series or NIfTI/NRRD/MHA file ({len(mine)} file(s) skipped"
+            out.append(Entry("error", p, error=reason + (f": {listed})" if listed else ")")))
+        else:
+            for e in mine:
+                out.remove(e)
+            out.append(Entry("error", p, error=mine[0].error if mine else "not an image file"))
     return out

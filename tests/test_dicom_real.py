@@ -36,6 +36,8 @@ def _reference(path):
         return None, None
     if "Rows" not in ds or ds.get("Modality") in ("SR", "RTPLAN", "RTSTRUCT"):
         return None, None
+    if _longer_than_declared(ds):
+        return None, None  # pixel data longer than Rows x Columns x frames: refused by medproc
     nf = int(ds.get("NumberOfFrames") or 1)
     spp = int(ds.get("SamplesPerPixel") or 1)
     if arr.ndim == (2 if spp == 1 else 3):
@@ -58,6 +60,29 @@ def _reference(path):
         inter[:] = float(ds.get("RescaleIntercept") or 0)
     shape = (-1,) + (1,) * (arr.ndim - 1)
     return arr * slopes.reshape(shape) + inter.reshape(shape), ds
+
+
+def _longer_than_declared(ds) -> bool:
+    """Native pixel data holding more bytes than Rows x Columns x frames x samples x bits
+    declare (beyond the one pad byte of an odd length): the header does not describe it."""
+    ts = ds.file_meta.get("TransferSyntaxUID")
+    if ts is None or ts.is_compressed or ts.is_deflated or "PixelData" not in ds:
+        return False
+    n = int(ds.Rows) * int(ds.Columns) * int(ds.get("NumberOfFrames") or 1)
+    n *= int(ds.get("SamplesPerPixel") or 1)
+    want = n * int(ds.BitsAllocated) // 8 if int(ds.BitsAllocated) != 1 else (n + 7) // 8
+    return len(ds.PixelData) > want + want % 2
+
+
+def test_pixel_data_longer_than_declared_is_refused(quiet):
+    """pydicom's MR_small_padded.dcm holds 128 bytes (a row) more than its header declares;
+    pydicom reads the declared part, medproc refuses the file: which part is the image?"""
+    from pydicom.data import get_testdata_file
+
+    p = get_testdata_file("MR_small_padded.dcm")
+    assert _longer_than_declared(pydicom.dcmread(p))
+    with pytest.raises(medproc.ReadError, match=r"MR_small_padded.dcm: PixelData holds 8320 bytes"):
+        medproc.load(p)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(f) for f in FILES])

@@ -1,8 +1,10 @@
 """DICOM series: ordering, spacing fit, checks, series selection, against SimpleITK and dcm2niix."""
 
 import os
+import re
 import shutil
 import subprocess
+import warnings
 import zlib
 
 import nibabel as nib
@@ -225,3 +227,88 @@ def test_series_uid_split_by_geometry_and_stray_files(tmp_path):
     assert sorted(len(s.frames) for s in found) == [1, 5]
     assert {s.key for s in found} == {f"{uid}.part1", f"{uid}.part2"}
     assert [os.path.basename(p) for p, _ in skipped] == ["README"]
+
+
+def _set(path, **attrs):
+    ds = pydicom.dcmread(path)
+    for k, v in attrs.items():
+        if v is None:
+            delattr(ds, k)
+        else:
+            setattr(ds, k, v)
+    ds.save_as(path)
+
+
+@pytest.mark.parametrize(
+    "attrs, error",
+    [
+        ({"ImagePositionPatient": ["1", "2", "nan"]}, "ImagePositionPatient is '1"),
+        ({"ImageOrientationPatient": ["1", "0", "0", "0", "1", "inf"]}, "ImageOrientation"),
+        ({"PixelSpacing": ["-1", "1"]}, "PixelSpacing is '-1"),
+        ({"RescaleSlope": "inf"}, "RescaleSlope is 'inf'"),
+        ({"Rows": 47}, "PixelData holds 3840 bytes, more than the 3760"),
+        ({"Columns": 41}, "PixelData holds 3840 bytes, 3936 expected"),
+    ],
+    ids=["nan-position", "inf-orientation", "negative-spacing", "inf-slope", "rows", "columns"],
+)
+def test_one_damaged_slice_fails_the_series_naming_it(tmp_path, attrs, error, quiet):
+    """Strict geometry: a slice with NaN/inf geometry or pixel data that does not match Rows x
+    Columns is never dropped nor placed by guess: the series fails, naming the file."""
+    d, *_ = _series(tmp_path, shuffle_names=True)
+    bad = os.path.join(d, sorted(os.listdir(d))[3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydicom warns about the values written on purpose
+        _set(bad, **attrs)
+    with pytest.raises(medproc.ReadError, match=f"{os.path.basename(bad)}: {re.escape(error)}"):
+        medproc.load(d)
+
+
+def test_a_slice_without_a_position_among_placed_ones_is_an_error(tmp_path):
+    d, *_ = _series(tmp_path, shape=(8, 8, 5))
+    bad = os.path.join(d, sorted(os.listdir(d))[2])
+    _set(bad, ImagePositionPatient=None)
+    with pytest.raises(
+        medproc.GeometryError, match=rf"1 of 5 frames have no .*{os.path.basename(bad)}"
+    ):
+        medproc.load(d)
+
+
+def test_declared_frame_counts_are_checked_before_anything_is_built(tmp_path):
+    import time
+
+    d, *_ = _series(tmp_path, shape=(8, 8, 1))
+    f = os.path.join(d, os.listdir(d)[0])
+    cases = ((10**6, "PixelData holds 128 bytes, 128000000 expected"), (2**31 - 1, "Number"))
+    for n, match in cases:
+        _set(f, NumberOfFrames=str(n))
+        t = time.perf_counter()
+        with pytest.raises(medproc.ReadError, match=match):
+            medproc.load(f)
+        assert time.perf_counter() - t < 2
+
+
+def test_an_unreadable_slice_fails_the_series(tmp_path, monkeypatch):
+    """A slice that cannot be opened (permission denied) fails its series by name; the series
+    is never read with a slice fewer. (As root, chmod 000 does not stop reads: the open is made
+    to fail the way the kernel fails it for other users.)"""
+    import builtins
+    import errno
+
+    d, *_ = _series(tmp_path, shape=(8, 8, 5))
+    bad = os.path.join(d, sorted(os.listdir(d))[1])
+    os.chmod(bad, 0)
+    real_open = builtins.open
+
+    def deny(p, *a, **k):
+        if isinstance(p, (str, os.PathLike)) and os.fspath(p) == bad:
+            raise PermissionError(errno.EACCES, "Permission denied", bad)
+        return real_open(p, *a, **k)
+
+    if os.geteuid() == 0:
+        monkeypatch.setattr(builtins, "open", deny)
+    with pytest.raises(medproc.ReadError, match=f"{os.path.basename(bad)}: permission denied"):
+        medproc.load(d)
+    from medproc.inspect import inspect_paths
+
+    inspect = inspect_paths(d)
+    assert "permission denied" in inspect[0].error and os.path.basename(bad) in inspect[0].error

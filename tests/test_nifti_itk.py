@@ -123,6 +123,9 @@ def test_unreadable_and_missing_files(tmp_path):
         medproc.load(p)
     q = tmp_path / "bad.nrrd"
     q.write_text("NRRD0004\ntype: short\n")
+    with pytest.raises(medproc.ReadError, match="bad.nrrd.*'sizes' field is missing"):
+        medproc.load(q)
+    q.write_text("NRRD0004\ntype: short\nsizes: 2 2 2\nencoding: bogus\n\n" + "x" * 16)
     with pytest.raises(medproc.ReadError, match="bad.nrrd.*SimpleITK cannot read"):
         medproc.load(q)
     with pytest.raises(medproc.ReadError, match="no such file"):
@@ -202,3 +205,73 @@ def test_load_is_nibabel_for_every_sample_nifti_and_example4d():
         np.testing.assert_array_equal(vol.array, np.asanyarray(img.dataobj), err_msg=path)
         np.testing.assert_array_equal(vol.affine, img.affine, err_msg=path)
         assert vol.orientation == "".join(nib.aff2axcodes(img.affine)), path
+
+
+DTYPES = ["uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"]
+DTYPES += ["float32", "float64"]
+
+
+@pytest.mark.parametrize("ext", [".nii.gz", ".nrrd", ".mha"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_loads_and_resamples_on_the_cpu(tmp_path, ext, dtype):
+    """Every voxel type NIfTI/NRRD/MHA hold is read as stored and resampled by the engine on the
+    CPU without losing values (uint16 to 65535, int32 HU, 64-bit integers below 2^24; float64
+    is accepted): the identity resample gives the stored values, in float32. As a label map the
+    same values come back exactly, in the label's own dtype."""
+    info = np.iinfo(dtype) if dtype[0] in "ui" else None
+    rng = np.random.default_rng(0)
+    if info is None:
+        arr = (rng.standard_normal((9, 7, 5)) * 1000).astype(dtype)
+    else:
+        lo, hi = max(int(info.min), -(2**24)), min(int(info.max), 2**24)
+        arr = rng.integers(lo, hi, (9, 7, 5), endpoint=True).astype(dtype)
+        arr[0, 0, 0], arr[-1, -1, -1] = lo, hi  # the extremes of what must stay exact
+    aff = grid_affine((9, 7, 5), (1.5, 1.2, 3.0), (0, 0, 0))
+    vol = medproc.Volume(arr, aff)
+    if ext == ".nii.gz":
+        import nibabel as nib
+
+        nib.save(nib.Nifti1Image(arr, aff, dtype=arr.dtype), tmp_path / f"v{ext}")
+    else:
+        medproc.save(vol, tmp_path / f"v{ext}")
+    back = medproc.load(tmp_path / f"v{ext}")
+    assert back.dtype == arr.dtype and back.shape == arr.shape
+    np.testing.assert_array_equal(back.array, arr)
+    out = medproc.resample(back, spacing=back.spacing, device="cpu")
+    assert out.array.dtype == np.float32
+    np.testing.assert_array_equal(out.array, arr.astype(np.float32))
+    if info is not None:
+        img, lab = medproc.resample(back, spacing=back.spacing, label=back, device="cpu")
+        assert lab.array.dtype == arr.dtype
+        np.testing.assert_array_equal(lab.array, arr)
+
+
+def test_dipy_style_uint16_with_a_trailing_singleton_axis(tmp_path):
+    """dipy's S0_10slices.nii.gz: uint16 with shape (x, y, z, 1), full-range values."""
+    import nibabel as nib
+
+    arr = np.random.default_rng(1).integers(0, 65535, (10, 8, 10, 1), endpoint=True)
+    arr = arr.astype(np.uint16)
+    nib.save(nib.Nifti1Image(arr, np.diag([2.0, 2.0, 2.0, 1.0])), tmp_path / "S0.nii.gz")
+    vol = medproc.load(tmp_path / "S0.nii.gz")
+    assert vol.array.shape == (10, 8, 10, 1) and vol.dtype == np.uint16
+    out = medproc.resample(vol, spacing=2.0, device="cpu")
+    np.testing.assert_array_equal(np.squeeze(out.array), arr[..., 0].astype(np.float32))
+    half = medproc.resample(vol, spacing=4.0, device="cpu")
+    assert half.shape == (5, 4, 5) and np.isfinite(half.array).all()
+
+
+@pytest.mark.parametrize("kind", ["complex64", "complex128", "rgb24", "rgba32"])
+def test_complex_and_rgb_niftis_are_refused_clearly(tmp_path, kind):
+    import nibabel as nib
+
+    if kind.startswith("complex"):
+        arr = (np.ones((4, 4, 4)) + 1j).astype(kind)
+        what = "complex voxels"
+    else:
+        names = ["R", "G", "B", "A"][: 3 if kind == "rgb24" else 4]
+        arr = np.zeros((4, 4, 4), dtype=[(n, "u1") for n in names])
+        what = "RGB colour" if kind == "rgb24" else "RGBA colour"
+    nib.save(nib.Nifti1Image(arr, np.eye(4)), tmp_path / f"{kind}.nii.gz")
+    with pytest.raises(medproc.ReadError, match=f"{kind}.nii.gz: stores {what}.*Save|Convert"):
+        medproc.load(tmp_path / f"{kind}.nii.gz")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 
 import numpy as np
 
-from ..errors import MedprocError, ReadError
+from ..errors import ReadError
 from ..geometry import LPS_TO_RAS
-from ..volume import Volume
+from .dicom_labels import read_rtstruct, read_seg  # noqa: F401 (re-exported)
 from .lesions import Lesions
 
 __all__ = ["read_luna_csv", "read_json", "read_seg", "read_rtstruct", "BOX_MODES"]
@@ -19,46 +18,51 @@ _FLIP = LPS_TO_RAS.diagonal()[:3]  # LPS <-> RAS on coordinates
 BOX_MODES = ("cccwhd", "xyzxyz")
 
 
+def _not_dicom(path: str, what: str) -> None:
+    from ..io.dicom_header import is_dicom_file
+
+    if is_dicom_file(path):
+        raise ReadError(
+            f"is a DICOM file, not a {what}. DICOM SEG and RTSTRUCT annotations are read with "
+            "medproc.annotations.read_seg / read_rtstruct",
+            path,
+        )
+
+
 def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesions:
     """LUNA16-style ``seriesuid,coordX,coordY,coordZ,diameter_mm`` (world LPS mm).
 
     Returns ``{seriesuid: Lesions}``, or the Lesions of ``series`` (empty if it has none).
-    ``seriesuid`` is a DICOM SeriesInstanceUID or an image file's stem.
+    ``seriesuid`` is a DICOM SeriesInstanceUID or an image file's stem. A malformed file (not
+    UTF-8, binary, missing columns, a value that is not a number) raises :class:`ReadError`
+    naming the line.
     """
+    from ..io.tables import read_csv_rows
+
     path = os.fspath(path)
     need = ("seriesuid", "coordX", "coordY", "coordZ", "diameter_mm")
+    _not_dicom(path, "lesion table")
     rows: dict[str, list] = {}
-    try:
-        f = open(path, newline="")
-    except OSError as e:
-        raise ReadError(f"cannot be opened: {e}", path) from None
-    with f:
-        reader = csv.DictReader(f)
-        missing = [c for c in need if c not in (reader.fieldnames or [])]
-        if missing:
+    for line, row in read_csv_rows(path, need, "lesion table (LUNA16 CSV)"):
+        where = f"line {line}"
+        try:
+            xyz = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
+            d = float(row["diameter_mm"])
+        except (TypeError, ValueError):
+            got = [str(row.get(c))[:40] for c in need[1:]]
             raise ReadError(
-                f"line 1: missing column(s) {missing}; a lesion CSV needs {list(need)}", path
+                f"coordinates and diameter must be numbers, got {got}", path, where=where
+            ) from None
+        if not np.all(np.isfinite(xyz)) or not np.isfinite(d) or d <= 0:
+            raise ReadError(
+                f"coordinates must be finite and the diameter > 0, got {xyz.tolist()} / {d}",
+                path,
+                where=where,
             )
-        for line, row in enumerate(reader, 2):
-            try:
-                xyz = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
-                d = float(row["diameter_mm"])
-            except (TypeError, ValueError):
-                raise ReadError(
-                    f"line {line}: coordinates and diameter must be numbers, got "
-                    f"{[row.get(c) for c in need[1:]]}",
-                    path,
-                ) from None
-            if not np.all(np.isfinite(xyz)) or not np.isfinite(d) or d <= 0:
-                raise ReadError(
-                    f"line {line}: coordinates must be finite and the diameter > 0, got "
-                    f"{xyz.tolist()} / {d}",
-                    path,
-                )
-            uid = (row["seriesuid"] or "").strip()
-            if not uid:
-                raise ReadError(f"line {line}: empty seriesuid", path)
-            rows.setdefault(uid, []).append((xyz * _FLIP, d, f"{os.path.basename(path)}:{line}"))
+        uid = (row["seriesuid"] or "").strip()
+        if not uid:
+            raise ReadError("empty seriesuid", path, where=where)
+        rows.setdefault(uid, []).append((xyz * _FLIP, d, f"{os.path.basename(path)}:{line}"))
     out = {
         uid: Lesions(
             np.array([r[0] for r in rs]),
@@ -85,43 +89,54 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
 
     MONAI's own datalist layout (``{"training": [{"image": ..., "box": [...], "label": [...]}]}``,
     world coordinates, ``cccwhd``) is accepted too. Returns ``{image stem: Lesions}``, or the
-    Lesions of ``image`` (a path or stem).
+    Lesions of ``image`` (a path or stem). Anything of the wrong type raises
+    :class:`ReadError` naming the item (``cases[2].boxes[0]``).
     """
+    from ..io.tables import read_text
+
     path = os.fspath(path)
+    _not_dicom(path, "JSON lesion file")
+    text = read_text(path)
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ReadError(f"line {e.lineno}: not valid JSON ({e.msg})", path) from None
-    except OSError as e:
-        raise ReadError(f"cannot be opened: {e}", path) from None
+        raise ReadError(
+            f"not valid JSON ({e.msg}); fix it", path, where=f"line {e.lineno}"
+        ) from None
+    except RecursionError:
+        raise ReadError("is nested too deeply to be a lesion file", path) from None
     if not isinstance(doc, dict):
-        raise ReadError("the top level must be an object with a 'cases' list", path)
-    system = str(doc.get("coordinate_system", "RAS")).upper()
+        raise ReadError(
+            f"the top level is a JSON {type(doc).__name__}; expected an object with a 'cases' list",
+            path,
+        )
+    system = _text(doc.get("coordinate_system", "RAS"), path, "coordinate_system").upper()
     if system not in ("RAS", "LPS"):
         raise ReadError(f"coordinate_system must be 'RAS' or 'LPS', got {system!r}", path)
-    mode = str(doc.get("box_mode", "cccwhd")).lower()
+    mode = _text(doc.get("box_mode", "cccwhd"), path, "box_mode").lower()
     if mode not in BOX_MODES:
         raise ReadError(f"box_mode must be one of {BOX_MODES}, got {mode!r}", path)
     cases = doc.get("cases")
     if cases is None:
-        cases = [
-            dict(image=c.get("image"), boxes=c.get("box", []), labels=c.get("label", []))
-            for key in ("training", "validation", "test")
-            for c in doc.get(key, [])
-        ]
+        cases = []
+        for key in ("training", "validation", "test"):
+            for n, c in enumerate(_list(doc.get(key, []), path, key)):
+                c = _obj(c, path, f"{key}[{n}]")
+                cases.append(dict(image=c.get("image"), boxes=c.get("box"), labels=c.get("label")))
     flip = _FLIP if system == "LPS" else np.ones(3)
     out: dict[str, Lesions] = {}
-    for n, case in enumerate(cases):
+    first: dict[str, str] = {}
+    for n, case in enumerate(_list(cases, path, "cases")):
         where = f"cases[{n}]"
-        img = case.get("image") if isinstance(case, dict) else None
-        if not img:
-            raise ReadError(f"{where}: needs an 'image'", path)
+        case = _obj(case, path, where)
+        img = case.get("image")
+        if not isinstance(img, str) or not img.strip():
+            raise ReadError(f"needs an 'image' path (a string), got {img!r}", path, where=where)
         centers, sizes, kinds, labels, ids = [], [], [], [], []
-        boxes = case.get("boxes", []) or []
-        labs = case.get("labels", []) or [0] * len(boxes)
+        boxes = _list(case.get("boxes") or [], path, f"{where}.boxes")
+        labs = _list(case.get("labels") or [0] * len(boxes), path, f"{where}.labels")
         if len(labs) != len(boxes):
-            raise ReadError(f"{where}: {len(boxes)} boxes but {len(labs)} labels", path)
+            raise ReadError(f"{len(boxes)} boxes but {len(labs)} labels", path, where=where)
         for b, (box, lab) in enumerate(zip(boxes, labs)):
             v = _numbers(box, 6, path, f"{where}.boxes[{b}]")
             if mode == "cccwhd":
@@ -130,23 +145,35 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
                 c, s = (v[:3] + v[3:]) / 2, v[3:] - v[:3]
             if np.any(s <= 0):
                 raise ReadError(
-                    f"{where}.boxes[{b}]: box sizes must be > 0, got {s.tolist()}", path
+                    f"box sizes must be > 0, got {s.tolist()}", path, where=f"{where}.boxes[{b}]"
+                )
+            if isinstance(lab, bool) or not isinstance(lab, int) or not -(2**31) <= lab < 2**31:
+                raise ReadError(
+                    f"a label must be an integer, got {lab!r}", path, where=f"{where}.labels[{b}]"
                 )
             centers.append(c * flip)
             sizes.append(s)
             kinds.append("box")
-            labels.append(int(lab))
+            labels.append(lab)
             ids.append(f"{os.path.basename(path)}:{where}.boxes[{b}]")
-        for p, pt in enumerate(case.get("points", []) or []):
+        for p, pt in enumerate(_list(case.get("points") or [], path, f"{where}.points")):
             v = _numbers(pt, 4, path, f"{where}.points[{p}]")
             if v[3] <= 0:
-                raise ReadError(f"{where}.points[{p}]: diameter must be > 0", path)
+                raise ReadError("diameter must be > 0", path, where=f"{where}.points[{p}]")
             centers.append(v[:3] * flip)
             sizes.append([v[3]] * 3)
             kinds.append("point")
             labels.append(0)
             ids.append(f"{os.path.basename(path)}:{where}.points[{p}]")
-        out[_stem(img)] = Lesions(
+        key = _stem(img)
+        if key in first:
+            raise ReadError(
+                f"image {img!r} is listed again (first in {first[key]}); list each image once",
+                path,
+                where=where,
+            )
+        first[key] = where
+        out[key] = Lesions(
             np.array(centers).reshape(-1, 3),
             np.array(sizes).reshape(-1, 3),
             kinds,
@@ -158,13 +185,34 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
     return out
 
 
+def _text(v, path, where) -> str:
+    if not isinstance(v, str):
+        raise ReadError(f"must be a string, got {v!r}", path, where=where)
+    return v
+
+
+def _list(v, path, where) -> list:
+    if not isinstance(v, list):
+        raise ReadError(f"must be a list, got {type(v).__name__} {v!r:.60}", path, where=where)
+    return v
+
+
+def _obj(v, path, where) -> dict:
+    if not isinstance(v, dict):
+        raise ReadError(f"must be an object, got {type(v).__name__} {v!r:.60}", path, where=where)
+    return v
+
+
 def _numbers(v, n, path, where) -> np.ndarray:
+    ok = isinstance(v, list) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in v
+    )
     try:
-        arr = np.array([float(x) for x in v])
-    except (TypeError, ValueError):
-        raise ReadError(f"{where}: expected {n} numbers, got {v!r}", path) from None
-    if arr.shape != (n,) or not np.all(np.isfinite(arr)):
-        raise ReadError(f"{where}: expected {n} finite numbers, got {v!r}", path)
+        arr = np.array(v, dtype=np.float64) if ok else None
+    except OverflowError:  # an integer beyond float range
+        arr = None
+    if arr is None or arr.shape != (n,) or not np.all(np.isfinite(arr)):
+        raise ReadError(f"expected {n} finite numbers, got {v!r:.80}", path, where=where)
     return arr
 
 
@@ -172,115 +220,3 @@ def _stem(p: str) -> str:
     from ..io import stem
 
     return stem(p, extra=(".dcm",))
-
-
-def read_seg(path) -> Volume:
-    """A DICOM SEG as a label map on its own grid: voxel value = segment number (0 = none).
-
-    Frames are grouped by ReferencedSegmentNumber; each segment's frames are placed on the
-    union grid of all frames (positions along the normal), so overlapping segments keep the
-    higher segment number where they overlap.
-    """
-    import pydicom
-
-    from ..io.dicom_geometry import series_geometry
-    from ..io.dicom_scan import DicomSeries, frames_of
-
-    path = os.fspath(path)
-    try:
-        ds = pydicom.dcmread(path)
-    except Exception as e:  # noqa: BLE001
-        raise ReadError(f"cannot be read as DICOM: {type(e).__name__}: {e}", path) from None
-    if ds.get("Modality") != "SEG" or "PerFrameFunctionalGroupsSequence" not in ds:
-        raise ReadError(f"is not a DICOM SEG (Modality {ds.get('Modality')!r})", path)
-    frames, extra = frames_of(ds, path)
-    seg_of = []
-    for i, item in enumerate(ds.PerFrameFunctionalGroupsSequence):
-        sis = item.get("SegmentIdentificationSequence")
-        if not sis:
-            raise ReadError(f"frame {i + 1} has no SegmentIdentificationSequence", path)
-        seg_of.append(int(sis[0].ReferencedSegmentNumber))
-    px = ds.pixel_array
-    if px.ndim == 2:
-        px = px[None]
-    # one frame per distinct position: build the grid from the first frame at each position
-    normal = np.cross(frames[0].orientation[:3], frames[0].orientation[3:])
-    d = np.array([f.position @ normal for f in frames])
-    uniq, first = np.unique(np.round(d, 3), return_index=True)
-    info = {"Rows": ds.Rows, "Columns": ds.Columns, **extra}
-    geom = series_geometry(
-        DicomSeries(str(ds.get("SeriesInstanceUID", path)), [frames[i] for i in first], info)
-    )
-    slot_of_pos = {
-        float(u): k for k, u in enumerate(np.round(d[[first[i] for i in geom.order]], 3))
-    }
-    lab = np.zeros(
-        (len(uniq), int(ds.Rows), int(ds.Columns)), np.uint8 if max(seg_of) < 256 else np.uint16
-    )
-    for i, seg in enumerate(seg_of):
-        k = slot_of_pos[float(np.round(d[i], 3))]
-        lab[k][px[i] > 0] = seg
-    names = {
-        int(s.SegmentNumber): str(s.get("SegmentLabel", "")) for s in ds.get("SegmentSequence", [])
-    }
-    return Volume(
-        lab.transpose(2, 1, 0),
-        geom.affine,
-        {"source": path, "format": "dicom-seg", "segments": names, "warnings": geom.warnings},
-    )
-
-
-def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
-    """Rasterise RTSTRUCT contours onto ``image``'s grid: value = ROI number (0 outside).
-
-    Closed planar contours (LPS mm) are mapped to ``image``'s voxel indices; a contour must lie
-    on a slice of the image (within 0.5 voxel along k); its interior voxels (centres inside
-    the polygon) get the ROI number. ``roi`` keeps one ROI (by name or number).
-    """
-    import pydicom
-    from matplotlib.path import Path
-
-    path = os.fspath(path)
-    try:
-        ds = pydicom.dcmread(path, force=True)
-    except Exception as e:  # noqa: BLE001
-        raise ReadError(f"cannot be read as DICOM: {type(e).__name__}: {e}", path) from None
-    if "ROIContourSequence" not in ds:
-        raise ReadError("is not an RTSTRUCT (no ROIContourSequence)", path)
-    names = {
-        int(r.ROINumber): str(r.get("ROIName", "")) for r in ds.get("StructureSetROISequence", [])
-    }
-    if isinstance(roi, str):
-        hits = [n for n, name in names.items() if name.lower() == roi.lower()]
-        if not hits:
-            raise MedprocError(f"no ROI named {roi!r}; ROIs here: {sorted(names.values())}", path)
-        roi = hits[0]
-    inv = np.linalg.inv(image.affine)
-    out = np.zeros(image.shape, np.uint16)
-    ii, jj = np.mgrid[: image.shape[0], : image.shape[1]]
-    pix = np.stack([ii.ravel(), jj.ravel()], 1).astype(float)
-    for rc in ds.ROIContourSequence:
-        num = int(rc.ReferencedROINumber)
-        if roi is not None and num != roi:
-            continue
-        for c, contour in enumerate(rc.get("ContourSequence", [])):
-            where = f"ROI {num} contour {c + 1}"
-            if str(contour.get("ContourGeometricType", "CLOSED_PLANAR")) not in ("CLOSED_PLANAR",):
-                continue
-            try:
-                pts = np.array([float(x) for x in contour.ContourData]).reshape(-1, 3)
-            except (AttributeError, ValueError) as e:
-                raise ReadError(f"{where}: malformed ContourData ({e})", path) from None
-            idx = (inv[:3, :3] @ (pts * _FLIP).T).T + inv[:3, 3]
-            k = np.round(idx[:, 2])
-            if np.ptp(idx[:, 2]) > 0.5 or np.abs(idx[:, 2] - k).max() > 0.5:
-                raise ReadError(
-                    f"{where}: the contour does not lie on a slice of the image grid", path
-                )
-            k = int(k[0])
-            if not 0 <= k < image.shape[2]:
-                continue  # outside this image's slices
-            inside = Path(idx[:, :2]).contains_points(pix).reshape(image.shape[:2])
-            out[:, :, k][inside] = num
-    dtype = np.uint8 if out.max() < 256 else np.uint16
-    return image.with_array(out.astype(dtype), source=path, format="rtstruct", rois=names)

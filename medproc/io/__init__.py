@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ReadError
+from ..errors import ReadError, UsageError
 from ..volume import Volume
 from .atomic import atomic_path, atomic_write
+from .safety import check_file
 from .writers import FORMATS, save
 
 __all__ = ["load", "save", "kind_of", "atomic_path", "atomic_write", "stem", "IMAGE_EXT", "FORMATS"]
@@ -88,10 +89,24 @@ def load(
         With the file named, what is wrong and what to do.
     """
     p = os.fspath(path)
-    if not os.path.exists(p):
-        raise ReadError("no such file or folder", p)
     if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        raise UsageError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    if nan not in ("error", "zero", "keep"):
+        raise UsageError(f"nan must be one of ('error', 'zero', 'keep'), got {nan!r}")
+    if not os.path.lexists(p):
+        raise ReadError("no such file or folder; check the path", p)
+    check_file(p, folder_ok=True)  # never a FIFO or a device
+    try:
+        return _load(p, series, nan, workers, device)
+    except MemoryError:
+        raise ReadError(
+            "not enough memory to load it; free memory, or use a machine with more", p
+        ) from None
+    except RecursionError:
+        raise ReadError("is nested too deeply to be parsed (a damaged file?)", p) from None
+
+
+def _load(p: str, series, nan: str, workers, device: str) -> Volume:
     kind = kind_of(p)
     if kind == "nifti":
         from .nifti import load_nifti
@@ -101,12 +116,6 @@ def load(
         from .sitk_io import load_sitk
 
         return load_sitk(p, nan).to(device)
-    if kind == "dicom" or kind is None:
-        from .dicom_read import load_dicom
+    from .dicom_read import load_dicom
 
-        if kind is None:  # unknown extension: try DICOM without a preamble
-            from .dicom_scan import read_header
-
-            read_header(p, force=True)
-        return load_dicom(p, series=series, workers=workers, device=device)
-    raise ReadError("unknown format", p)  # pragma: no cover
+    return load_dicom(p, series=series, workers=workers, device=device)

@@ -91,7 +91,12 @@ def read_with_plugins(
     from .dicom_read import read_series_cpu
 
     if device not in ("cpu", "gpu"):
-        raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        from ..errors import UsageError
+
+        raise UsageError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    err = series.problem_error()  # a file of the series cannot be used: never read without it
+    if err is not None:
+        raise err
     if device == "cpu":
         return read_series_cpu(series, workers)
     notes = []

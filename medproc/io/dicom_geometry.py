@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import GeometryError
 from ..geometry import lps_to_ras
 from .dicom_scan import DicomSeries
+from .safety import check_affine
 
 __all__ = ["SeriesGeometry", "series_geometry"]
 
@@ -56,7 +57,7 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
     where = series.files[0] if len(series.files) == 1 else os.path.dirname(series.files[0])
     warnings: list[str] = []
     ps = frames[0].pixel_spacing
-    if ps is None or min(ps) <= 0:
+    if ps is None:
         warnings.append("no PixelSpacing: in-plane spacing set to 1 mm")
         ps = (1.0, 1.0)
     for f in frames[1:]:
@@ -68,17 +69,36 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
             )
     declared = _declared_step(info)
 
-    if any(f.position is None or f.orientation is None for f in frames):
+    lacking = [f for f in frames if f.position is None or f.orientation is None]
+    if lacking and len(lacking) < len(frames):
+        # some frames placed, others not: sorting them would be a guess, so refuse
+        raise GeometryError(
+            f"{len(lacking)} of {len(frames)} frames have no ImagePositionPatient/"
+            f"ImageOrientationPatient (e.g. {_where(lacking[0])}) while the others do: the "
+            "slices cannot be ordered. Fix or remove those files",
+            where,
+        )
+    if lacking:
         # no patient geometry (secondary capture, ultrasound...): a placeholder grid
         warnings.append(
             "no patient geometry (ImagePositionPatient/ImageOrientationPatient missing): "
-            "the affine is a placeholder (identity directions, origin 0)"
+            "the affine is a placeholder (identity directions, origin 0), frames in "
+            "InstanceNumber order"
         )
         step = declared or 1.0
         # (column, row, frame): column -> +x, row -> +y, frame -> +z (in LPS)
         aff_lps = np.diag([ps[1], ps[0], step, 1.0])
-        order = list(range(len(frames)))
-        return SeriesGeometry(order, lps_to_ras(aff_lps), warnings)
+        order = sorted(
+            range(len(frames)),
+            key=lambda n: (
+                frames[n].instance is None,
+                frames[n].instance or 0,
+                frames[n].path,
+                frames[n].index or 0,
+            ),
+        )
+        affine = check_affine(lps_to_ras(aff_lps), where, "the DICOM PixelSpacing/SliceThickness")
+        return SeriesGeometry(order, affine, warnings)
 
     iop = frames[0].orientation
     row_cos, col_cos = iop[:3], iop[3:]
@@ -181,7 +201,8 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
     aff_lps[:3, 1] = col_cos * ps[0]  # j (row index) moves down a column
     aff_lps[:3, 2] = step_vec  # k: the slices
     aff_lps[:3, 3] = origin
-    return SeriesGeometry([int(i) for i in order], lps_to_ras(aff_lps), warnings, d_sorted, tilt)
+    affine = check_affine(lps_to_ras(aff_lps), where, "the DICOM geometry (spacing, positions)")
+    return SeriesGeometry([int(i) for i in order], affine, warnings, d_sorted, tilt)
 
 
 def _declared_step(info: dict) -> float | None:

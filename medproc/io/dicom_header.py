@@ -3,6 +3,9 @@ spacing, rescale, where the raw pixels start) and the series-level attributes.""
 
 from __future__ import annotations
 
+import os
+import stat
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,8 +13,18 @@ import pydicom
 from pydicom.errors import InvalidDicomError
 
 from ..errors import ReadError
+from .safety import check_file, os_error
 
-__all__ = ["Frame", "frames_of", "read_header", "is_dicom_file"]
+#: DICOM values longer than this are not read by the header scan
+_DEFER = 1 << 20
+
+__all__ = [
+    "Frame",
+    "frames_of",
+    "read_header",
+    "is_dicom_file",
+    "n_frames",
+]
 
 
 @dataclass
@@ -36,6 +49,8 @@ class Frame:
 def is_dicom_file(path: str) -> bool:
     """Cheap test: the 'DICM' preamble marker (files without a preamble are tried anyway)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False  # never open a FIFO or a device
         with open(path, "rb") as f:
             head = f.read(132)
     except OSError:
@@ -62,23 +77,58 @@ def _fast_pixels(ds: pydicom.Dataset, offset: int) -> tuple[int, str] | None:
     return offset, f"<{'i' if signed else 'u'}{bits // 8}"
 
 
+class _PastEnd(Exception):
+    pass
+
+
 def read_header(path: str, force: bool = False, with_offset: bool = False):
     """Read a DICOM header without pixel data, raising :class:`ReadError` naming the file.
 
     With ``with_offset`` returns ``(dataset, offset)``: the byte offset where pydicom stopped
-    (the PixelData element, when the file has one)."""
+    (the PixelData element, when the file has one). Never opens a FIFO or a device; values
+    over 1 MiB are not read (a damaged length cannot make it allocate), and an element whose
+    length runs past the end of the file is an error."""
+    size = check_file(path).st_size
+    marker = is_dicom_file(path)
     try:
-        if with_offset:
-            with open(path, "rb") as fp:
-                ds = pydicom.dcmread(fp, stop_before_pixels=True, force=force)
-                return ds, fp.tell()
-        return pydicom.dcmread(path, stop_before_pixels=True, force=force)
+        with open(path, "rb") as fp, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # medproc's own checks say it better
+            ds = pydicom.dcmread(fp, stop_before_pixels=True, force=force, defer_size=_DEFER)
+            offset = fp.tell()
+        if offset > size:
+            raise _PastEnd(offset - size)
     except InvalidDicomError as e:
         raise ReadError(f"not a DICOM file ({e})", path) from None
-    except (EOFError, OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+    except OSError as e:
+        raise os_error(e, path) from None
+    except RecursionError:
+        raise ReadError(
+            "its sequences are nested too deeply to be parsed: a damaged or hostile file", path
+        ) from None
+    except (
+        _PastEnd,
+        MemoryError,
+        EOFError,
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        IndexError,
+    ) as e:
+        if not marker:
+            raise ReadError(
+                "not a DICOM file (no 'DICM' marker, and its bytes do not parse as DICOM)", path
+            ) from None
+        if isinstance(e, _PastEnd):
+            raise ReadError(
+                f"a DICOM element declares a length that runs {e.args[0]} bytes past the end "
+                "of the file: the file is truncated or its header damaged",
+                path,
+            ) from None
         raise ReadError(
             f"the DICOM header cannot be parsed: {type(e).__name__}: {e}", path
         ) from None
+    return (ds, offset) if with_offset else ds
 
 
 _STRING_VRS = {"DS", "IS", "CS", "UI", "LO", "SH", "PN", "DA", "TM", "ST", "LT"}
@@ -110,16 +160,51 @@ def _val(ds: pydicom.Dataset, keyword: str):
     return ds.get(keyword)
 
 
-def _floats(value, n: int) -> np.ndarray | None:
-    if value is None:
+def _floats(value, n: int, name: str = "value", path=None, positive: bool = False):
+    """``n`` finite floats from a DICOM value, None when the attribute is absent; a malformed
+    value (wrong count, not numbers, NaN/inf, or not > 0 with ``positive``) is a ReadError."""
+    if value is None or (isinstance(value, (str, bytes)) and not value.strip()):
         return None
     if isinstance(value, str):
-        value = [value]
+        value = value.split("\\")
     try:
         arr = np.array([float(v) for v in value], dtype=np.float64)
     except (TypeError, ValueError):
-        return None
-    return arr if arr.shape == (n,) and np.all(np.isfinite(arr)) else None
+        arr = None
+    if arr is None or arr.shape != (n,) or not np.all(np.isfinite(arr)):
+        raise ReadError(
+            f"{name} is {_show(value)}: expected {n} finite numbers. The file's geometry is "
+            "damaged; fix or remove the file",
+            path,
+        )
+    if positive and np.any(arr < 0):
+        raise ReadError(f"{name} is {_show(value)}: expected numbers > 0; fix the file", path)
+    if positive and np.any(arr == 0):
+        return None  # 0 is how some writers (CR/DX) say "unknown": treated as absent
+    return arr
+
+
+def _show(value) -> str:
+    try:
+        txt = "\\".join(str(v) for v in value) if not isinstance(value, str) else value
+    except TypeError:
+        txt = str(value)
+    return repr(txt[:80])
+
+
+def _number(ds, keyword: str, path, default=None, integer: bool = False):
+    """A single number attribute: ``default`` when absent; malformed or non-finite is an error."""
+    v = _val(ds, keyword)
+    if v is None or v == "":
+        return default
+    try:
+        x = float(v if not isinstance(v, list) else v[0])
+        if not np.isfinite(x) or (integer and not x.is_integer()):
+            raise ValueError
+    except (TypeError, ValueError):
+        kind = "an integer" if integer else "a finite number"
+        raise ReadError(f"{keyword} is {_show(v)}: expected {kind}; fix the file", path) from None
+    return int(x) if integer else x
 
 
 def _first(seq_owner, seq_name: str):
@@ -127,65 +212,111 @@ def _first(seq_owner, seq_name: str):
     return seq[0] if seq else None
 
 
-def _frame_attrs(groups) -> dict:
+def _frame_attrs(groups, path, where: str) -> dict:
     """Geometry/rescale attributes of one functional-groups item (shared or per-frame)."""
     out = {}
     if groups is None:
         return out
     pos = _first(groups, "PlanePositionSequence")
     if pos is not None and "ImagePositionPatient" in pos:
-        out["position"] = _floats(pos.ImagePositionPatient, 3)
+        out["position"] = _floats(
+            pos.ImagePositionPatient, 3, f"{where} ImagePositionPatient", path
+        )
     ori = _first(groups, "PlaneOrientationSequence")
     if ori is not None and "ImageOrientationPatient" in ori:
-        out["orientation"] = _floats(ori.ImageOrientationPatient, 6)
+        out["orientation"] = _floats(
+            ori.ImageOrientationPatient, 6, f"{where} ImageOrientationPatient", path
+        )
     pm = _first(groups, "PixelMeasuresSequence")
     if pm is not None:
-        ps = _floats(pm.get("PixelSpacing"), 2)
+        ps = _floats(pm.get("PixelSpacing"), 2, f"{where} PixelSpacing", path, positive=True)
         if ps is not None:
             out["pixel_spacing"] = (ps[0], ps[1])
         for k in ("SliceThickness", "SpacingBetweenSlices"):
-            if pm.get(k) is not None:
-                out[k] = float(pm.get(k))
+            v = _number(pm, k, path)
+            if v is not None:
+                out[k] = v
     pv = _first(groups, "PixelValueTransformationSequence")
     if pv is not None:
-        if pv.get("RescaleSlope") is not None:
-            out["slope"] = float(pv.RescaleSlope)
-        if pv.get("RescaleIntercept") is not None:
-            out["intercept"] = float(pv.RescaleIntercept)
+        for attr, key in (("RescaleSlope", "slope"), ("RescaleIntercept", "intercept")):
+            v = _number(pv, attr, path)
+            if v is not None:
+                out[key] = v
     return out
 
 
+#: more frames than this in one file is a damaged header (2**31 - 1 is DICOM's IS maximum)
+MAX_FRAMES = 1 << 20
+
+
+def n_frames(ds: pydicom.Dataset, path) -> int:
+    """NumberOfFrames (1 when absent), checked: an integer from 1 to :data:`MAX_FRAMES`."""
+    nframes = _number(ds, "NumberOfFrames", path, default=1, integer=True)
+    if not 1 <= nframes <= MAX_FRAMES:
+        raise ReadError(
+            f"NumberOfFrames is {nframes}: expected 1 to {MAX_FRAMES}. The header is damaged; "
+            "fix NumberOfFrames or remove the file",
+            path,
+        )
+    return nframes
+
+
 def frames_of(ds: pydicom.Dataset, path: str) -> tuple[list[Frame], dict]:
-    """Split a header into frames. Returns (frames, extra series-level info)."""
-    nframes = int(_val(ds, "NumberOfFrames") or 1)
-    ps = _floats(_val(ds, "PixelSpacing") or _val(ds, "ImagerPixelSpacing"), 2)
+    """Split a header into frames. Returns (frames, extra series-level info).
+
+    Malformed geometry (NaN/inf or unparsable positions, orientations, spacings, rescale) and
+    frame counts that disagree with the per-frame data raise :class:`ReadError` naming the
+    file: such a frame is never placed silently."""
+    nframes = n_frames(ds, path)
+    ps = _floats(
+        _val(ds, "PixelSpacing") or _val(ds, "ImagerPixelSpacing"),
+        2,
+        "PixelSpacing",
+        path,
+        positive=True,
+    )
+    slope = _number(ds, "RescaleSlope", path)
+    if slope is None:
+        slope = _number(ds, "DoseGridScaling", path, default=1.0)
+    if slope == 0:
+        raise ReadError("RescaleSlope is 0: every voxel would be the intercept; fix it", path)
     base = {
-        "position": _floats(_val(ds, "ImagePositionPatient"), 3),
-        "orientation": _floats(_val(ds, "ImageOrientationPatient"), 6),
+        "position": _floats(_val(ds, "ImagePositionPatient"), 3, "ImagePositionPatient", path),
+        "orientation": _floats(
+            _val(ds, "ImageOrientationPatient"), 6, "ImageOrientationPatient", path
+        ),
         "pixel_spacing": None if ps is None else (ps[0], ps[1]),
-        "slope": float(_val(ds, "RescaleSlope") or _val(ds, "DoseGridScaling") or 1.0),
-        "intercept": float(_val(ds, "RescaleIntercept") or 0.0),
+        "slope": slope,
+        "intercept": _number(ds, "RescaleIntercept", path, default=0.0),
     }
     extra: dict = {}
-    inst = _val(ds, "InstanceNumber")
-    inst = int(inst) if inst not in (None, "") else None
+    try:
+        inst = _number(ds, "InstanceNumber", path, integer=True)
+    except ReadError:
+        inst = None  # never used for geometry: a malformed one does not matter
     per_frame = (
         ds.get("PerFrameFunctionalGroupsSequence")
         if "PerFrameFunctionalGroupsSequence" in ds
         else None
     )
     if per_frame:
-        shared = _frame_attrs(_first(ds, "SharedFunctionalGroupsSequence"))
+        if len(per_frame) < nframes:
+            raise ReadError(
+                f"NumberOfFrames is {nframes} but PerFrameFunctionalGroupsSequence has "
+                f"{len(per_frame)} items: the header is damaged",
+                path,
+            )
+        shared = _frame_attrs(_first(ds, "SharedFunctionalGroupsSequence"), path, "shared")
         frames = []
         for i in range(nframes):
-            a = {**base, **shared, **_frame_attrs(per_frame[i] if i < len(per_frame) else None)}
+            a = {**base, **shared, **_frame_attrs(per_frame[i], path, f"frame {i + 1}")}
             for k in ("SliceThickness", "SpacingBetweenSlices"):
                 if k in a:
                     extra[k] = a.pop(k)
             frames.append(Frame(path, i, instance=i + 1, **a))
         return frames, extra
     if nframes > 1:
-        offsets = _floats(ds.get("GridFrameOffsetVector"), nframes)
+        offsets = _floats(ds.get("GridFrameOffsetVector"), nframes, "GridFrameOffsetVector", path)
         frames = []
         for i in range(nframes):
             pos = None
@@ -229,4 +360,6 @@ _NOT_DICOM_EXT = (
     ".pdf",
     ".zip",
     ".gz",
+    ".raw",
+    ".zraw",
 )

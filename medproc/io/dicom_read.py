@@ -12,10 +12,15 @@ import numpy as np
 import pydicom
 from pydicom.errors import InvalidDicomError
 
-from ..errors import GeometryWarning, ReadError, SeriesError
+from ..errors import GeometryWarning, MedprocWarning, ReadError, SeriesError
 from ..volume import Volume
 from .dicom_geometry import series_geometry
-from .dicom_scan import DicomSeries, find_series
+from .dicom_header import n_frames
+from .dicom_records import expected_pixel_bytes
+from .dicom_scan import DicomSeries, scan_dicom
+from .safety import os_error
+
+_NATIVE_TS = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.2"}
 
 __all__ = [
     "load_dicom",
@@ -38,17 +43,35 @@ def _decode(path: str) -> np.ndarray:
         ds = pydicom.dcmread(path)
     except InvalidDicomError as e:
         raise ReadError(f"not a DICOM file ({e})", path) from None
+    except OSError as e:
+        raise os_error(e, path) from None
+    except MemoryError:
+        raise ReadError("not enough memory to read it (a damaged length?)", path) from None
+    except RecursionError:
+        raise ReadError("its sequences are nested too deeply to be parsed", path) from None
     except Exception as e:  # pydicom raises many kinds on damaged files
         raise ReadError(f"cannot be parsed: {type(e).__name__}: {e}", path) from None
     if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
         raise ReadError("has no pixel data (PixelData is missing)", path)
     ts = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    if str(ts) in _NATIVE_TS and "PixelData" in ds:
+        keys = ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "PhotometricInterpretation")
+        want = expected_pixel_bytes({k: ds.get(k) for k in keys}, n_frames(ds, path))
+        got = len(ds.PixelData)
+        if got < want or got > want + want % 2:
+            raise ReadError(
+                f"PixelData holds {got} bytes but Rows x Columns x frames x BitsAllocated "
+                f"declare {want}: the header does not match the pixel data",
+                path,
+            )
     try:
         return ds.pixel_array
     except (NotImplementedError, RuntimeError) as e:
         raise ReadError(
             f"pixel data in {getattr(ts, 'name', ts)} cannot be decoded: {e}. {_DECODER_HINT}", path
         ) from None
+    except MemoryError:
+        raise ReadError("not enough memory to decode its pixel data", path) from None
     except Exception as e:
         raise ReadError(
             f"pixel data cannot be decoded ({getattr(ts, 'name', ts)}): {type(e).__name__}: {e} "
@@ -74,15 +97,15 @@ def _read_native(path: str, offset: int, dtype: str, rows: int, cols: int, bits_
                 length = int.from_bytes(head[4:8], "little")
             if length == 0xFFFFFFFF:
                 return None
-            if length < want:
+            if length < want or length > want + want % 2:
                 raise ReadError(
                     f"PixelData holds {length} bytes, {want} expected for {rows}x{cols} "
-                    f"{dt.name} (truncated or damaged file?)",
+                    f"{dt.name}: Rows/Columns/BitsAllocated do not match the pixel data",
                     path,
                 )
             buf = f.read(want)
     except OSError as e:
-        raise ReadError(f"cannot be read: {e}", path) from None
+        raise os_error(e, path) from None
     if len(buf) < want:
         raise ReadError(
             f"truncated: the file ends {want - len(buf)} bytes into its pixel data", path
@@ -197,7 +220,14 @@ def _pool(n: int) -> ProcessPoolExecutor:
     if ex is None:
         import multiprocessing
 
-        ex = _POOLS[n] = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"))
+        from .._procs import die_with_parent
+
+        ex = _POOLS[n] = ProcessPoolExecutor(
+            n,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=die_with_parent,
+            initargs=(os.getpid(),),
+        )
         atexit.register(ex.shutdown, wait=False, cancel_futures=True)
     return ex
 
@@ -225,6 +255,9 @@ def read_series(series: DicomSeries, workers: int | None = None, device: str = "
 
 def read_series_cpu(series: DicomSeries, workers: int | None = None) -> Volume:
     """The CPU path of :func:`read_series` (pydicom's decoders, native files read directly)."""
+    err = series.problem_error()
+    if err is not None:
+        raise err
     geom = series_geometry(series)
     frames = [series.frames[i] for i in geom.order]
     slot_of: dict[str, list[tuple[int, int | None]]] = {}
@@ -281,6 +314,8 @@ def series_meta(series: DicomSeries, geom, decode: str) -> dict:
     source = series.files[0] if len(series.files) == 1 else os.path.commonpath(series.files)
     for w in geom.warnings:
         warnings.warn(f"{source}: {w}", GeometryWarning, stacklevel=4)
+    for w in series.notes:  # how the series was assembled (copies, folders kept apart)
+        warnings.warn(f"{source}: {w}", MedprocWarning, stacklevel=4)
     i = series.info
     return {
         "source": source,
@@ -295,7 +330,7 @@ def series_meta(series: DicomSeries, geom, decode: str) -> dict:
         ),
         "n_files": len(series.files),
         "decode": decode,
-        "warnings": list(geom.warnings),
+        "warnings": list(geom.warnings) + list(series.notes),
     }
 
 
@@ -335,8 +370,19 @@ def select_series(found: list[DicomSeries], series, where: str) -> DicomSeries:
 def load_dicom(path, series=None, workers: int | None = None, device: str = "cpu") -> Volume:
     """Load one DICOM volume from a file or a folder tree (see :func:`medproc.load`)."""
     path = os.fspath(path)
-    found, skipped = find_series(path)
+    scan = scan_dicom(path)
+    found = scan.series
     if not found:
-        reasons = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped[:5])
-        raise ReadError(f"no DICOM image found ({len(skipped)} file(s) skipped: {reasons})", path)
+        if scan.bad:
+            p, reason = scan.bad[0]
+            more = f" ({len(scan.bad)} unusable files here)" if len(scan.bad) > 1 else ""
+            raise ReadError(reason + more, p)
+        if os.path.isfile(path) and scan.skipped:
+            raise ReadError(scan.skipped[0][1], path)
+        listed = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in scan.skipped[:5])
+        raise ReadError(
+            f"holds no DICOM image ({len(scan.skipped)} file(s) skipped"
+            + (f": {listed})" if listed else ")"),
+            path,
+        )
     return read_series(select_series(found, series, path), workers=workers, device=device)

@@ -5,44 +5,62 @@ SeriesInstanceUID and split where geometry differs (image size, orientation, loc
 every multi-frame file is a volume of its own. Each frame (a slice of a classic file, or one
 frame of an enhanced multi-frame / RT dose file) becomes a :class:`Frame` with its own position,
 orientation, pixel spacing and rescale, so the geometry code treats all kinds alike.
+
+Nothing is dropped silently. A file that looks like DICOM (a ``.dcm``/``.ima`` name or the
+``DICM`` marker) but cannot be used, or that cannot be read at all, is a *problem* of the series
+it belongs to (by SeriesInstanceUID, else by folder), so that series fails naming the file;
+with no such series it is listed in :attr:`DicomScan.bad`. Copies of one file (the same
+SOPInstanceUID and the same bytes) are read once; different files under one SOPInstanceUID in
+two folders keep the folders apart, with a note. Stray non-DICOM files are listed as skipped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..errors import ReadError
 from .dicom_header import (  # noqa: F401  (Frame, frames_of, is_dicom_file: re-exported)
     _NOT_DICOM_EXT,
     Frame,
-    _fast_pixels,
-    _val,
     frames_of,
     is_dicom_file,
     read_header,
 )
+from .dicom_records import scan_file
+from .walk import walk_inputs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Frame", "DicomSeries", "find_series", "read_header", "is_dicom_file"]
-
-#: SOP classes (by keyword of their name) that carry no image: loading them is refused.
-_NON_IMAGE_MODALITIES = {"SR", "RTPLAN", "RTSTRUCT", "ECG", "KO", "PR", "REG", "DOC"}
+__all__ = [
+    "Frame",
+    "DicomSeries",
+    "DicomScan",
+    "find_series",
+    "scan_dicom",
+    "read_header",
+    "is_dicom_file",
+]
 
 
 @dataclass
 class DicomSeries:
-    """Frames that belong to one volume, plus the series-level attributes."""
+    """Frames that belong to one volume, plus the series-level attributes.
+
+    ``problems`` lists ``(file, reason)`` for files of this series that cannot be used (reading
+    the series then fails naming them); ``notes`` are warnings about how it was assembled."""
 
     uid: str
     frames: list[Frame]
     info: dict = field(default_factory=dict)
     part: int = 0  # >0 when a SeriesInstanceUID was split into several volumes
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    #: identical copies of this series' files (same SOPInstanceUID and bytes), not read again
+    copies: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -51,9 +69,16 @@ class DicomSeries:
 
     @property
     def files(self) -> list[str]:
+        """The files holding this series' frames, sorted."""
         return sorted({f.path for f in self.frames})
 
+    @property
+    def folders(self) -> set[str]:
+        """The folders holding this series' files."""
+        return {os.path.dirname(p) for p in {f.path for f in self.frames}}
+
     def describe(self) -> str:
+        """One line: key, number, modality, description, frames and size."""
         i = self.info
         return (
             f"{self.key} (#{i.get('SeriesNumber', '?')} {i.get('Modality', '?')} "
@@ -61,147 +86,102 @@ class DicomSeries:
             f"{i.get('Rows')}x{i.get('Columns')})"
         )
 
-
-_INFO_KEYS = (
-    "Modality",
-    "SeriesDescription",
-    "SeriesNumber",
-    "StudyInstanceUID",
-    "SOPClassUID",
-    "Rows",
-    "Columns",
-    "SamplesPerPixel",
-    "BitsAllocated",
-    "BitsStored",
-    "PixelRepresentation",
-    "PhotometricInterpretation",
-    "SliceThickness",
-    "SpacingBetweenSlices",
-    "GantryDetectorTilt",
-    "ImageType",
-    "NumberOfFrames",
-)
+    def problem_error(self) -> ReadError | None:
+        """The error reading this series raises (naming its first unusable file), or None."""
+        if not self.problems:
+            return None
+        path, reason = self.problems[0]
+        more = f" ({len(self.problems)} such files)" if len(self.problems) > 1 else ""
+        return ReadError(
+            f"{reason}. It belongs to series {self.key}, which cannot be read without it"
+            f"{more}: fix or remove the file(s)",
+            path,
+        )
 
 
-def _iter_files(paths: Iterable[str]) -> Iterable[str]:
-    for p in paths:
-        p = os.fspath(p)
-        if os.path.isdir(p):
-            for root, dirs, files in os.walk(p):
-                dirs.sort()
-                for name in sorted(files):
-                    if not name.startswith(".") and not name.lower().endswith(_NOT_DICOM_EXT):
-                        yield os.path.join(root, name)
-        else:
-            yield p
+@dataclass
+class DicomScan:
+    """The result of :func:`scan_dicom`: ``series``; ``skipped`` ``(path, reason)`` for files
+    that are not DICOM images (stray files, reports, DICOMDIR, FIFOs); ``bad`` ``(path,
+    reason)`` for DICOM-looking or unreadable files that belong to no series found."""
+
+    series: list[DicomSeries]
+    skipped: list[tuple[str, str]]
+    bad: list[tuple[str, str]]
 
 
 def _scan_files(files: list[str], strict: bool = False) -> list[tuple]:
-    """Read the headers of ``files``: ("skip", path, reason) or ("ok", key, frames, info)."""
-    return [_scan_file(p, strict) for p in files]
+    """Read the headers of ``files`` (one record per file, see ``dicom_records``)."""
+    return [scan_file(p, strict) for p in files]
 
 
-def _scan_file(path: str, strict: bool) -> tuple:
+def _same_bytes(a: str, b: str, cache: dict) -> bool:
+    def digest(p):
+        if p not in cache:
+            h = hashlib.sha1()
+            try:
+                with open(p, "rb") as f:
+                    for block in iter(lambda: f.read(1 << 20), b""):
+                        h.update(block)
+                cache[p] = (os.path.getsize(p), h.hexdigest())
+            except OSError:
+                cache[p] = (p, None)
+        return cache[p]
+
     try:
-        ds, offset = read_header(
-            path, force=not os.path.basename(path).upper().startswith("DICOMDIR"), with_offset=True
-        )
-    except ReadError as e:
-        if strict:
-            raise
-        return ("skip", path, e.message)
-    if "SOPClassUID" not in ds and "Rows" not in ds:
-        reason = "not a DICOM file (no DICOM attributes found)"
-        if strict:
-            raise ReadError(reason, path)
-        return ("skip", path, reason)
-    if "Rows" not in ds or _val(ds, "Modality") in _NON_IMAGE_MODALITIES:
-        sop = ds.get("SOPClassUID")
-        return ("skip", path, f"no image in it (SOP class {getattr(sop, 'name', sop)})")
-    try:
-        frames, extra = frames_of(ds, path)
-        rows, cols = int(ds.Rows), int(ds.Columns)
-    except (ValueError, TypeError, AttributeError, IndexError) as e:
-        return ("skip", path, f"malformed geometry attributes: {e}")
-    if len(frames) == 1 and frames[0].index is None:
-        frames[0].fast = _fast_pixels(ds, offset)
-        if frames[0].fast is not None:
-            # header + value of PixelData: 12 bytes (explicit VR OB/OW) or 8 (implicit)
-            head = 8 if str(ds.file_meta.TransferSyntaxUID) == "1.2.840.10008.1.2" else 12
-            need = (
-                offset
-                + head
-                + int(ds.Rows) * int(ds.Columns) * np.dtype(frames[0].fast[1]).itemsize
-            )
-            frames[0].missing_bytes = max(0, need - os.path.getsize(path))
-    image_type = _val(ds, "ImageType") or []
-    image_type = [image_type] if isinstance(image_type, str) else image_type
-    localizer = "LOCALIZER" in [str(t).upper() for t in image_type]
-    uid = str(_val(ds, "SeriesInstanceUID") or f"nouid:{path}")
-    key = [uid, rows, cols, int(ds.get("SamplesPerPixel") or 1), localizer]
-    if len(frames) > 1 or "PerFrameFunctionalGroupsSequence" in ds:
-        key.append(("file", path))  # a multi-frame file is a volume of its own
-    info = {k: _val(ds, k) for k in _INFO_KEYS}
-    for k in (
-        "Rows",
-        "Columns",
-        "SamplesPerPixel",
-        "BitsAllocated",
-        "BitsStored",
-        "PixelRepresentation",
-    ):
-        info[k] = ds.get(k)
-    for k in ("SeriesNumber", "NumberOfFrames"):
-        try:
-            info[k] = int(info[k]) if info[k] not in (None, "") else None
-        except (TypeError, ValueError):
-            info[k] = None
-    sop = ds.get("SOPClassUID")
-    info["SOPClassUID"] = sop
-    info.update(extra)
-    info["TransferSyntaxUID"] = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
-    return ("ok", key, frames, info)
+        if os.path.getsize(a) != os.path.getsize(b):
+            return False
+    except OSError:
+        return False
+    return digest(a) == digest(b)
 
 
-def find_series(
-    paths, strict: bool = False, executor=None
-) -> tuple[list[DicomSeries], list[tuple[str, str]]]:
-    """Group the DICOM files under ``paths`` into volumes.
-
-    Parameters
-    ----------
-    paths : path or list of paths
-        Files and/or folders (searched recursively).
-    strict : bool
-        Raise on the first unreadable file instead of listing it in ``skipped``.
-    executor : concurrent.futures.Executor, optional
-        Read headers in parallel (chunks of 64 files), e.g. the process pool of a batch run.
-
-    Returns
-    -------
-    series : list of DicomSeries
-        Sorted by series number then UID.
-    skipped : list of (path, reason)
-        Files that are not DICOM images (stray files, DICOMDIR, reports), with the reason.
-    """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    files = list(_iter_files(paths))
-    if executor is not None and len(files) > 64:
-        chunks = [files[i : i + 64] for i in range(0, len(files), 64)]
-        records = [
-            r for part in executor.map(_scan_files, chunks, [strict] * len(chunks)) for r in part
-        ]
-    else:
-        records = _scan_files(files, strict)
-    groups: dict[tuple, DicomSeries] = {}
-    skipped: list[tuple[str, str]] = []
+def _dedupe(records: list[tuple]) -> tuple[list[tuple], set[str], dict, dict]:
+    """Drop identical copies (same SOPInstanceUID and bytes); return the records kept, the
+    series UIDs with different files under one SOPInstanceUID, notes per UID, and the copies
+    dropped per UID as (copy, original)."""
+    kept, first, conflicted, notes, cache, copies = [], {}, set(), {}, {}, {}
     for rec in records:
-        if rec[0] == "skip":
-            skipped.append((rec[1], rec[2]))
+        _, key, frames, info, sop, problem = rec
+        if sop is None:
+            kept.append(rec)
             continue
-        _, key, frames, info = rec
-        uid = key[0]
+        prev = first.get(sop)
+        if prev is None:
+            first[sop] = frames[0].path
+            kept.append(rec)
+        elif _same_bytes(prev, frames[0].path, cache):
+            copies.setdefault(key[0], []).append((frames[0].path, prev))
+        else:
+            conflicted.add(key[0])
+            kept.append(rec)
+    for uid, pairs in copies.items():
+        (copy, orig), n = pairs[0], len(pairs)
+        notes[uid] = [
+            f"{n} file(s) are identical copies of others (same SOPInstanceUID and bytes), e.g. "
+            f"{copy} of {orig}: each is read once"
+        ]
+    return kept, conflicted, notes, copies
+
+
+def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
+    import numpy as np
+
+    groups: dict[tuple, DicomSeries] = {}
+    sops: dict[int, dict[str, str]] = {}
+    # files whose pixel data does not match their header come last: one whose Rows/Columns
+    # were damaged joins its series as a problem instead of making a volume of its own
+    records = sorted(records, key=lambda r: r[5] is not None)
+    for _, key, frames, info, sop, problem in records:
+        key = list(key)
+        if key[0] in conflicted:  # different files under one SOP UID: keep folders apart
+            key.append(("folder", os.path.dirname(frames[0].path)))
+        if problem and not any(list(k[:-1]) == key for k in groups):
+            same_uid = [s for s in groups.values() if s.uid == key[0]]
+            if same_uid:
+                for s in same_uid:
+                    s.problems.append((frames[0].path, problem))
+                continue
         ori = frames[0].orientation
         # orientation: cluster within 1e-4 instead of rounding (no split at rounding borders)
         matched = None
@@ -214,12 +194,83 @@ def find_series(
                     matched = s
                     break
         if matched is None:
-            matched = DicomSeries(uid, [], info)
+            matched = DicomSeries(key[0], [], info)
             groups[(*key, len(groups))] = matched
         matched.frames.extend(frames)
-    series = sorted(
-        groups.values(), key=lambda s: (_num(s.info.get("SeriesNumber")), s.uid, s.files[0])
-    )
+        if problem:
+            matched.problems.append((frames[0].path, problem))
+        if sop is not None:
+            other = sops.setdefault(id(matched), {}).setdefault(sop, frames[0].path)
+            if other != frames[0].path:
+                matched.problems.append(
+                    (
+                        frames[0].path,
+                        f"it and {other} carry the same SOPInstanceUID {sop} but differ",
+                    )
+                )
+    return list(groups.values())
+
+
+def scan_dicom(
+    paths,
+    strict: bool = False,
+    executor=None,
+    exclude: Iterable[str] = (),
+    skip_outputs: bool = True,
+) -> DicomScan:
+    """Group the DICOM files under ``paths`` into volumes (see the module doc).
+
+    Parameters
+    ----------
+    paths : path or list of paths
+        Files and/or folders (searched recursively).
+    strict : bool
+        Raise on the first unreadable file instead of listing it.
+    executor : concurrent.futures.Executor, optional
+        Read headers in parallel (chunks of 64 files), e.g. the process pool of a batch run.
+    exclude : iterable of str
+        Folders never entered (e.g. an output folder inside an input tree).
+    skip_outputs : bool
+        Do not enter sub-folders holding ``medproc convert`` outputs.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    walk = walk_inputs(paths, exclude=exclude, skip_names=_NOT_DICOM_EXT, skip_outputs=skip_outputs)
+    files = walk.files
+    if executor is not None and len(files) > 64:
+        chunks = [files[i : i + 64] for i in range(0, len(files), 64)]
+        records = [
+            r for part in executor.map(_scan_files, chunks, [strict] * len(chunks)) for r in part
+        ]
+    else:
+        records = _scan_files(files, strict)
+    skipped = list(walk.skipped) + [(r[1], r[2]) for r in records if r[0] == "skip"]
+    bad_recs = [(p, reason, None) for p, reason in walk.bad]
+    bad_recs += [(r[1], r[2], r[3]) for r in records if r[0] == "bad"]
+    ok, conflicted, notes, copies = _dedupe([r for r in records if r[0] == "ok"])
+    series = _group(ok, conflicted)
+    for uid in conflicted:
+        parts = [s for s in series if s.uid == uid]
+        where = sorted({d for s in parts for d in s.folders})
+        for s in parts:
+            s.notes.append(
+                f"SeriesInstanceUID {uid} is in {len(where)} folders ({', '.join(where)}) with "
+                "different files under the same SOPInstanceUIDs: each folder is kept as a "
+                "series of its own"
+            )
+    for s in series:
+        s.notes += notes.get(s.uid, [])
+        s.copies += [c for c, orig in copies.get(s.uid, []) if orig in set(s.files)]
+    bad: list[tuple[str, str]] = []
+    for path, reason, uid in bad_recs:  # attach each to its series: by UID, else by folder
+        here = [s for s in series if os.path.dirname(path) in s.folders]
+        owners = [s for s in series if uid is not None and s.uid == uid]
+        owners = [s for s in owners if s in here] or owners or here
+        for s in owners:
+            s.problems.append((path, reason))
+        if not owners:
+            bad.append((path, reason))
+    series.sort(key=lambda s: (_num(s.info.get("SeriesNumber")), s.uid, s.files[0]))
     by_uid: dict[str, list[DicomSeries]] = {}
     for s in series:
         by_uid.setdefault(s.uid, []).append(s)
@@ -227,7 +278,19 @@ def find_series(
         if len(parts) > 1:
             for i, s in enumerate(parts, 1):
                 s.part = i
-    return series, skipped
+    return DicomScan(series, skipped, bad)
+
+
+def find_series(
+    paths, strict: bool = False, executor=None
+) -> tuple[list[DicomSeries], list[tuple[str, str]]]:
+    """Group the DICOM files under ``paths`` into volumes: ``(series, skipped)``.
+
+    ``skipped`` lists ``(path, reason)`` for the files that are not part of a series: stray
+    files, and unusable files that belong to no series found (see :func:`scan_dicom`, which
+    keeps the two apart)."""
+    scan = scan_dicom(paths, strict=strict, executor=executor)
+    return scan.series, scan.skipped + scan.bad
 
 
 def _num(v) -> float:

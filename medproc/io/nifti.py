@@ -1,18 +1,30 @@
 """NIfTI through nibabel.
 
 nibabel's arrays are ``(i, j, k)`` (Fortran order on disk): medproc keeps them as they are, with
-nibabel's affine.
+nibabel's affine. The header is checked before any voxel is read: shape (no zero-length axis),
+data type (complex and RGB are refused), declared bytes against the file size and the memory
+cap, scaling (``scl_slope``) and the affine.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 from ..errors import ReadError
 from ..geometry import is_orthogonal
 from ..volume import Volume
+from .safety import check_affine, check_declared, check_file, os_error
 
-__all__ = ["load_nifti", "to_nibabel", "check_finite"]
+__all__ = [
+    "load_nifti",
+    "open_nifti",
+    "to_nibabel",
+    "check_finite",
+    "check_dtype",
+    "nifti_header_check",
+]
 
 NAN_POLICIES = ("error", "zero", "keep")
 
@@ -21,7 +33,9 @@ def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
     """Apply the NaN/inf policy: ``"error"`` (default) refuses the file with the count,
     ``"zero"`` replaces them with 0 (a copy), ``"keep"`` passes them on."""
     if nan not in NAN_POLICIES:
-        raise ValueError(f"nan must be one of {NAN_POLICIES}, got {nan!r}")
+        from ..errors import UsageError
+
+        raise UsageError(f"nan must be one of {NAN_POLICIES}, got {nan!r}")
     if array.dtype.kind != "f" or nan == "keep":
         return array
     finite = np.isfinite(array)
@@ -37,18 +51,149 @@ def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
     return np.where(finite, array, 0).astype(array.dtype)
 
 
-def load_nifti(path: str, nan: str = "error") -> Volume:
+def check_dtype(dtype, path, fmt: str = "NIfTI") -> None:
+    """Refuse voxel types medproc cannot resample: complex numbers and RGB(A) colour records."""
+    dtype = np.dtype(dtype)
+    if dtype.names is not None:
+        kind = "RGBA" if len(dtype.names) == 4 else "RGB"
+        raise ReadError(
+            f"stores {kind} colour voxels ({fmt} type {kind}{8 * dtype.itemsize}); medproc "
+            "resamples scalar volumes. Convert it to grey values, or save each colour as a "
+            "volume of its own",
+            path,
+        )
+    if dtype.kind == "c":
+        raise ReadError(
+            f"stores complex voxels ({dtype}); medproc resamples real-valued volumes. Save "
+            "the magnitude (numpy.abs) or the real and imaginary parts as separate files",
+            path,
+        )
+    if dtype.kind not in "biuf":
+        raise ReadError(f"stores voxels of type {dtype}; expected integers or floats", path)
+
+
+def nifti_header_check(img, path) -> tuple[tuple, np.dtype]:
+    """Check a lazily loaded nibabel image's header before its voxels are read: returns
+    (shape, dtype) or raises :class:`ReadError` / :class:`~medproc.errors.LimitError`."""
+    hdr = img.header
+    shape = tuple(int(s) for s in hdr.get_data_shape())
+    dtype = hdr.get_data_dtype()
+    check_dtype(dtype, path)
+    if len(shape) == 0 or len(shape) == 1:
+        raise ReadError(
+            f"the header declares {len(shape)} axis(es) (dim[0]={len(shape)}, shape {shape}); "
+            "a volume needs 2 or more. The header is damaged (fix dim[0])",
+            path,
+        )
+    bad = [n for n, s in enumerate(shape) if s < 1]
+    if bad:
+        raise ReadError(
+            f"the header declares shape {shape} (dim[0]={len(shape)}): axis {bad[0]} has "
+            f"length {shape[bad[0]]}. Every declared axis needs a length >= 1; the header is "
+            "damaged (fix dim / dim[0])",
+            path,
+        )
+    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    what = f"{'x'.join(map(str, shape))} {dtype.name} voxels"
+    size = os.path.getsize(path)
+    if str(path).lower().endswith(".gz"):
+        check_declared(path, what, nbytes, compressed="gzip", stored=size)
+    else:
+        offset = int(getattr(img.dataobj, "offset", 0) or 0)
+        check_declared(path, what, nbytes, available=size - offset)
+    slope, inter = _raw_scaling(img, path)
+    if np.isinf(slope) or (np.isfinite(slope) and slope != 0 and not np.isfinite(inter)):
+        raise ReadError(
+            f"the header's scaling is not finite (scl_slope={slope}, scl_inter={inter}); "
+            "expected finite numbers (or scl_slope 0 / NaN for no scaling). Fix the header",
+            path,
+        )
+    return shape, dtype
+
+
+def _raw_scaling(img, path) -> tuple[float, float]:
+    """scl_slope, scl_inter as the file stores them (nibabel quietly turns an infinite slope
+    into NaN, "no scaling", on load: such a header must be refused, not read unscaled)."""
+    import struct
+
+    from nibabel.openers import ImageOpener
+
+    two = type(img.header).__name__.startswith("Nifti2")
+    off, fmt = (176, "dd") if two else (112, "ff")
+    endian = "<" if img.header.endianness == "<" else ">"
+    try:
+        with ImageOpener(path) as f:
+            raw = f.read(off + 16)
+        return struct.unpack_from(endian + fmt, raw, off)
+    except (OSError, EOFError, struct.error):
+        return float("nan"), 0.0
+
+
+def open_nifti(path: str):
+    """nibabel's lazy image of ``path`` with its header checked (:func:`nifti_header_check`):
+    no voxel read yet. Raises :class:`ReadError` naming the file."""
     import nibabel as nib
 
+    check_file(path)
+    try:
+        open(path, "rb").close()  # nibabel hides why a file cannot be opened
+    except OSError as e:
+        raise os_error(e, path) from None
     try:
         img = nib.load(path)
-        data = np.asanyarray(img.dataobj)  # applies scl_slope/scl_inter like every reader
-    except Exception as e:
-        raise ReadError(f"cannot be read as NIfTI: {type(e).__name__}: {e}", path) from None
+    except MemoryError:
+        raise ReadError(
+            "its header declares more data than memory holds (a damaged extension size?); "
+            "the file is damaged",
+            path,
+        ) from None
+    except OSError as e:
+        if e.errno is not None:
+            raise os_error(e, path) from None
+        raise ReadError(
+            f"cannot be read as NIfTI: {e}; is it damaged or truncated?", path
+        ) from None
+    except Exception as e:  # noqa: BLE001 - nibabel raises many kinds on damaged headers
+        raise ReadError(
+            f"cannot be read as NIfTI ({type(e).__name__}: {e}); the header is damaged or it "
+            "is not a NIfTI file",
+            path,
+        ) from None
     if not hasattr(img, "get_sform"):
         raise ReadError(
             f"is a {type(img).__name__} (e.g. CIFTI), not a volume on a voxel grid", path
         )
+    nifti_header_check(img, path)
+    return img
+
+
+def load_nifti(path: str, nan: str = "error") -> Volume:
+    """Read a NIfTI-1/2 file (see :func:`medproc.load`)."""
+    img = open_nifti(path)
+    affine = check_affine(img.affine, path, "the NIfTI header (sform/qform/pixdim)")
+    try:
+        data = np.asanyarray(img.dataobj)  # applies scl_slope/scl_inter like every reader
+    except MemoryError:
+        from .safety import human
+
+        raise ReadError(
+            f"not enough memory to read {human(img.dataobj.size * img.dataobj.dtype.itemsize)} "
+            "of voxels; free memory or use a machine with more",
+            path,
+        ) from None
+    except OSError as e:
+        if e.errno is not None:
+            raise os_error(e, path) from None
+        raise ReadError(
+            f"the voxel data cannot be read ({e}): truncated or damaged?", path
+        ) from None
+    except Exception as e:  # noqa: BLE001 - zlib/EOF/mmap errors on damaged files
+        raise ReadError(
+            f"the voxel data cannot be read ({type(e).__name__}: {e}): the file is truncated or "
+            "damaged",
+            path,
+        ) from None
+    check_dtype(data.dtype, path)  # scaling may change it
     if data.ndim == 2:
         data = data[:, :, None]
     if data.ndim > 4:
@@ -60,7 +205,6 @@ def load_nifti(path: str, nan: str = "error") -> Volume:
     qform, qcode = img.get_qform(coded=True)
     if not scode and not qcode:
         warnings.append("neither sform nor qform is set: the affine is nibabel's best guess")
-    affine = img.affine
     meta = {
         "source": str(path),
         "format": "nifti",
@@ -79,7 +223,7 @@ def to_nibabel(volume: Volume):
     if data.dtype == np.bool_:
         data = data.astype(np.uint8)
     affine = volume.affine
-    img = nib.Nifti1Image(data, affine)
+    img = nib.Nifti1Image(data, affine, dtype=data.dtype)
     img.set_sform(affine, code=1)
     if is_orthogonal(affine):
         img.set_qform(affine, code=1)

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import MedprocError, ReadError
 from ..geometry import LPS_TO_RAS, is_orthogonal, lps_to_ras, spacing_of
 from ..volume import Volume
+from .safety import check_affine, check_file
 
 __all__ = ["load_sitk", "save_sitk", "sitk_affine", "to_sitk", "resample_filter"]
 
@@ -27,24 +28,47 @@ def sitk_affine(img) -> np.ndarray:
 
 
 def load_sitk(path: str, nan: str = "error") -> Volume:
+    """Read a NRRD or MetaImage file (see :func:`medproc.load`). The header is checked first
+    (:mod:`medproc.io.itk_header`): detached data only beside the header, sizes that fit."""
     import SimpleITK as sitk
 
+    from .itk_header import check_itk_header
+    from .nifti import check_dtype, check_finite
+
+    check_file(path)
+    check_itk_header(path)
     try:
         img = sitk.ReadImage(str(path))
     except RuntimeError as e:
         msg = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
         raise ReadError(f"SimpleITK cannot read it: {msg}", path) from None
+    except MemoryError:
+        raise ReadError("not enough memory to read its voxels; free memory", path) from None
     if img.GetDimension() == 2:
         img = sitk.JoinSeries(img)
     if img.GetDimension() != 3:
-        raise ReadError(f"is {img.GetDimension()}D; medproc reads 3D volumes", path)
-    array = sitk.GetArrayFromImage(img)  # (z, y, x[, c])
+        raise ReadError(
+            f"is {img.GetDimension()}D (size {list(img.GetSize())}); medproc reads 3D volumes "
+            "(split a 4D file into 3D volumes first)",
+            path,
+        )
+    if "complex" in img.GetPixelIDTypeAsString().lower():
+        raise ReadError(
+            f"stores complex voxels ({img.GetPixelIDTypeAsString()}); medproc resamples "
+            "real-valued volumes. Save the magnitude, or the real and imaginary parts, as "
+            "separate files",
+            path,
+        )
+    try:
+        array = sitk.GetArrayFromImage(img)  # (z, y, x[, c])
+    except MemoryError:
+        raise ReadError("not enough memory to read its voxels; free memory", path) from None
+    check_dtype(array.dtype, path, "ITK")
     array = array.transpose(2, 1, 0) if array.ndim == 3 else array.transpose(2, 1, 0, 3)
-    from .nifti import check_finite
-
     array = check_finite(array, path, nan)
+    affine = check_affine(sitk_affine(img), path, "the header (spacing/direction/origin)")
     meta = {"source": str(path), "format": "itk", "modality": None, "warnings": []}
-    return Volume(array, sitk_affine(img), meta)
+    return Volume(array, affine, meta)
 
 
 def to_sitk(volume: Volume):

@@ -77,7 +77,9 @@ def save(volume: Volume, path, compresslevel: int = 1) -> str:
                 f,
             )
     else:
-        raise ValueError(
+        from ..errors import UsageError
+
+        raise UsageError(
             f"cannot save {p!r}: use a .nii.gz, .nii, .nrrd, .mha or .npy name "
             "(.mhd/.nhdr write two files and cannot be written atomically)"
         )

@@ -1,0 +1,171 @@
+"""One case of a batch, as a worker process runs it: load, check, resample, write the outputs
+(and the annotations and QC picture), and return the manifest row's fields or the error."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from .cases import Case
+from .errors import MedprocError, UsageError
+from .io import atomic_write
+from .spec import Spec
+
+__all__ = ["annotations_path", "plain_warning"]
+
+
+def _fmt(v) -> str:
+    return "x".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in v)
+
+
+def _check_output_size(vol, spec: Spec) -> None:
+    """Refuse a spec whose output would not fit in memory (e.g. --spacing 0.001), before the
+    engine allocates it."""
+    if spec.needs_array:
+        return
+    from .io.safety import human, max_bytes
+    from .plan import make_plan
+
+    plan = make_plan(vol.shape, vol.affine, spec)
+    nbytes = int(np.prod(plan.out_shape, dtype=object)) * max(vol.channels, 1) * 4
+    if nbytes > max_bytes():
+        shape = "x".join(map(str, plan.out_shape))
+        raise UsageError(
+            f"the output grid would be {shape} voxels = {human(nbytes)}, more than the "
+            f"{human(max_bytes())} one volume may take here; choose a coarser --spacing or "
+            "a --crop",
+            vol.meta.get("source"),
+        )
+
+
+def _convert_one(
+    case: Case,
+    out_path: str,
+    label_path: str | None,
+    spec: Spec,
+    device: str,
+    qc_path: str | None = None,
+    dali_threads: int | None = None,
+    lesions=None,
+    nan: str = "error",
+    decode_workers: int | None = None,
+) -> dict:
+    """Load, resample, write one case (runs in a worker process)."""
+    from .io import load, save
+    from .io.dicom_read import read_series
+    from .resample import resample_batch
+
+    t = time.perf_counter()
+    lab = load(case.label, nan=nan, device=device) if case.label else None
+    # with --device gpu the voxels go to the GPU once, decoded there where it is proven
+    if case.dicom is not None:
+        vol = read_series(case.dicom, workers=decode_workers, device=device)
+    else:
+        vol = load(case.source, series=case.series, nan=nan, device=device)
+    if lab is not None and (
+        lab.shape != vol.shape or not np.allclose(lab.affine, vol.affine, atol=1e-4)
+    ):
+        raise MedprocError(
+            f"the label map {case.label} is not on the image's grid (shape {lab.shape} vs "
+            f"{vol.shape}, or a different affine); give a label map made on this image",
+            case.source,
+        )
+    _check_output_size(vol, spec)
+    (res,) = resample_batch(
+        [vol], spec, device=device, labels=None if lab is None else [lab], num_threads=dali_threads
+    )
+    out, out_lab = res if lab is not None else (res, None)
+    save(out, out_path)
+    if out_lab is not None:
+        save(out_lab, label_path)
+    n_les = ""
+    if lesions is not None:
+        _write_annotations(out_path, out, lesions)
+        n_les = str(len(lesions))
+    if qc_path:
+        from .qc import qc_figure
+
+        shown = list(zip(lesions.centers, lesions.diameters)) if lesions is not None else []
+        qc_figure(
+            vol.numpy(),
+            out.numpy(),
+            qc_path,
+            lab,
+            out_lab,
+            lesions=shown,
+            title=os.path.basename(out_path),
+        )
+    return {
+        "series_uid": vol.meta.get("series_uid", ""),
+        "decode": vol.meta.get("decode", ""),
+        "in_shape": _fmt(vol.shape),
+        "in_spacing": _fmt([float(x) for x in vol.spacing]),
+        "out_shape": _fmt(out.shape),
+        "out_spacing": _fmt([float(x) for x in out.spacing]),
+        "seconds": f"{time.perf_counter() - t:.3f}",
+        "worker": _worker_id(),
+        "lesions": n_les,
+        "warnings": " | ".join(str(w) for w in vol.meta.get("warnings") or []),
+    }
+
+
+def annotations_path(out_path: str) -> str:
+    """``<output name>.annotations.json`` beside an output volume."""
+    for ext in (".nii.gz", ".nii", ".npy"):
+        if out_path.endswith(ext):
+            return out_path[: -len(ext)] + ".annotations.json"
+    return out_path + ".annotations.json"
+
+
+def _write_annotations(out_path: str, out, lesions) -> None:
+    import json
+
+    doc = {
+        "image": os.path.basename(out_path),
+        "coordinate_system": "RAS",
+        "center_voxel_convention": "voxel index (i, j, k) of the image as nibabel and medproc "
+        "load it; affine @ [i, j, k, 1] = center_world_ras",
+        "affine": out.affine.tolist(),
+        "shape": list(out.shape),
+        "lesions": lesions.on_grid(out.affine, out.shape),
+    }
+    with atomic_write(annotations_path(out_path)) as tmp, open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def _worker_id() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _init_worker(parent: int) -> None:
+    """Pool initializer: end with the parent (even on kill -9); warnings as one plain line."""
+    import warnings
+
+    from ._procs import die_with_parent
+
+    die_with_parent(parent, pdeathsig=True)
+    warnings.showwarning = plain_warning
+
+
+def plain_warning(message, category, filename, lineno, file=None, line=None):
+    """``warnings.showwarning`` for the command line: ``medproc: warning: <message>``."""
+    import sys
+
+    print(f"medproc: warning: {message}", file=sys.stderr if file is None else file)
+
+
+def _worker(args):
+    case = args[0]
+    try:
+        return case, "ok", _convert_one(*args), ""
+    except MedprocError as e:
+        return case, "failed", {"worker": _worker_id()}, str(e)
+    except MemoryError:
+        msg = f"{case.source}: not enough memory for this case; free memory or use fewer -j"
+        return case, "failed", {"worker": _worker_id()}, msg
+    except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
+        return case, "failed", {"worker": _worker_id()}, f"{case.source}: {type(e).__name__}: {e}"

@@ -1,0 +1,231 @@
+"""One file of a DICOM scan: a record saying what it is, from its header alone.
+
+``scan_file(path)`` returns one of
+
+- ``("skip", path, reason)``: not a DICOM image (a stray file, a report, DICOMDIR);
+- ``("bad", path, reason, series_uid or None)``: a file that looks like DICOM (a ``.dcm`` /
+  ``.ima`` name or the ``DICM`` marker) or cannot be read at all, and cannot be used;
+- ``("ok", key, frames, info, sop_instance_uid, problem or None)``: frames of a series;
+  ``problem`` says why its pixels cannot be used (truncated, shorter or longer than declared,
+  missing), found from the header and the file size, so the series fails naming the file.
+
+Declared sizes are checked before anything is allocated (NumberOfFrames, Rows x Columns x
+frames x bits against the pixel data element and the memory cap).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import ReadError
+from .dicom_header import _fast_pixels, _number, _val, frames_of, n_frames, read_header
+from .safety import check_declared, check_file, os_error
+
+__all__ = ["scan_file", "INFO_KEYS", "pixel_element", "expected_pixel_bytes"]
+
+#: SOP classes (by keyword of their name) that carry no image: loading them is refused.
+_NON_IMAGE_MODALITIES = {"SR", "RTPLAN", "RTSTRUCT", "ECG", "KO", "PR", "REG", "DOC"}
+_DICOM_EXT = (".dcm", ".ima", ".dicom", ".dic")
+_NATIVE = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.2"}
+
+INFO_KEYS = (
+    "Modality",
+    "SeriesDescription",
+    "SeriesNumber",
+    "StudyInstanceUID",
+    "SOPClassUID",
+    "Rows",
+    "Columns",
+    "SamplesPerPixel",
+    "BitsAllocated",
+    "BitsStored",
+    "PixelRepresentation",
+    "PhotometricInterpretation",
+    "SliceThickness",
+    "SpacingBetweenSlices",
+    "GantryDetectorTilt",
+    "ImageType",
+    "NumberOfFrames",
+)
+
+
+_IMPLICIT = "1.2.840.10008.1.2"
+_BIG_ENDIAN = "1.2.840.10008.1.2.2"
+_LONG_VRS = {b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"UN", b"UT", b"SQ", b"UC", b"UR"}
+
+
+def pixel_element(path: str, offset: int, ts: str) -> tuple[int, int] | None:
+    """``(length of the pixel data value, bytes of the element header)`` for the element that
+    starts at ``offset`` (where the header scan stopped), ``length = -1`` for encapsulated
+    (undefined length) data; None when there is no pixel data element there."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            head = f.read(12)
+    except OSError:
+        return None
+    if len(head) < 8:
+        return None
+    big = ts == _BIG_ENDIAN
+    order = "big" if big else "little"
+    group = int.from_bytes(head[0:2], order)
+    if group != 0x7FE0:
+        return None
+    if ts == _IMPLICIT:
+        length, hdr = int.from_bytes(head[4:8], order), 8
+    elif head[4:6] in _LONG_VRS:
+        if len(head) < 12:
+            return None
+        length, hdr = int.from_bytes(head[8:12], order), 12
+    else:
+        length, hdr = int.from_bytes(head[6:8], order), 8
+    return (-1 if length == 0xFFFFFFFF else length), hdr
+
+
+def expected_pixel_bytes(info: dict, nframes: int) -> int:
+    """Bytes of native (uncompressed) pixel data that Rows x Columns x frames x samples x
+    BitsAllocated declare (YBR_FULL_422 stores 2 samples per pixel; 1-bit data is packed)."""
+    rows, cols = int(info["Rows"]), int(info["Columns"])
+    spp = int(info.get("SamplesPerPixel") or 1)
+    bits = int(info.get("BitsAllocated") or 16)
+    if str(info.get("PhotometricInterpretation") or "") == "YBR_FULL_422":
+        spp = 2
+    n = rows * cols * spp * nframes
+    return (n + 7) // 8 if bits == 1 else n * bits // 8
+
+
+def _fail(path, reason, looks: bool, strict: bool, uid=None) -> tuple:
+    if strict:
+        raise ReadError(reason, path)
+    return ("bad", path, reason, uid) if looks else ("skip", path, reason)
+
+
+def scan_file(path: str, strict: bool = False) -> tuple:
+    """The record of one file (see the module doc); ``strict`` raises instead of skipping."""
+    try:
+        size = check_file(path).st_size
+        with open(path, "rb") as f:
+            head = f.read(132)
+    except ReadError as e:
+        if strict:
+            raise
+        return ("bad", path, e.message, None)
+    except OSError as e:
+        if strict:
+            raise os_error(e, path) from None
+        return ("bad", path, os_error(e, path).message, None)
+    looks = path.lower().endswith(_DICOM_EXT) or head[128:132] == b"DICM"
+    if not head:
+        return _fail(path, "is empty (0 bytes): not a DICOM file", looks, strict)
+    try:
+        ds, offset = read_header(
+            path, force=not os.path.basename(path).upper().startswith("DICOMDIR"), with_offset=True
+        )
+    except ReadError as e:
+        return _fail(path, e.message, looks, strict)
+    uid = _val(ds, "SeriesInstanceUID")
+    uid = str(uid) if uid else None
+    if "SOPClassUID" not in ds and "Rows" not in ds:
+        return _fail(path, "not a DICOM file (no DICOM attributes found)", looks, strict)
+    sop_class = ds.get("SOPClassUID")
+    name = str(getattr(sop_class, "name", sop_class))
+    modality = _val(ds, "Modality")
+    if "Rows" not in ds or modality in _NON_IMAGE_MODALITIES:
+        if "Rows" not in ds and "Image Storage" in name and modality not in _NON_IMAGE_MODALITIES:
+            reason = f"declares an image ({name}) but has no Rows: the header is damaged"
+            return _fail(path, reason, True, strict, uid)
+        return ("skip", path, f"no image in it (SOP class {name})")
+    try:
+        return _image_record(ds, offset, path, size, uid)
+    except ReadError as e:
+        return _fail(path, e.message, True, strict, uid)
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
+        reason = f"malformed attributes ({type(e).__name__}: {e}); fix or remove the file"
+        return _fail(path, reason, True, strict, uid)
+
+
+def _image_record(ds, offset: int, path: str, size: int, uid: str | None) -> tuple:
+    nframes = n_frames(ds, path)
+    rows = _number(ds, "Rows", path, integer=True)
+    cols = _number(ds, "Columns", path, integer=True)
+    spp = _number(ds, "SamplesPerPixel", path, default=1, integer=True)
+    bits = _number(ds, "BitsAllocated", path, default=16, integer=True)
+    if rows is None or cols is None or rows < 1 or cols < 1:
+        raise ReadError(
+            f"Rows x Columns is {rows}x{cols}: expected both >= 1; the header is damaged", path
+        )
+    if bits not in (1, 8, 16, 32, 64) or spp not in (1, 3, 4):
+        raise ReadError(
+            f"BitsAllocated {bits} / SamplesPerPixel {spp}: expected 1, 8, 16, 32 or 64 bits "
+            "and 1, 3 or 4 samples; the header is damaged",
+            path,
+        )
+    info = {k: _val(ds, k) for k in INFO_KEYS}
+    for k in ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "BitsStored"):
+        info[k] = ds.get(k)
+    info["PixelRepresentation"] = ds.get("PixelRepresentation")
+    for k in ("SeriesNumber", "NumberOfFrames"):
+        try:
+            info[k] = int(info[k]) if info[k] not in (None, "") else None
+        except (TypeError, ValueError):
+            info[k] = None
+    info["SOPClassUID"] = ds.get("SOPClassUID")
+    info["TransferSyntaxUID"] = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    problem = _pixel_problem(
+        path, offset, str(info["TransferSyntaxUID"] or ""), info, nframes, size
+    )
+    if problem and nframes > 1:
+        raise ReadError(problem, path)  # a multi-frame header that lies: no frames built
+    frames, extra = frames_of(ds, path)
+    if len(frames) == 1 and frames[0].index is None:
+        frames[0].fast = _fast_pixels(ds, offset)
+    image_type = _val(ds, "ImageType") or []
+    image_type = [image_type] if isinstance(image_type, str) else image_type
+    localizer = "LOCALIZER" in [str(t).upper() for t in image_type]
+    key = [uid or f"nouid:{path}", rows, cols, spp, localizer]
+    if len(frames) > 1 or "PerFrameFunctionalGroupsSequence" in ds:
+        key.append(("file", path))  # a multi-frame file is a volume of its own
+    info.update(extra)
+    sop = _val(ds, "SOPInstanceUID")
+    return ("ok", key, frames, info, str(sop) if sop else None, problem)
+
+
+def _pixel_problem(path, offset, ts, info, nframes, size) -> str | None:
+    """Why the pixel data cannot be right, from the header and the file size; raises
+    :class:`~medproc.errors.LimitError` when the declared size cannot be real."""
+    rows, cols = int(info["Rows"]), int(info["Columns"])
+    spp = int(info.get("SamplesPerPixel") or 1)
+    bits = int(info.get("BitsAllocated") or 16)
+    what = f"{nframes} frame(s) of {rows}x{cols}{f'x{spp}' if spp > 1 else ''} at {bits} bits"
+    decoded = rows * cols * spp * nframes * max(bits, 8) // 8
+    check_declared(path, what, decoded)
+    if ts == "1.2.840.10008.1.2.1.99":
+        return None  # deflated: the pixel data element is inside the compressed stream
+    pe = pixel_element(path, offset, ts)
+    if pe is None:
+        return "has no pixel data (PixelData is missing)"
+    length, head = pe
+    if ts in _NATIVE:
+        if length < 0:
+            return "native pixel data with an undefined length: the file is damaged"
+        end = offset + head + length
+        if end > size:
+            return f"truncated file: its pixel data ends {end - size} bytes early"
+        want = expected_pixel_bytes(info, nframes)
+        if length < want:
+            return (
+                f"PixelData holds {length} bytes, {want} expected for {what}: Rows, Columns, "
+                "NumberOfFrames or BitsAllocated do not match the pixel data"
+            )
+        if length > want + want % 2:
+            return (
+                f"PixelData holds {length} bytes, more than the {want} that {what} need: "
+                "Rows, Columns, NumberOfFrames or BitsAllocated do not match the pixel data"
+            )
+    elif length == -1 and nframes * 8 > size - offset:
+        raise ReadError(
+            f"NumberOfFrames is {nframes}, but {size - offset} bytes of compressed pixel data "
+            "cannot hold that many frames: the header is damaged",
+            path,
+        )
+    return None

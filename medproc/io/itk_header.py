@@ -1,0 +1,244 @@
+"""The text headers of NRRD (``.nrrd``, ``.nhdr``) and MetaImage (``.mha``, ``.mhd``) files,
+checked before SimpleITK opens them.
+
+Both formats may name their voxel data in another file (``data file:`` / ``ElementDataFile``),
+with any path. medproc follows such a reference only to a regular file inside the header's own
+folder (no ``..``, no absolute path elsewhere, no symlink out, never a device or FIFO), and
+checks the declared sizes against the bytes the data can hold and the memory cap, so a damaged
+or hostile header can neither read files it should not nor allocate without bound.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ..errors import ReadError
+from .safety import check_declared, check_inside, os_error
+
+__all__ = ["check_itk_header", "ItkHeader"]
+
+#: bytes per value of NRRD types (every spelling the NRRD format allows)
+_NRRD_BYTES = {
+    **dict.fromkeys(
+        ("signed char", "int8", "int8_t", "uchar", "unsigned char", "uint8", "uint8_t", "char"), 1
+    ),
+    **dict.fromkeys(
+        (
+            "short",
+            "short int",
+            "signed short",
+            "signed short int",
+            "int16",
+            "int16_t",
+            "ushort",
+            "unsigned short",
+            "unsigned short int",
+            "uint16",
+            "uint16_t",
+        ),
+        2,
+    ),
+    **dict.fromkeys(
+        ("int", "signed int", "int32", "int32_t", "uint", "unsigned int", "uint32", "uint32_t"), 4
+    ),
+    **dict.fromkeys(
+        (
+            "longlong",
+            "long long",
+            "long long int",
+            "signed long long",
+            "signed long long int",
+            "int64",
+            "int64_t",
+            "ulonglong",
+            "unsigned long long",
+            "unsigned long long int",
+            "uint64",
+            "uint64_t",
+        ),
+        8,
+    ),
+    "float": 4,
+    "double": 8,
+}
+_MET_BYTES = {
+    "MET_CHAR": 1,
+    "MET_UCHAR": 1,
+    "MET_SHORT": 2,
+    "MET_USHORT": 2,
+    "MET_INT": 4,
+    "MET_UINT": 4,
+    "MET_LONG": 4,
+    "MET_ULONG": 4,
+    "MET_LONG_LONG": 8,
+    "MET_ULONG_LONG": 8,
+    "MET_FLOAT": 4,
+    "MET_DOUBLE": 8,
+}
+_MAX_HEADER = 1 << 20  # a text header longer than 1 MiB is not a header
+
+
+class ItkHeader:
+    """What a NRRD/MetaImage header declares: sizes, bytes per value, encoding and the data
+    files (real paths, checked), and where attached data starts."""
+
+    def __init__(self, sizes, itemsize, compressed, data_files, data_start):
+        self.sizes = sizes
+        self.itemsize = itemsize
+        self.compressed = compressed
+        self.data_files = data_files
+        self.data_start = data_start
+
+
+def _read_lines(path: str, magic: bytes | None):
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_MAX_HEADER)
+    except OSError as e:
+        raise os_error(e, path) from None
+    if magic is not None and not head.startswith(magic):
+        raise ReadError(
+            f"does not start with {magic.decode()!r}: not a {magic.decode()[:4]} file "
+            "(wrong extension, or damaged)",
+            path,
+        )
+    return head
+
+
+def _expand(spec: str, path: str, count_hint: int) -> list[str]:
+    """``fmt min max step`` (a printf pattern) -> file names."""
+    parts = spec.split()
+    try:
+        lo, hi, step = int(parts[1]), int(parts[2]), int(parts[3]) if len(parts) > 3 else 1
+        if step == 0 or abs(hi - lo) // abs(step) > max(count_hint, 1) * 4 + 4:
+            raise ValueError
+        return [parts[0] % i for i in range(lo, hi + (1 if step > 0 else -1), step)]
+    except (ValueError, IndexError, TypeError):
+        raise ReadError(
+            f"its data file pattern {spec!r} is malformed; expected 'format min max step'", path
+        ) from None
+
+
+def _nrrd(path: str) -> ItkHeader:
+    head = _read_lines(path, b"NRRD")
+    end = head.find(b"\n\n")
+    end_crlf = head.find(b"\r\n\r\n")
+    text_end = min(x for x in (end, end_crlf, len(head)) if x >= 0)
+    fields: dict[str, str] = {}
+    lines = head[:text_end].decode("latin-1").splitlines()
+    listed: list[str] = []
+    for n, line in enumerate(lines[1:], 2):
+        s = line.strip()
+        if not s or s.startswith("#") or (":=" in s and s.find(":=") == s.find(":")):
+            continue  # blank, comment, or a key:=value pair
+        if ":" not in s:
+            raise ReadError(f"line {n}: {s[:60]!r} is not a 'field: value' line", path)
+        key, val = line.split(":", 1)
+        key = key.strip().lower()
+        fields[key] = val.strip()
+        if key in ("data file", "datafile") and val.strip().upper().startswith("LIST"):
+            listed = [x.strip() for x in lines[n:] if x.strip()]
+            break
+    try:
+        sizes = [int(x) for x in fields["sizes"].split()]
+    except (KeyError, ValueError):
+        raise ReadError(
+            f"its 'sizes' field is missing or not integers ({fields.get('sizes')!r})", path
+        ) from None
+    ttype = " ".join(fields.get("type", "").lower().split())
+    if ttype == "block":
+        raise ReadError("stores NRRD 'block' values; medproc reads numeric volumes", path)
+    itemsize = _NRRD_BYTES.get(ttype, 1)
+    encoding = fields.get("encoding", "raw").lower()
+    compressed = {"gz": "gzip", "gzip": "gzip", "bz2": "bzip2", "bzip2": "bzip2"}.get(encoding)
+    ref = fields.get("data file", fields.get("datafile"))
+    files: list[str] = []
+    if ref is not None:
+        names = listed if ref.upper().startswith("LIST") else None
+        if names is None:
+            names = _expand(ref, path, sizes[-1] if sizes else 1) if len(ref.split()) > 1 else [ref]
+        files = [check_inside(x, path) for x in names]
+    data_start = text_end + (2 if end == text_end else 4)
+    if encoding in ("ascii", "text", "txt"):
+        itemsize, compressed = 1, None  # at least one character per value
+    return ItkHeader(sizes, itemsize, compressed, files, data_start)
+
+
+def _meta(path: str) -> ItkHeader:
+    head = _read_lines(path, None)
+    fields: dict[str, str] = {}
+    pos = 0
+    lines = head.split(b"\n")
+    listed: list[str] = []
+    for n, raw in enumerate(lines, 1):
+        pos += len(raw) + 1
+        line = raw.decode("latin-1").strip()
+        if not line:
+            continue
+        if "=" not in line:
+            raise ReadError(f"line {n}: {line[:60]!r} is not a 'Key = Value' line", path)
+        key, val = (x.strip() for x in line.split("=", 1))
+        fields[key.lower()] = val
+        if key.lower() == "elementdatafile":
+            if val.upper().startswith("LIST"):
+                listed = [x.decode("latin-1").strip() for x in lines[n:] if x.strip()]
+            break
+        if n > 200:
+            break
+    if "elementdatafile" not in fields:
+        raise ReadError(
+            "has no ElementDataFile line: not a MetaImage header (or it is damaged)", path
+        )
+    try:
+        ndims = int(fields.get("ndims", "0"))
+        sizes = [int(x) for x in fields["dimsize"].split()]
+        channels = int(fields.get("elementnumberofchannels", "1"))
+    except (KeyError, ValueError):
+        raise ReadError(
+            f"its DimSize/NDims fields are missing or not integers ({fields.get('dimsize')!r})",
+            path,
+        ) from None
+    if ndims and len(sizes) != ndims:
+        raise ReadError(f"NDims = {ndims} but DimSize has {len(sizes)} values", path)
+    itemsize = _MET_BYTES.get(fields.get("elementtype", "").upper(), 1) * max(channels, 1)
+    compressed = "zlib" if fields.get("compresseddata", "").lower() == "true" else None
+    ref = fields["elementdatafile"]
+    files: list[str] = []
+    if ref.upper() != "LOCAL":
+        if ref.upper().startswith("LIST"):
+            names = listed
+        elif len(ref.split()) > 1:
+            names = _expand(ref, path, sizes[-1] if sizes else 1)
+        else:
+            names = [ref]
+        files = [check_inside(x, path) for x in names]
+    return ItkHeader(sizes, itemsize, compressed, files, pos)
+
+
+def check_itk_header(path: str) -> ItkHeader:
+    """Check a NRRD or MetaImage header (see the module doc); returns what it declares."""
+    low = path.lower()
+    hdr = _nrrd(path) if low.endswith((".nrrd", ".nhdr")) else _meta(path)
+    if not hdr.sizes or any(s < 1 for s in hdr.sizes):
+        raise ReadError(
+            f"the header declares sizes {hdr.sizes}; every axis needs a length >= 1 (the header "
+            "is damaged)",
+            path,
+        )
+    nbytes = int(np.prod(hdr.sizes, dtype=object)) * hdr.itemsize
+    what = f"{'x'.join(map(str, hdr.sizes))} values of {hdr.itemsize} byte(s)"
+    if hdr.data_files:
+        stored = sum(os.path.getsize(f) for f in hdr.data_files)
+    else:
+        stored = os.path.getsize(path) - hdr.data_start
+    check_declared(
+        path,
+        what,
+        nbytes,
+        available=None if hdr.compressed else stored,
+        compressed=hdr.compressed if hdr.compressed != "bzip2" else None,
+        stored=stored,
+    )
+    return hdr

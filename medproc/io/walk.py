@@ -1,0 +1,139 @@
+"""Walking input trees safely: every file once (by real path), folders that cannot be listed
+reported, FIFOs, devices, sockets and broken symlinks never opened, and excluded folders (an
+output folder inside an input tree, earlier medproc outputs) never entered.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .safety import special_kind
+
+__all__ = ["Walk", "walk_inputs", "is_medproc_output"]
+
+#: the first line of a ``manifest.csv`` that ``medproc convert`` wrote
+_MANIFEST_HEAD = "case,source,output,"
+
+
+def is_medproc_output(folder: str) -> bool:
+    """True when ``folder`` holds a ``manifest.csv`` written by ``medproc convert``."""
+    p = os.path.join(folder, "manifest.csv")
+    try:
+        if not stat.S_ISREG(os.stat(p).st_mode):
+            return False
+        with open(p, "rb") as f:
+            return f.read(len(_MANIFEST_HEAD)).decode("latin-1") == _MANIFEST_HEAD
+    except OSError:
+        return False
+
+
+@dataclass
+class Walk:
+    """What a walk found: regular ``files`` (in order, each real path once), ``skipped``
+    ``(path, reason)`` never opened (special files, broken links, excluded folders), and
+    ``bad`` ``(path, reason)``: things that could not be looked at (unlistable folders) or that
+    were named explicitly but are not regular files."""
+
+    files: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    bad: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _kind(path: str) -> tuple[str | None, int | None]:
+    """(reason it is not a readable regular file or None, st_mode)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if os.path.islink(path):
+            return "is a broken symlink (or a symlink loop)", None
+        if not os.path.lexists(path):
+            return "no such file or folder; check the path", None
+        return f"cannot be examined: {e.strerror}", None
+    kind = special_kind(st.st_mode)
+    if kind is not None:
+        via = " (through a symlink)" if os.path.islink(path) else ""
+        return f"is {kind}{via}: never opened", st.st_mode
+    return None, st.st_mode
+
+
+def walk_inputs(
+    paths: Iterable,
+    keep=None,
+    exclude: Iterable[str] = (),
+    skip_names=(),
+    skip_outputs: bool = True,
+) -> Walk:
+    """Regular files under ``paths`` (folders searched recursively, sorted).
+
+    Parameters
+    ----------
+    keep : callable, optional
+        ``keep(name) -> bool`` on file names found in folders (explicit files are always kept).
+        A kept name that is not a readable regular file (a FIFO, a device, a broken link) is
+        listed in ``bad``: it claims to be what the caller wants.
+    exclude : iterable of str
+        Folders never entered (compared by real path), e.g. the output folder.
+    skip_names : tuple of str
+        Lower-case suffixes of file names ignored in folders without a word.
+    skip_outputs : bool
+        Do not enter sub-folders holding ``medproc convert`` outputs (a ``manifest.csv``).
+    """
+    out = Walk()
+    seen: set[str] = set()
+    excluded = {os.path.realpath(os.fspath(e)) for e in exclude}
+
+    def add(p: str):
+        real = os.path.realpath(p)
+        if real not in seen:
+            seen.add(real)
+            out.files.append(p)
+
+    for p in paths:
+        p = os.fspath(p)
+        reason, mode = _kind(p)
+        if mode is not None and stat.S_ISDIR(mode):
+            if os.path.realpath(p) in excluded:
+                out.skipped.append((p, "the output folder: never read as an input"))
+                continue
+
+            def onerror(e, _p=p):
+                out.bad.append((e.filename or _p, f"the folder cannot be listed: {e.strerror}"))
+
+            for root, dirs, files in os.walk(p, onerror=onerror):
+                dirs.sort()
+                for d in list(dirs):
+                    full = os.path.join(root, d)
+                    if os.path.realpath(full) in excluded:
+                        dirs.remove(d)
+                        out.skipped.append((full, "the output folder: never read as an input"))
+                    elif skip_outputs and is_medproc_output(full):
+                        dirs.remove(d)
+                        out.skipped.append(
+                            (full, "holds medproc convert outputs (manifest.csv): not an input")
+                        )
+                for name in sorted(files):
+                    low = name.lower()
+                    if name.startswith(".") or low.endswith(tuple(skip_names)):
+                        continue
+                    if keep is not None and not keep(name):
+                        continue
+                    full = os.path.join(root, name)
+                    why, fmode = _kind(full)
+                    if why is None:
+                        add(full)
+                    elif keep is not None:  # named like a wanted file, but cannot be one
+                        out.bad.append((full, why.replace(": never opened", ", not a file")))
+                    else:
+                        out.skipped.append((full, why))
+        elif reason is not None:
+            if mode is not None:  # named explicitly, but a FIFO, a device...
+                reason = reason.replace(": never opened", "") + (
+                    ", not an image file or folder; medproc never reads from pipes or devices"
+                )
+            out.bad.append((p, reason))
+        else:
+            add(p)
+    return out

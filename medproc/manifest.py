@@ -1,0 +1,171 @@
+"""The output folder of a batch: checked before any work, locked while a run writes into it,
+cleared of temporaries a killed run left, and its ``manifest.csv`` (one row per case) read and
+written safely.
+
+- An output folder that is a file, cannot be created or is not writable is an
+  :class:`~medproc.errors.OutputError` before anything starts.
+- One run at a time: ``OUTDIR/.medproc.lock`` is locked (``fcntl.lockf``; the kernel releases
+  it when the process dies, even by ``kill -9``); a second run into the same folder is refused.
+- Hidden ``.<name>.<random>.part<ext>`` temporaries (``medproc.io.atomic``) left by a killed
+  run are removed when the next run starts.
+- A ``manifest.csv`` that cannot be parsed (binary, not UTF-8, wrong header) is moved aside to
+  ``manifest.csv.unreadable-<time>`` with a warning; its cases are then redone.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import re
+import tempfile
+import time
+import warnings
+
+from .errors import MedprocWarning, OutputError
+from .io import atomic_write
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MANIFEST_FIELDS", "prepare_outdir", "read_manifest", "write_manifest", "OutdirLock"]
+
+MANIFEST_FIELDS = [
+    "case",
+    "source",
+    "output",
+    "label_output",
+    "status",
+    "error",
+    "series_uid",
+    "decode",
+    "in_shape",
+    "in_spacing",
+    "out_shape",
+    "out_spacing",
+    "lesions",
+    "seconds",
+    "worker",
+    "warnings",
+]
+_TEMP = re.compile(r"^\..+\.part(\.[A-Za-z0-9]+){0,2}$")
+#: the manifest is UTF-8 for every reader: file names that are not (kept by Python as
+#: surrogates) are written escaped (``\udce9``); case and output names are always UTF-8
+_ENC = {"encoding": "utf-8", "errors": "backslashreplace"}
+
+
+class OutdirLock:
+    """An exclusive lock on ``OUTDIR/.medproc.lock`` held by this process until :meth:`release`
+    (or its death)."""
+
+    def __init__(self, outdir: str):
+        import fcntl
+
+        self.path = os.path.join(outdir, ".medproc.lock")
+        try:
+            self._f = open(self.path, "a+")
+        except OSError as e:
+            raise OutputError(f"cannot create its lock file: {e.strerror}", outdir) from None
+        try:
+            fcntl.lockf(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._f.seek(0)
+            holder = self._f.read().strip() or "?"
+            self._f.close()
+            raise OutputError(
+                f"another medproc convert (pid {holder}) is writing into this folder; wait for "
+                "it to finish, or choose another -o",
+                outdir,
+            ) from None
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(str(os.getpid()))
+        self._f.flush()
+
+    def release(self) -> None:
+        """Unlock (closing the file releases the lock)."""
+        if not self._f.closed:
+            self._f.close()
+
+
+def prepare_outdir(outdir: str) -> OutdirLock:
+    """Create, check and lock ``outdir``; remove stale temporaries. Returns the lock."""
+    outdir = os.fspath(outdir)
+    if os.path.lexists(outdir) and not os.path.isdir(outdir):
+        raise OutputError(
+            "exists and is not a folder (a file?); choose another -o, or move the file away",
+            outdir,
+        )
+    try:
+        os.makedirs(outdir, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".medproc-write-test.", dir=outdir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(
+            f"cannot be written to ({e.strerror}); choose a folder you can write to with -o",
+            outdir,
+        ) from None
+    lock = OutdirLock(outdir)
+    removed = 0
+    for d in (outdir, os.path.join(outdir, "qc")):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            if _TEMP.match(name):
+                try:
+                    os.unlink(os.path.join(d, name))
+                    removed += 1
+                except OSError:
+                    pass
+    if removed:
+        log.info("removed %d temporary file(s) left by an interrupted run in %s", removed, outdir)
+    return lock
+
+
+def read_manifest(path: str) -> dict[str, dict]:
+    """The rows of an existing manifest by case name ({} if there is none). One that cannot be
+    parsed is moved aside (``manifest.csv.unreadable-<time>``) with a :class:`MedprocWarning`."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            fields = reader.fieldnames or []
+            missing = [k for k in ("case", "source", "output", "status") if k not in fields]
+            if missing:
+                raise ValueError(f"no {missing} column(s) in its header {fields[:6]}")
+            rows = {}
+            for line, r in enumerate(reader, 2):
+                if not r.get("case") or None in r:
+                    raise ValueError(f"line {line} is not a manifest row")
+                rows[r["case"]] = r
+            return rows
+    except (ValueError, csv.Error, UnicodeDecodeError, OSError) as e:
+        aside = f"{path}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            os.replace(path, aside)
+        except OSError as e2:
+            raise OutputError(
+                f"cannot be parsed ({e}) nor moved aside ({e2.strerror}); remove it", path
+            ) from None
+        warnings.warn(
+            f"{path} could not be parsed ({type(e).__name__}: {e}); moved aside to {aside}. "
+            "Outputs it recorded are redone",
+            MedprocWarning,
+            stacklevel=2,
+        )
+        return {}
+
+
+def write_manifest(path: str, rows: list[dict]) -> None:
+    """Write ``rows`` (sorted by case) atomically."""
+    try:
+        with atomic_write(path) as tmp, open(tmp, "w", newline="", **_ENC) as f:
+            w = csv.DictWriter(f, fieldnames=MANIFEST_FIELDS)
+            w.writeheader()
+            for r in sorted(rows, key=lambda r: r["case"]):
+                w.writerow({k: r.get(k, "") for k in MANIFEST_FIELDS})
+    except OSError as e:
+        raise OutputError(f"cannot be written: {e.strerror or e}", path) from None
