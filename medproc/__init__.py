@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import logging
 
-from .errors import GeometryError, GeometryWarning, MedprocError, ReadError, SeriesError
+from .errors import (
+    GeometryError,
+    GeometryWarning,
+    LimitError,
+    MedprocError,
+    MedprocWarning,
+    OutputError,
+    ReadError,
+    SeriesError,
+    UsageError,
+)
 from .io import load, save
 from .plan import Plan, make_plan
 from .resample import resample, resample_batch
@@ -24,6 +34,10 @@ __all__ = [
     "resample",
     "resample_batch",
     "GeometryWarning",
+    "LimitError",
+    "MedprocWarning",
+    "OutputError",
+    "UsageError",
     "MedprocError",
     "ReadError",
     "SeriesError",

@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from .cases import Case
-from .errors import MedprocError, UsageError
+from .errors import MedprocError
 from .io import atomic_write
 from .spec import Spec
 
@@ -18,26 +18,6 @@ __all__ = ["annotations_path", "plain_warning"]
 
 def _fmt(v) -> str:
     return "x".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in v)
-
-
-def _check_output_size(vol, spec: Spec) -> None:
-    """Refuse a spec whose output would not fit in memory (e.g. --spacing 0.001), before the
-    engine allocates it."""
-    if spec.needs_array:
-        return
-    from .io.safety import human, max_bytes
-    from .plan import make_plan
-
-    plan = make_plan(vol.shape, vol.affine, spec)
-    nbytes = int(np.prod(plan.out_shape, dtype=object)) * max(vol.channels, 1) * 4
-    if nbytes > max_bytes():
-        shape = "x".join(map(str, plan.out_shape))
-        raise UsageError(
-            f"the output grid would be {shape} voxels = {human(nbytes)}, more than the "
-            f"{human(max_bytes())} one volume may take here; choose a coarser --spacing or "
-            "a --crop",
-            vol.meta.get("source"),
-        )
 
 
 def _convert_one(
@@ -72,7 +52,6 @@ def _convert_one(
             f"{vol.shape}, or a different affine); give a label map made on this image",
             case.source,
         )
-    _check_output_size(vol, spec)
     (res,) = resample_batch(
         [vol], spec, device=device, labels=None if lab is None else [lab], num_threads=dali_threads
     )

@@ -6,11 +6,27 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .errors import UsageError
 from .plan import make_plan
 from .spec import Spec
 from .volume import Volume
 
 __all__ = ["resample", "resample_batch"]
+
+
+def _check_output_size(vol: Volume, plan) -> None:
+    """Refuse an output grid that would not fit in memory (e.g. spacing=0.001) before the engine
+    allocates it."""
+    from .io.safety import human, max_bytes
+
+    nbytes = int(np.prod(plan.out_shape, dtype=object)) * max(vol.channels, 1) * 4
+    if nbytes > max_bytes():
+        raise UsageError(
+            f"the output grid would be {'x'.join(map(str, plan.out_shape))} voxels = "
+            f"{human(nbytes)}, more than the {human(max_bytes())} one volume may take here; "
+            "choose a coarser spacing or a crop (MEDPROC_MAX_BYTES raises the cap)",
+            vol.meta.get("source"),
+        )
 
 
 def _spec(spec: Spec | None, **kw) -> Spec:
@@ -56,10 +72,12 @@ def resample_batch(
     labs = list(labels) if labels is not None else None
     if labs is not None:
         if len(labs) != len(vols):
-            raise ValueError(f"{len(vols)} volumes but {len(labs)} labels")
+            raise UsageError(
+                f"{len(vols)} volumes but {len(labs)} labels: give one label per volume"
+            )
         for v, lb in zip(vols, labs):
             if lb.shape != v.shape or not np.allclose(lb.affine, v.affine, atol=1e-4):
-                raise ValueError(
+                raise UsageError(
                     f"label {lb.meta.get('source', '')} is not on its image's grid "
                     f"({lb.shape} vs {v.shape}); resample it onto the image first"
                 )
@@ -73,6 +91,8 @@ def resample_batch(
     plans = [
         make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None) for v in vols
     ]
+    for v, p in zip(vols, plans):
+        _check_output_size(v, p)
     jobs = [
         Job(v.array, p, () if labs is None else (labs[n].array,))
         for n, (v, p) in enumerate(zip(vols, plans))

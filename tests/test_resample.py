@@ -259,3 +259,14 @@ def test_own_spacing_is_the_identity(sample_data, series, device):
     plan = make_plan(v.shape, v.affine, Spec(spacing=(1, 1, 3)))
     assert plan.out_shape == out.shape
     np.testing.assert_allclose(out.affine, plan.out_affine, atol=1e-6)
+
+
+def test_an_absurd_output_grid_is_refused_before_any_allocation(sample_data):
+    import os
+
+    v = medproc.load(os.path.join(sample_data, "dicom", "ct_axial"))
+    with pytest.raises(medproc.UsageError, match="output grid would be .* coarser spacing"):
+        medproc.resample(v, spacing=0.001)
+    lab = v.with_array(np.zeros(v.shape[:2] + (3,), np.uint8))
+    with pytest.raises(medproc.UsageError, match="not on its image's grid"):
+        medproc.resample(v, spacing=3.0, label=lab)
