@@ -1,38 +1,359 @@
-"""QC pictures: orthogonal mid-slices before and after, with labels and lesions overlaid.
+"""QC pictures a radiologist can check at a glance: before and after, through every lesion.
 
-Slices are shown in the closest RAS axes of each volume (so before/after line up even when the
-conversion reoriented), with in-plane aspect from the voxel spacing. Needs matplotlib.
+:func:`qc_figure` draws, for each lesion (else each label value at its largest extent, else the
+centre), axial, coronal and sagittal views before (top row) and after (bottom row) conversion,
+through the same world point on both grids, with orientation letters computed from each affine
+(a wrong affine or a flipped array shows), label outlines and lesions circled in red. Views are
+radiological: the patient's left on the image's right in axial and coronal views, anterior on the
+left in sagittal views, along each volume's closest anatomical axes (oblique planes say so).
+The picture is composed in numpy; text is rendered once per distinct string by matplotlib on
+private ``Figure`` objects (Agg canvas): no pyplot, no backend switch, no rcParams change.
 """
 
 from __future__ import annotations
 
+import functools
+from collections import namedtuple
+from dataclasses import dataclass
+
 import numpy as np
+from nibabel.orientations import io_orientation
 
 from .volume import Volume
 
-__all__ = ["qc_figure"]
+__all__ = ["ViewAxes", "view_axes", "orientation_letters", "qc_figure", "qc_render"]
 
-_VIEWS = (("axial", 2), ("coronal", 1), ("sagittal", 0))  # RAS axis held fixed
+VIEWS = ("axial", "coronal", "sagittal")
+#: per view: world axis held fixed, (world axis, sign) of screen-right and of screen-up (RAS)
+_CONVENTION = {
+    "axial": (2, (0, -1), (1, 1)),  # patient left (-x) on the right, anterior up
+    "coronal": (1, (0, -1), (2, 1)),  # patient left on the right, superior up
+    "sagittal": (0, (1, -1), (2, 1)),  # anterior on the left (posterior right), superior up
+}
+_CODES = ("RL", "AP", "SI")  # letter of +axis, -axis (RAS)
+_PALETTE = np.array(
+    [[0, 255, 0], [0, 220, 255], [255, 0, 255], [255, 160, 0], [160, 120, 255], [255, 255, 0]],
+    np.float32,
+)
+_LESION_RGB = np.array([255, 40, 40], np.uint8)
 
 
-def _canonical(vol: Volume, array=None):
-    """The array in (R, A, S) index order and its affine (flips/transposes only)."""
-    from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation
+def orientation_letters(direction, secondary: float = 0.25) -> str:
+    """Anatomical letters of a RAS direction: the dominant axis first, then any axis whose
+    component is at least ``secondary`` of the unit vector (oblique directions).
 
-    arr = vol.array if array is None else array
-    if arr.ndim == 4:
-        arr = arr[..., 0]
-    aff = vol.affine
-    ornt = io_orientation(aff)
-    out = apply_orientation(arr, ornt)
-    return out, aff @ inv_ornt_aff(ornt, arr.shape)
+    >>> orientation_letters([-1, 0, 0])
+    'L'
+    >>> orientation_letters([0, 0.26, 0.97])
+    'SA'
+    """
+    v = np.asarray(direction, dtype=np.float64)
+    v = v / np.linalg.norm(v)
+    order = np.argsort(-np.abs(v), kind="stable")
+    out = [
+        _CODES[a][0 if v[a] > 0 else 1] for a in order if a == order[0] or abs(v[a]) >= secondary
+    ]
+    return "".join(out)
 
 
-def _window(arr, modality):
-    if modality == "CT" or (arr.min() < -500 and arr.max() > 200):
+@dataclass(frozen=True)
+class ViewAxes:
+    """How one view of a volume is put on screen (rows top to bottom, columns left to right).
+
+    ``fixed`` is the voxel axis held fixed; ``col``/``row`` the voxel axes along the screen's
+    columns/rows, ``col_flip``/``row_flip`` whether the index decreases rightwards/downwards.
+    ``letters`` maps "left", "right", "top", "bottom" to the anatomical letters there, and
+    ``tilt_deg`` is the angle between the shown plane and the true anatomical plane.
+    """
+
+    view: str
+    fixed: int
+    col: int
+    col_flip: bool
+    row: int
+    row_flip: bool
+    letters: dict
+    tilt_deg: float
+
+
+def view_axes(affine, view: str) -> ViewAxes:
+    """The screen layout of ``view`` ("axial", "coronal" or "sagittal") for a grid ``affine``.
+
+    The closest voxel plane is shown, in the radiological convention; the letters on each side
+    come from the affine's true directions (oblique planes get two letters, e.g. "SA").
+
+    Examples
+    --------
+    >>> va = view_axes(np.diag([-1.0, -1.0, 1.0, 1.0]), "axial")  # an LPS grid
+    >>> va.col, va.col_flip, va.letters["right"], va.letters["top"]
+    (0, False, 'L', 'A')
+    """
+    if view not in _CONVENTION:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+    a = np.asarray(affine, dtype=np.float64)[:3, :3]
+    dirs = a / np.linalg.norm(a, axis=0)
+    ornt = io_orientation(np.asarray(affine, dtype=np.float64))  # per voxel axis: world, sign
+    voxel_of = {int(w): ax for ax, (w, _) in enumerate(ornt)}
+    sign_of = {int(w): s for w, s in ornt}
+    fixed_w, (right_w, right_s), (up_w, up_s) = _CONVENTION[view]
+    col, row = voxel_of[right_w], voxel_of[up_w]
+    col_flip = bool(sign_of[right_w] != right_s)
+    row_flip = bool(sign_of[up_w] == up_s)  # index should grow downwards, i.e. against "up"
+    right = dirs[:, col] * (-1 if col_flip else 1)
+    down = dirs[:, row] * (-1 if row_flip else 1)
+    sides = {"left": -right, "right": right, "top": -down, "bottom": down}
+    letters = {side: orientation_letters(d) for side, d in sides.items()}
+    normal = np.cross(right, down)
+    tilt = float(np.degrees(np.arccos(min(1.0, abs(normal[fixed_w]) / np.linalg.norm(normal)))))
+    return ViewAxes(view, voxel_of[fixed_w], col, col_flip, row, row_flip, letters, tilt)
+
+
+def _window(arr: np.ndarray) -> tuple[float, float]:
+    """Display window: a lung/soft-tissue CT window for HU data, else the 0.5-99.5 percentiles."""
+    s = arr[::2, ::2, ::2] if min(arr.shape) > 8 else arr
+    lo, hi = float(s.min()), float(s.max())
+    if lo < -500 and hi > 200:
         return -1000.0, 400.0
-    lo, hi = np.percentile(arr, [1, 99])
-    return float(lo), float(hi) if hi > lo else float(lo) + 1
+    p = np.percentile(s[::2].ravel(), [0.5, 99.5])
+    return float(p[0]), float(p[1]) if p[1] > p[0] else float(p[0]) + 1.0
+
+
+def _lin(n_in: int, n_out: int, flip: bool) -> np.ndarray:
+    """Fractional input indices of ``n_out`` display pixels spanning ``n_in`` voxels."""
+    u = (np.arange(n_out) + 0.5) * n_in / n_out - 0.5
+    return n_in - 1 - u if flip else u
+
+
+def _sample(img: np.ndarray, r: np.ndarray, c: np.ndarray, linear: bool) -> np.ndarray:
+    """``img`` at fractional rows ``r`` x columns ``c`` (bilinear, or nearest)."""
+    nr, nc = img.shape
+    if not linear:
+        ri = np.clip(np.rint(r), 0, nr - 1).astype(np.intp)
+        ci = np.clip(np.rint(c), 0, nc - 1).astype(np.intp)
+        return img[ri][:, ci]
+    r, c = np.clip(r, 0, nr - 1), np.clip(c, 0, nc - 1)
+    r0, c0 = np.floor(r).astype(np.intp), np.floor(c).astype(np.intp)
+    r1, c1 = np.minimum(r0 + 1, nr - 1), np.minimum(c0 + 1, nc - 1)
+    wr, wc = (r - r0)[:, None].astype(np.float32), (c - c0)[None, :].astype(np.float32)
+    top, bot = img[r0].astype(np.float32), img[r1].astype(np.float32)
+    top = top[:, c0] * (1 - wc) + top[:, c1] * wc
+    bot = bot[:, c0] * (1 - wc) + bot[:, c1] * wc
+    return top * (1 - wr) + bot * wr
+
+
+#: one drawn view: stage, target name, ViewAxes, slice index along axes.fixed, whether the target
+#: lies on the grid, and the image's box (x, y, width, height) on the picture, y down
+_Panel = namedtuple("_Panel", "stage target axes index inside box")
+
+
+def _panel(vol, lab, win, va, point, lesions, size):
+    """RGB pixels of one view through ``point`` (RAS), fitted in ``size`` = (width, height)."""
+    inv = np.linalg.inv(vol.affine)
+    ijk = inv[:3, :3] @ point + inv[:3, 3]
+    n = np.array(vol.shape)
+    inside = bool(np.all((ijk > -0.5) & (ijk < n - 0.5)))
+    k = int(np.clip(np.rint(ijk[va.fixed]), 0, n[va.fixed] - 1))
+
+    def plane(a):  # slice k as (voxel axis va.row, voxel axis va.col)
+        t = a[(slice(None),) * va.fixed + (k,)]  # a view, no copy
+        return t.T if va.row > va.col else t
+
+    sp = vol.spacing
+    ncol, nrow = n[va.col], n[va.row]
+    scale = min(size[0] / (ncol * sp[va.col]), size[1] / (nrow * sp[va.row]))  # px per mm
+    w = max(1, int(round(ncol * sp[va.col] * scale)))
+    h = max(1, int(round(nrow * sp[va.row] * scale)))
+    u, v = _lin(ncol, w, va.col_flip), _lin(nrow, h, va.row_flip)
+    g = (_sample(plane(vol.array), v, u, True) - win[0]) * (255.0 / (win[1] - win[0]))
+    rgb = np.repeat(np.clip(g, 0, 255)[..., None], 3, axis=2)
+    if lab is not None:
+        lv = _sample(plane(lab.array), v, u, False)
+        if lv.any():
+            _overlay(rgb, lv)
+    rgb = rgb.astype(np.uint8)
+    # lesions crossing this plane: a red circle of the sphere's cross-section
+    p0 = vol.affine[:3, :3] @ np.where(np.arange(3) == va.fixed, k, 0) + vol.affine[:3, 3]
+    normal = np.cross(vol.affine[:3, va.col], vol.affine[:3, va.row])
+    normal /= np.linalg.norm(normal)
+    for c_ras, diam in lesions:
+        d = float((c_ras - p0) @ normal)
+        if abs(d) < diam / 2:
+            cu, cv = (inv[:3, :3] @ c_ras + inv[:3, 3])[[va.col, va.row]]
+            cu, cv = ncol - 1 - cu if va.col_flip else cu, nrow - 1 - cv if va.row_flip else cv
+            x, y = (cu + 0.5) * w / ncol - 0.5, (cv + 0.5) * h / nrow - 0.5
+            _ring(rgb, x, y, max(3.0, np.sqrt((diam / 2) ** 2 - d * d) * scale))
+    return rgb, k, inside
+
+
+def _overlay(rgb: np.ndarray, lv: np.ndarray) -> None:
+    """Tint label voxels and draw their outlines (a colour per label value) in place."""
+    vals = lv.astype(np.int64)
+    colour = _PALETTE[(vals - 1) % len(_PALETTE)]
+    on, p = vals > 0, np.pad(vals, 1, mode="edge")
+    edge = on & (
+        (p[:-2, 1:-1] != vals)
+        | (p[2:, 1:-1] != vals)
+        | (p[1:-1, :-2] != vals)
+        | (p[1:-1, 2:] != vals)
+    )
+    fill = on & ~edge
+    rgb[fill] = 0.75 * rgb[fill] + 0.25 * colour[fill]
+    rgb[edge] = colour[edge]
+
+
+def _ring(rgb: np.ndarray, x: float, y: float, r: float) -> None:
+    h, w = rgb.shape[:2]
+    y0, y1 = max(0, int(y - r - 2)), min(h, int(y + r + 3))
+    x0, x1 = max(0, int(x - r - 2)), min(w, int(x + r + 3))
+    if y1 > y0 and x1 > x0:  # else the circle is off the panel
+        yy, xx = np.mgrid[y0:y1, x0:x1]
+        rgb[y0:y1, x0:x1][np.abs(np.hypot(xx - x, yy - y) - r) <= 0.9] = _LESION_RGB
+
+
+def _targets(before, label, lesions, max_targets):
+    """[(name, {view: RAS point})]: each lesion, else each label value's largest extent."""
+    if len(lesions):
+        name = "lesion {}: {:.0f} mm at RAS ({:.0f}, {:.0f}, {:.0f})"
+        out = [
+            (name.format(n, d, *c), dict.fromkeys(VIEWS, c)) for n, (c, d) in enumerate(lesions, 1)
+        ]
+        return out[:max_targets], max(0, len(lesions) - max_targets)
+    centre = before.voxel_to_world((np.array(before.shape) - 1) / 2.0)
+    if label is None:
+        return [("centre (no lesions, no label)", dict.fromkeys(VIEWS, centre))], 0
+    lab = np.asarray(label.array)
+    lab = lab[..., 0] if lab.ndim == 4 else lab
+    if lab.dtype.kind in "biu" and lab.size and int(lab.max()) < 1 << 16:
+        counts = np.bincount(lab.ravel().astype(np.int64, copy=False))
+        values = [int(v) for v in np.argsort(-counts, kind="stable") if v > 0 and counts[v] > 0]
+    else:
+        values = [int(v) for v in np.unique(lab) if v > 0]
+    if not values:
+        return [("centre (empty label)", dict.fromkeys(VIEWS, centre))], 0
+    out = []
+    for v in values[:max_targets]:
+        mask = lab == v
+        points = {}
+        for view in VIEWS:  # per view: the slice with the most voxels, at their centroid
+            ax = view_axes(label.affine, view).fixed
+            k = int(np.argmax(mask.sum(axis=tuple(a for a in range(3) if a != ax))))
+            ijk = np.insert(np.argwhere(np.take(mask, k, axis=ax)).mean(0), ax, k)
+            points[view] = label.voxel_to_world(ijk)
+        out.append((f"label {v}: views through its largest extent", points))
+    return out, max(0, len(values) - max_targets)
+
+
+def _describe(vol: Volume) -> str:
+    sp = "x".join(f"{s:.3g}" for s in vol.spacing)
+    return f"{'x'.join(map(str, vol.shape))} @ {sp} mm {vol.orientation}"
+
+
+@functools.lru_cache(maxsize=512)
+def _text_mask(text: str, size: float, bold: bool) -> np.ndarray:
+    """Coverage (uint8, tight box) of ``text`` at ``size`` points, rendered once by matplotlib
+    on a private Figure with the Agg canvas (no pyplot, no global state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # a core dependency
+    from matplotlib.figure import Figure
+
+    w, h = int(size * 1.4 * max(1, len(text))) + 8, int(size * 3) + 8
+    fig = Figure(figsize=(w / 100, h / 100), dpi=100)
+    fig.patch.set_alpha(0)
+    fig.text(4 / w, 0.5, text, fontsize=size, color="white", va="center", ha="left",
+             fontweight="bold" if bold else "normal")  # fmt: skip
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    a = np.asarray(canvas.buffer_rgba())[..., 3]
+    rows, cols = np.flatnonzero(a.any(1)), np.flatnonzero(a.any(0))
+    if rows.size == 0:
+        return np.zeros((1, 1), np.uint8)
+    return a[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1].copy()
+
+
+def _stamp(pic, text, x, y, ha="left", va="top", size=7.0, colour=(255, 255, 255), bold=False):
+    """Blend ``text`` into ``pic`` anchored at pixel (x, y) (``ha``/``va`` as in matplotlib)."""
+    m = _text_mask(text, float(size), bold)
+    h, w = m.shape
+    x0 = int(round(x - {"left": 0, "center": w / 2, "right": w}[ha]))
+    y0 = int(round(y - {"top": 0, "center": h / 2, "bottom": h}[va]))
+    xa, ya, xb, yb = max(0, x0), max(0, y0), min(pic.shape[1], x0 + w), min(pic.shape[0], y0 + h)
+    if xa < xb and ya < yb:
+        a = m[ya - y0 : yb - y0, xa - x0 : xb - x0, None].astype(np.float32) / 255.0
+        region = pic[ya:yb, xa:xb]
+        region[:] = region * (1 - a) + np.asarray(colour, np.float32) * a
+
+
+_GREY, _WHITE, _YELLOW = (190, 190, 190), (255, 255, 255), (255, 230, 0)
+_LEGEND = (
+    "radiological views: patient's left on the image's right (axial, coronal), anterior on the "
+    "left (sagittal); label outlined, lesions circled in red"
+)
+
+
+def qc_render(
+    before: Volume,
+    after: Volume,
+    label_before: Volume | None = None,
+    label_after: Volume | None = None,
+    lesions=(),
+    title: str = "",
+    max_targets: int = 4,
+    panel: int = 216,
+) -> tuple[np.ndarray, list]:
+    """The QC picture as an RGB array, and where each view is on it.
+
+    Same arguments as :func:`qc_figure`; ``panel`` is the side of each view in pixels
+    (letters included). Returns ``(rgb, panels)``: ``rgb`` is ``(height, width, 3)`` uint8;
+    each panel records its stage ("before"/"after"), target, :class:`ViewAxes` (with the
+    letters drawn), slice index, whether the target lies on that grid, and the image's pixel
+    box ``(x, y, width, height)`` on the picture (y down).
+    """
+    vols = (before, after, label_before, label_after)
+    before, after, label_before, label_after = (v if v is None else v.numpy() for v in vols)
+    stages = []
+    for stage, v, lab in (("before", before, label_before), ("after", after, label_after)):
+        v = v.with_array(v.array[..., 0]) if v.array.ndim == 4 else v
+        stages.append((stage, v, lab, _window(np.asarray(v.array))))
+    lesions = [(np.asarray(c, dtype=np.float64), float(d)) for c, d in lesions]
+    label = label_before if label_before is not None else label_after
+    targets, hidden = _targets(before, label, lesions, max_targets)
+    gap, cap, head, btitle, mx, my = 4, 14, 52, 18, 20, 14  # pixels
+    block_w, block_h = 3 * panel + 2 * gap, btitle + 2 * (cap + panel) + gap
+    per_row = 1 if len(targets) == 1 else 2  # targets side by side
+    W = per_row * block_w + (per_row - 1) * 4 * gap + 2 * gap
+    H = head + -(-len(targets) // per_row) * (block_h + 2 * gap)
+    pic, panels = np.zeros((H, W, 3), np.uint8), []
+    for t, (tname, points) in enumerate(targets):
+        bx = gap + (t % per_row) * (block_w + 4 * gap)
+        by = head + (t // per_row) * (block_h + 2 * gap)
+        _stamp(pic, tname, bx, by + 3, size=8, colour=_WHITE)
+        for r, (stage, vol, lab, win) in enumerate(stages):
+            for c, view in enumerate(VIEWS):
+                va = view_axes(vol.affine, view)
+                rgb, k, inside = _panel(
+                    vol, lab, win, va, points[view], lesions, (panel - 2 * mx, panel - 2 * my)
+                )
+                px = bx + c * (panel + gap)
+                py = by + btitle + r * (cap + panel) + cap
+                h, w = rgb.shape[:2]
+                x0, y0 = px + (panel - w) // 2, py + (panel - h) // 2
+                pic[y0 : y0 + h, x0 : x0 + w] = rgb
+                panels.append(_Panel(stage, tname, va, k, inside, (x0, y0, w, h)))
+                note = f" (oblique {va.tilt_deg:.0f}°)" if va.tilt_deg > 1 else ""
+                note += "" if inside else ": off this grid"
+                _stamp(pic, f"{stage} {view}{note}", px, py - 2, va="bottom", colour=_GREY)
+                L = va.letters
+                for txt, x, y, ha, vaa in (
+                    (L["left"], x0 - 3, y0 + h / 2, "right", "center"),
+                    (L["right"], x0 + w + 3, y0 + h / 2, "left", "center"),
+                    (L["top"], x0 + w / 2, y0 - 2, "center", "bottom"),
+                    (L["bottom"], x0 + w / 2, y0 + h + 2, "center", "top"),
+                ):
+                    _stamp(pic, txt, x, y, ha, vaa, size=9, colour=_YELLOW, bold=True)
+    more = f"; {hidden} more not shown" if hidden else ""
+    _stamp(pic, title or "QC", gap, 3, size=10, colour=_WHITE)
+    _stamp(pic, f"before {_describe(before)}  ->  after {_describe(after)}{more}", gap, 20)
+    _stamp(pic, _LEGEND, gap, 35)
+    return pic, panels
 
 
 def qc_figure(
@@ -43,75 +364,37 @@ def qc_figure(
     label_after: Volume | None = None,
     lesions=(),
     title: str = "",
+    max_targets: int = 4,
 ) -> str:
-    """Write a PNG: mid-slices of ``before`` (top row) and ``after`` (bottom row).
+    """Write a QC PNG: views through each lesion before (top row) and after (bottom row).
 
-    ``lesions`` is a sequence of ``(center_ras_mm, diameter_mm)``; each is drawn as a circle on
-    every view whose slice cuts it, at its world position on each grid.
+    Parameters
+    ----------
+    before, after : Volume
+        The input volume and the converted one (any grids; each is shown in the radiological
+        convention with orientation letters computed from its own affine).
+    path : str
+        The PNG to write (atomically).
+    label_before, label_after : Volume, optional
+        Label maps on each grid, outlined (a colour per value). Without lesions, the views go
+        through each label value's largest extent (per view, the slice with the most voxels).
+    lesions : sequence of (center_ras_mm, diameter_mm)
+        Each is a target (views through its centre) and is circled on every view it crosses.
+    title : str
+        Shown at the top (e.g. the output name).
+    max_targets : int
+        Lesions (or label values) shown at most; the header says how many more there are.
+
+    Returns
+    -------
+    str
+        ``path``.
     """
-    try:
-        from matplotlib.figure import Figure
-        from matplotlib.patches import Circle
-    except ImportError:
-        raise ImportError("QC pictures need matplotlib: pip install 'medproc[qc]'") from None
+    from PIL import Image  # matplotlib's own dependency
 
     from .io import atomic_write
 
-    modality = before.meta.get("modality")
-    # a Figure of its own (no pyplot): the caller's matplotlib backend and figures are untouched
-    fig = Figure(figsize=(12, 8.4), facecolor="black")
-    axes = fig.subplots(2, 3)
-    centre = before.voxel_to_world((np.array(before.shape) - 1) / 2.0)  # same world point on both
-    for row, (vol, lab, name) in enumerate(
-        ((before, label_before, "before"), (after, label_after, "after"))
-    ):
-        data, aff = _canonical(vol)
-        ldata = _canonical(lab)[0] if lab is not None else None
-        sp = np.sqrt((aff[:3, :3] ** 2).sum(0))
-        c_idx = np.round(np.linalg.solve(aff[:3, :3], centre - aff[:3, 3])).astype(int)
-        c_idx = np.clip(c_idx, 0, np.array(data.shape) - 1)
-        lo, hi = _window(data, modality)
-        for col, (view, fixed) in enumerate(_VIEWS):
-            ax = axes[row, col]
-            sl = [slice(None)] * 3
-            sl[fixed] = c_idx[fixed]
-            img = data[tuple(sl)].T  # rows: the higher free axis
-            free = [a for a in range(3) if a != fixed]
-            ax.imshow(
-                img,
-                cmap="gray",
-                vmin=lo,
-                vmax=hi,
-                origin="lower",
-                aspect=sp[free[1]] / sp[free[0]],
-                interpolation="nearest",
-            )
-            if ldata is not None and ldata[tuple(sl)].any():
-                ax.contour(ldata[tuple(sl)].T > 0, levels=[0.5], colors="lime", linewidths=0.8)
-            inv = np.linalg.inv(aff)
-            for c_ras, diam in lesions:
-                ijk = inv[:3, :3] @ np.asarray(c_ras, float) + inv[:3, 3]
-                d = (ijk[fixed] - c_idx[fixed]) * sp[fixed]
-                r = diam / 2.0
-                if abs(d) < r:
-                    rr = np.sqrt(r * r - d * d)
-                    ax.add_patch(
-                        Circle(
-                            (ijk[free[0]], ijk[free[1]]),
-                            rr / sp[free[0]],
-                            fill=False,
-                            edgecolor="red",
-                            linewidth=1.2,
-                        )
-                    )
-            ax.set_title(
-                f"{name} {view}  {vol.shape} @ {' x '.join(f'{s:.2f}' for s in vol.spacing)} mm",
-                color="white",
-                fontsize=8,
-            )
-            ax.axis("off")
-    fig.suptitle(title, color="white", fontsize=10)
-    fig.tight_layout()
+    pic, _ = qc_render(before, after, label_before, label_after, lesions, title, max_targets)
     with atomic_write(path) as tmp:
-        fig.savefig(tmp, dpi=80, facecolor="black", format="png")
+        Image.fromarray(pic).save(tmp, format="PNG", compress_level=1)
     return path

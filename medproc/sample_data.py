@@ -25,6 +25,8 @@ __all__ = [
     "Lesion",
     "grid_affine",
     "ct_phantom",
+    "in_lung",
+    "ANATOMY",
     "write_dicom_series",
     "make_dataset",
     "make_broken",
@@ -55,12 +57,67 @@ def grid_affine(shape, spacing, origin_lps, iop=(1, 0, 0, 0, 1, 0), tilt_deg: fl
     return LPS_TO_RAS @ a
 
 
+#: Where the phantom is asymmetric, on purpose, so that a flip of any axis shows (world RAS mm;
+#: RAS: +x = patient Right, +y = Anterior, +z = Superior).
+ANATOMY = {
+    # heart: anterior and to the patient's LEFT, in the lower half; it carves the left lung
+    "heart": {"center": (-15.0, 30.0, -20.0), "semi_axes": (50.0, 38.0, 45.0), "hu": 45.0},
+    # a dense marker plate on the LEFT body wall, superior half only (z >= 0): left-right and
+    # head-feet at a glance, like the lead "L" marker on a radiograph
+    "left_marker": {"x": (-148.0, -142.0), "y": (-50.0, 50.0), "z_min": 0.0, "hu": 1200.0},
+    # the spine is posterior (y = -75); the diaphragm is inferior, its right dome (liver) higher
+    "spine": {"center": (0.0, -75.0), "radius": 18.0, "hu": 700.0},
+    "diaphragm": {"right_top": -28.0, "left_top": -38.0, "hu": 55.0},
+}
+
+
+def _dome(x):
+    """Height (RAS z, mm) of the diaphragm under each lung: the right dome is higher."""
+    d = ANATOMY["diaphragm"]
+    top = np.where(x > 0, d["right_top"], d["left_top"])
+    return top - 25.0 * ((np.abs(x) - 70.0) / 55.0) ** 2
+
+
+def _in_heart(x, y, z):
+    h = ANATOMY["heart"]
+    (cx, cy, cz), (ax, ay, az) = h["center"], h["semi_axes"]
+    return ((x - cx) / ax) ** 2 + ((y - cy) / ay) ** 2 + ((z - cz) / az) ** 2 <= 1
+
+
+def in_lung(x, y, z):
+    """Whether RAS points (mm) are lung: two ellipsoids above the diaphragm, less the heart."""
+    x, y, z = (np.asarray(a, dtype=np.float64) for a in (x, y, z))
+    lung = np.zeros(np.broadcast(x, y, z).shape, bool)
+    for sx in (-70, 70):
+        lung |= ((x - sx) / 55) ** 2 + ((y - 5) / 70) ** 2 + (z / 160) ** 2 <= 1
+    return lung & (z > _dome(x)) & ~_in_heart(x, y, z)
+
+
+def _anatomy_hu(x, y, z) -> np.ndarray:
+    """HU of the phantom's anatomy (no lesions, no noise) at RAS points (mm)."""
+    hu = np.full(np.broadcast(x, y, z).shape, -1000.0)
+    body = (x / 160) ** 2 + (y / 110) ** 2 <= 1
+    hu[body] = 40
+    hu[body & (z <= _dome(x)) & (np.abs(x) < 125)] = ANATOMY["diaphragm"]["hu"]  # liver, spleen
+    hu[in_lung(x, y, z)] = -820
+    hu[_in_heart(x, y, z) & body] = ANATOMY["heart"]["hu"]
+    sp = ANATOMY["spine"]
+    hu[((x - sp["center"][0]) ** 2 + (y - sp["center"][1]) ** 2) <= sp["radius"] ** 2] = sp["hu"]
+    m = ANATOMY["left_marker"]
+    plate = (x >= m["x"][0]) & (x <= m["x"][1]) & (y >= m["y"][0]) & (y <= m["y"][1])
+    hu[plate & (z >= m["z_min"])] = m["hu"]
+    return hu
+
+
 def ct_phantom(
     shape, affine, lesions: list[Lesion], seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """A CT-like int16 HU volume and a uint8 lesion label map on the grid ``affine``.
 
     Body ellipse (soft tissue), two lungs, a spine, and spherical lesions labelled 1, 2, ...
+    It is asymmetric on purpose (see ``ANATOMY``), so a flipped axis shows: the heart is
+    anterior and on the patient's left, a dense marker plate lies on the left body wall in the
+    superior half (z >= 0), the spine is posterior and the diaphragm inferior (right dome higher).
     Geometry is defined in world RAS mm, so any grid (oblique, tilted) samples the same anatomy.
     """
     rng = np.random.default_rng(seed)
@@ -72,14 +129,7 @@ def ct_phantom(
     for k in range(nz):
         idx = np.stack([ii, jj, np.full_like(jj, k)], -1).astype(np.float64)  # (row j, column i)
         w = apply_affine(affine, idx)  # RAS
-        x, y, z = w[..., 0], w[..., 1], w[..., 2]
-        hu = np.full(x.shape, -1000.0)
-        body = (x / 160) ** 2 + (y / 110) ** 2 <= 1
-        hu[body] = 40
-        for sx in (-70, 70):
-            lung = ((x - sx) / 55) ** 2 + ((y - 5) / 70) ** 2 + (z / 160) ** 2 <= 1
-            hu[lung] = -820
-        hu[(x**2 + (y + 75) ** 2) <= 18**2] = 700
+        hu = _anatomy_hu(w[..., 0], w[..., 1], w[..., 2])
         for n, (c, les) in enumerate(zip(centers, lesions), 1):
             r2 = ((w - c) ** 2).sum(-1)
             m = r2 <= (les.diameter_mm / 2) ** 2
@@ -88,6 +138,19 @@ def ct_phantom(
         hu += rng.normal(0, 12, hu.shape)
         img[:, :, k] = np.clip(np.rint(hu), -1024, 3071).T
     return img, lab
+
+
+def _sphere_in_lung(c_ras, diameter: float) -> bool:
+    """Whether a lesion sphere lies in lung: its centre and 14 points on its surface."""
+    d = np.array(
+        [[0, 0, 0]]
+        + [[s * (a == 0), s * (a == 1), s * (a == 2)] for a in range(3) for s in (-1, 1)]
+        + [[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz in (-1, 1)],
+        dtype=np.float64,
+    )
+    d[1:] /= np.linalg.norm(d[1:], axis=1, keepdims=True)
+    p = np.asarray(c_ras, dtype=np.float64) + d * diameter / 2
+    return bool(in_lung(p[:, 0], p[:, 1], p[:, 2]).all())
 
 
 def _lesions_for(affine, shape, rng, count: int) -> list[Lesion]:
@@ -104,7 +167,8 @@ def _lesions_for(affine, shape, rng, count: int) -> list[Lesion]:
         d = float(rng.uniform(8, 16))
         ijk = apply_affine(inv, c_ras)
         margin = d / np.sqrt((affine[:3, :3] ** 2).sum(0))
-        if np.all(ijk - margin >= 1) and np.all(ijk + margin <= np.array(shape) - 2):
+        inside = np.all(ijk - margin >= 1) and np.all(ijk + margin <= np.array(shape) - 2)
+        if inside and _sphere_in_lung(c_ras, d):
             out.append(
                 Lesion(tuple((LPS_TO_RAS[:3, :3] @ c_ras).tolist()), d, float(rng.uniform(40, 90)))
             )
