@@ -27,6 +27,7 @@ MODULES = [
     "medproc.cases",
     "medproc.monai",
     "medproc.qc",
+    "medproc.layouts",
     "medproc.sample_data",
     "medproc.inspect",
 ]
