@@ -21,14 +21,30 @@ def fetch(dest: str = ".data") -> str:
     os.makedirs(out, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-             "--no-build-isolation", "pyradiomics==3.0.1", "-d", tmp],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--no-build-isolation",
+                "pyradiomics==3.0.1",
+                "-d",
+                tmp,
+            ],
             check=True,
         )
         (sdist,) = glob.glob(os.path.join(tmp, "pyradiomics-3.0.1.tar.gz"))
         with tarfile.open(sdist) as tf:
             for m in tf.getmembers():
-                if m.isfile() and m.name.startswith("pyradiomics-3.0.1/data/") and m.name.endswith(".nrrd"):
+                if (
+                    m.isfile()
+                    and m.name.startswith("pyradiomics-3.0.1/data/")
+                    and m.name.endswith(".nrrd")
+                ):
                     m.name = os.path.basename(m.name)
                     tf.extract(m, out, filter="data")
     return out

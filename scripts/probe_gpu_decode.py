@@ -35,16 +35,24 @@ def files(extra):
 
 #: syntaxes whose streams may be irreversibly coded: a file that happens to be exact (a reversible
 #: stream under a lossy syntax) proves nothing for the next file, whose float rounding may differ
-LOSSY = {"1.2.840.10008.1.2.4.50", "1.2.840.10008.1.2.4.51", "1.2.840.10008.1.2.4.81",
-         "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.203"}
+LOSSY = {
+    "1.2.840.10008.1.2.4.50",
+    "1.2.840.10008.1.2.4.51",
+    "1.2.840.10008.1.2.4.81",
+    "1.2.840.10008.1.2.4.91",
+    "1.2.840.10008.1.2.4.203",
+}
 
 
 def apply_policy(doc: dict) -> dict:
     """Keep GPU entries only for lossless-only syntaxes (see LOSSY); moved entries say why."""
     for key in [k for k in doc["entries"] if k.split("|")[0] in LOSSY]:
         entry = doc["entries"].pop(key)
-        doc["unsupported"][key] = {"policy": "lossy syntax: exact on these files, not provable for others",
-                                   "exact_files": entry["files"], "config": entry["config"]}
+        doc["unsupported"][key] = {
+            "policy": "lossy syntax: exact on these files, not provable for others",
+            "exact_files": entry["files"],
+            "config": entry["config"],
+        }
     return doc
 
 
@@ -72,7 +80,9 @@ def select(records: list[tuple[str, dict]]) -> tuple[dict, dict]:
     for key, items in sorted(by_key.items()):
         ok = None
         if all("configs" in r for _, r in items):
-            ok = next((c for c in preference() if all(r["configs"].get(c) == 0 for _, r in items)), None)
+            ok = next(
+                (c for c in preference() if all(r["configs"].get(c) == 0 for _, r in items)), None
+            )
         if ok is not None:
             entries[key] = {"config": dec.CONFIGS[ok], "files": [n for n, _ in items]}
         else:
@@ -90,7 +100,9 @@ def from_log(log: str, table: str) -> None:
     for line in open(log):
         m = re.match(r"^(\S+) (\S+\|\S+\|\S+\|\S+\|\S+\|.*?) (\{.*\})$", line.strip())
         if m:
-            records.append((m.group(1), {"key": m.group(2), "configs": ast.literal_eval(m.group(3))}))
+            records.append(
+                (m.group(1), {"key": m.group(2), "configs": ast.literal_eval(m.group(3))})
+            )
     doc = json.load(open(table))
     for key, files in doc.get("unsupported", {}).items():
         for name, v in files.items():
@@ -100,7 +112,9 @@ def from_log(log: str, table: str) -> None:
     doc["selected_from_log"] = os.path.basename(log)
     with open(table, "w") as f:
         json.dump(apply_policy(doc), f, indent=1, default=str)
-    print(f"{len(doc['entries'])} encodings proven, {len(doc['unsupported'])} left to the CPU -> {table}")
+    print(
+        f"{len(doc['entries'])} encodings proven, {len(doc['unsupported'])} left to the CPU -> {table}"
+    )
 
 
 def _name(path: str) -> str:
@@ -112,7 +126,11 @@ def _name(path: str) -> str:
 def _reason(e: Exception) -> str:
     """The line of a DALI error that says what went wrong (not the trailing 'no longer valid')."""
     lines = [x.strip() for x in str(e).strip().splitlines() if x.strip()]
-    useful = [x for x in lines if "no longer valid" not in x and not x.startswith(("File ", "Error in", "which was"))]
+    useful = [
+        x
+        for x in lines
+        if "no longer valid" not in x and not x.startswith(("File ", "Error in", "which was"))
+    ]
     return "error: " + (useful or lines or ["?"])[-1][:200]
 
 
@@ -138,13 +156,20 @@ def probe_one(path: str, configs: list[int]) -> None:
     bits, signed = int(ds.get("BitsStored") or 16), bool(int(ds.get("PixelRepresentation") or 0))
     for (dtype, stream), cs in groups.items():
         try:
-            raw = dec.decode_frames_gpu(frames, {"dtype": dtype, "stream": stream, "fix": "none"}, bits, signed,
-                                        batch_size=8)
+            raw = dec.decode_frames_gpu(
+                frames,
+                {"dtype": dtype, "stream": stream, "fix": "none"},
+                bits,
+                signed,
+                batch_size=8,
+            )
         except Exception as e:  # noqa: BLE001
             out.update({c: _reason(e) for c in cs})
             print(json.dumps(out), flush=True)
             return
-        sizes = [dec.stream_header(f) for f in frames]  # of the original stream, as decode_frames_gpu
+        sizes = [
+            dec.stream_header(f) for f in frames
+        ]  # of the original stream, as decode_frames_gpu
         for c in cs:
             worst = 0
             for g, r, siz in zip(raw, ref, sizes):
@@ -172,7 +197,7 @@ def main(argv=None):
     if "--out" in argv:
         i = argv.index("--out")
         out_path = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
+        argv = argv[:i] + argv[i + 2 :]
     jobs = []
     for path in files(argv):
         try:
@@ -180,18 +205,35 @@ def main(argv=None):
             ts = str(ds.file_meta.TransferSyntaxUID)
         except Exception:  # noqa: BLE001
             continue
-        if ts in dec.NATIVE or "PixelData" not in ds or not ds.file_meta.TransferSyntaxUID.is_compressed:
+        if (
+            ts in dec.NATIVE
+            or "PixelData" not in ds
+            or not ds.file_meta.TransferSyntaxUID.is_compressed
+        ):
             continue
-        info = {k: ds.get(k) for k in ("BitsAllocated", "BitsStored", "PixelRepresentation", "SamplesPerPixel",
-                                       "PhotometricInterpretation")}
+        info = {
+            k: ds.get(k)
+            for k in (
+                "BitsAllocated",
+                "BitsStored",
+                "PixelRepresentation",
+                "SamplesPerPixel",
+                "PhotometricInterpretation",
+            )
+        }
         info["TransferSyntaxUID"] = ts
         try:
             _ = ds.pixel_array  # the reference must exist
         except Exception as e:  # noqa: BLE001
             jobs.append((path, dec.support_key(info), f"pydicom cannot decode: {e}"))
             continue
-        jobs.append((path, dec.support_key(info), [c for c, cfg in enumerate(dec.CONFIGS)
-                                                   if dec.config_applies(cfg, ts)]))
+        jobs.append(
+            (
+                path,
+                dec.support_key(info),
+                [c for c, cfg in enumerate(dec.CONFIGS) if dec.config_applies(cfg, ts)],
+            )
+        )
 
     def run(job):
         path, key, todo = job
@@ -199,12 +241,19 @@ def main(argv=None):
             return path, {"key": key, "reference": todo}
         per = {}
         while todo:  # each file in fresh processes: a failed DALI decode leaves a process unusable
-            r = subprocess.run([sys.executable, __file__, "--one", path, ",".join(map(str, todo))],
-                               capture_output=True, text=True, timeout=600)
+            r = subprocess.run(
+                [sys.executable, __file__, "--one", path, ",".join(map(str, todo))],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
             got = json.loads(lines[-1]) if lines else {}
             if not got:  # the child died before reporting: charge the first config and go on
-                got = {str(todo[0]): "error: " + (r.stderr.strip().splitlines() or ["crashed"])[-1][:160]}
+                got = {
+                    str(todo[0]): "error: "
+                    + (r.stderr.strip().splitlines() or ["crashed"])[-1][:160]
+                }
             per.update({int(k): v for k, v in got.items()})
             todo = [c for c in todo if c not in per]
         print(_name(path), key, per, flush=True)
@@ -218,10 +267,17 @@ def main(argv=None):
     entries, unsupported = select([(_name(p), r) for p, r in results.items()])
     import nvidia.dali
 
-    doc = apply_policy({"note": "Written by scripts/probe_gpu_decode.py: GPU decoding is used only for these encodings, "
-                   "each bit-exact against pydicom on every listed file.",
-           "measured": time.strftime("%Y-%m-%d"), "dali": nvidia.dali.__version__,
-           "configs_tried": dec.CONFIGS, "entries": entries, "unsupported": unsupported})
+    doc = apply_policy(
+        {
+            "note": "Written by scripts/probe_gpu_decode.py: GPU decoding is used only for these encodings, "
+            "each bit-exact against pydicom on every listed file.",
+            "measured": time.strftime("%Y-%m-%d"),
+            "dali": nvidia.dali.__version__,
+            "configs_tried": dec.CONFIGS,
+            "entries": entries,
+            "unsupported": unsupported,
+        }
+    )
     with open(out_path, "w") as f:
         json.dump(doc, f, indent=1, default=str)
     print(f"{len(entries)} encodings proven, {len(unsupported)} left to the CPU -> {out_path}")
