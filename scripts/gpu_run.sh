@@ -21,8 +21,8 @@ if want resample; then
   tail -12 "$OUT/bench_resample.log"
 fi
 if want proxy; then
-  timeout 240 python bench/proxy.py --workers 8 --samples 64 --batch 4 --out "$OUT/proxy_h200.json" > "$OUT/bench_proxy.log" 2>&1
-  tail -8 "$OUT/bench_proxy.log"
+  timeout 400 python bench/proxy.py --workers 8 16 --samples 96 --batch 4 --out "$OUT/proxy_h200.json" > "$OUT/bench_proxy.log" 2>&1
+  grep -E "^(crop|whole) " "$OUT/bench_proxy.log"; tail -3 "$OUT/bench_proxy.log"
 fi
 if want loader; then
   timeout 420 python bench/loader.py --cases 24 --workers 12 --batches 60 --out "$OUT/loader_h200.json" > "$OUT/bench_loader.log" 2>&1

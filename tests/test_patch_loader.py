@@ -1,86 +1,274 @@
-"""PatchLoader: MONAI batches of random patches from a resampled cache, crop + augmentation in
-one engine pass, lesions following the voxels."""
+"""PatchLoader: MONAI batches of random patches from a resampled cache; crop + augmentation in one
+engine pass; every voxel where its affine says (against medproc.resample); lesions on lesions."""
 
+import json
 import os
-import sys
 
 import numpy as np
 import pytest
+from scipy.ndimage import map_coordinates
 
 import medproc
-from medproc.monai import PatchLoader
-
-sys.path.insert(
-    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-)
-import train_monai  # noqa: E402
+from medproc.monai.loader import Augment, PatchLoader, PosNeg
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = medproc.Spec(
+    spacing=1.5, orientation="RAS", intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1))
+)
 
 
-def _tol(device, ref):
-    """Absolute tolerance against a CPU reference: CPU and GPU backends agree within 1e-4 of
-    the range (tests/test_resample.py::test_cpu_and_gpu_agree)."""
-    return 1e-3 if device == "cpu" else max(1e-3, 1e-4 * float(np.abs(ref).max()))
+def datalist():
+    d = os.path.join(ROOT, "sample_data", "nifti")
+    return [
+        {"image": os.path.join(d, "images", n), "label": os.path.join(d, "labels", n)}
+        for n in ("case001.nii.gz", "case002.nii.gz")
+    ]
+
+
+def _references(spec, dl):
+    """medproc.resample of every case (CPU): the grid and voxels the cache must hold."""
+    out = {}
+    for c in dl:
+        img, lab = medproc.resample(
+            medproc.load(c["image"]), spec=spec, label=medproc.load(c["label"])
+        )
+        out[c["image"]] = (img, lab)
+    return out
+
+
+def _patch_coords(affine, ref_affine, shape):
+    """Fractional indices into the reference grid of every voxel of a patch."""
+    idx = np.indices(shape).reshape(3, -1).astype(np.float64)
+    m = np.linalg.inv(ref_affine) @ np.asarray(affine, dtype=np.float64)
+    return m[:3, :3] @ idx + m[:3, 3:4]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_patch_loader_geometry(tmp_path, device):
-    spec = medproc.Spec(spacing=1.5, orientation="RAS")
+def test_every_voxel_where_its_affine_says(tmp_path, device):
+    """Flips, quarter turns, rotations and scaling: each patch voxel holds the resampled
+    volume's value at the world point the batch affine gives it (images trilinearly, labels
+    nearest), and the batches are MONAI's (B, 1, i, j, k) MetaTensors on the device."""
+    dl = datalist()
+    refs = _references(SPEC, dl)
+    patch = (20, 20, 12)
     loader = PatchLoader(
-        train_monai.datalist(),
-        spec,
-        (24, 20, 16),
+        dl,
+        SPEC,
+        patch,
         batch_size=3,
-        num_samples=3,
-        flip_prob=0.0,
+        sampling=PosNeg(pos=1, neg=1, num_samples=6),
+        augment=Augment(
+            flip_prob=0.5, rotate90_prob=0.5, affine_prob=0.5, range_z=0.4, scale_range=0.15
+        ),
         device=device,
         cache_dir=str(tmp_path),
     )
-    vols = {v["case"]["image"]: v for v in loader.volumes}
-    for path, v in vols.items():  # the cache holds medproc.resample's output, indexed (i, j, k)
-        ref = medproc.resample(medproc.load(path), spec=spec)  # on the CPU
-        assert v["image"].shape == ref.shape
-        np.testing.assert_allclose(v["affine"], ref.affine, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(v["image"]), ref.array, atol=_tol(device, ref.array))
-    n = 0
+    # the CPU reference is medproc.resample on the CPU: the GPU's nearest neighbour agrees but
+    # for ties (tests/test_resample.py::test_cpu_and_gpu_agree)
+    same = 1.0 if device == "cpu" else 0.999
+    for e in loader.entries:  # the cache is medproc.resample's grid, indexed (i, j, k)
+        img, lab = refs[e.case["image"]]
+        assert e.shape == img.shape
+        np.testing.assert_allclose(e.affine, img.affine, atol=1e-9)
+        assert np.mean(e.host_label() == lab.array) >= same
+    n = aligned = 0
     for batch in loader:
         img, lab = batch["image"], batch["label"]
-        assert img.shape[1:] == (1, 24, 20, 16) and img.affine.shape[1:] == (4, 4)
+        assert img.shape[1:] == (1, *patch) and img.affine.shape[1:] == (4, 4)
         assert img.device.type == ("cuda" if device == "gpu" else "cpu")
+        assert str(lab.dtype) == "torch.uint8"
         for s, case in enumerate(batch["case"]):
-            v = vols[case["image"]]
+            ref_img, ref_lab = refs[case["image"]]
             aff = img.affine[s].numpy()
-            # voxel (i, j, k) of the patch holds the cached volume's value at the same world point
-            for ijk in [(0, 0, 0), (23, 19, 15), (5, 11, 7)]:
-                world = aff[:3, :3] @ ijk + aff[:3, 3]
-                idx = np.round(
-                    np.linalg.solve(v["affine"][:3, :3], world - v["affine"][:3, 3])
-                ).astype(int)
-                assert abs(float(img[s, 0][ijk]) - float(v["image"][tuple(idx)])) < 1e-3
-                assert int(lab[s, 0][ijk]) == int(v["label"][tuple(idx)])
+            c = _patch_coords(aff, ref_img.affine, patch)
+            inside = np.all((c > 0.01) & (c < np.array(ref_img.shape)[:, None] - 1.01), axis=0)
+            got = img[s, 0].cpu().numpy().reshape(-1)[inside]
+            want = map_coordinates(ref_img.array, c[:, inside], order=1)
+            # the cache holds int16 HU (+-0.5 HU, i.e. 3.6e-4 after the window) before the window
+            np.testing.assert_allclose(got, want, atol=2e-3)
+            near = np.round(c[:, inside]).astype(int)
+            got_lab = lab[s, 0].cpu().numpy().reshape(-1)[inside]
+            assert np.mean(got_lab == ref_lab.array[tuple(near)]) > 0.995
+            on_grid = np.allclose(c, np.round(c), atol=1e-6)
+            if on_grid:  # crops, flips and quarter turns sample voxel centres: labels exact
+                assert np.mean(got_lab == ref_lab.array[tuple(near)]) >= same
+                aligned += 1
             n += 1
-    assert n == len(loader.volumes) * 3
-    # pos/neg: with pos only, every patch holds foreground
-    pos = PatchLoader(
-        train_monai.datalist(),
-        spec,
-        (16, 16, 16),
-        batch_size=2,
-        num_samples=4,
-        pos=1,
-        neg=0,
-        device=device,
-        cache_dir=str(tmp_path),
-        rotate_range=20,
-        scale_range=0.1,
+    assert n == len(loader.entries) * 6 == len(loader) * 3
+    assert 0 < aligned < n  # both kinds of patch were checked
+
+
+def _synthetic(tmp_path, name="case", shape=(40, 40, 40), fg_box=(4, 36), hu_air_half=False):
+    """A volume whose foreground (label 1) is a large block: negatives drawn uniformly would
+    land on it more often than not."""
+    aff = np.diag([1.0, 1.0, 1.0, 1.0])
+    lab = np.zeros(shape, np.uint8)
+    a, b = fg_box
+    lab[a:b, a:b, a:b] = 1
+    img = np.full(shape, 100, np.int16)
+    img[lab > 0] = 300
+    if hu_air_half:  # half of the background below the threshold
+        img[: shape[0] // 2][lab[: shape[0] // 2] == 0] = -1000
+    ip, lp = tmp_path / f"{name}_img.nii.gz", tmp_path / f"{name}_lab.nii.gz"
+    medproc.save(medproc.Volume(img, aff), ip)
+    medproc.save(medproc.Volume(lab, aff), lp)
+    return {"image": str(ip), "label": str(lp)}, img, lab
+
+
+def _centres(loader, epochs=1):
+    """(label, image) at each patch's centre voxel (patches of odd size, drawn unaugmented)."""
+    p = np.array(loader.patch) // 2
+    labs, imgs = [], []
+    for _ in range(epochs):
+        for batch in loader:
+            labs += [int(x[0][tuple(p)]) for x in batch["label"]]
+            imgs += [float(x[0][tuple(p)]) for x in batch["image"]]
+    return np.array(labs), np.array(imgs)
+
+
+def test_pos_neg_ratio_and_background_only_negatives(tmp_path):
+    """Centres as MONAI's RandCropByPosNegLabeld draws them: foreground with probability
+    pos / (pos + neg) (checked against MONAI's own sampler), negatives on label 0 only: the
+    foreground here is 51% of the volume, so uniform negatives would give ~0.64, not 0.25."""
+    from monai.transforms.utils import generate_pos_neg_label_crop_centers, map_binary_to_indices
+
+    case, img, lab = _synthetic(tmp_path)
+    n = 800
+    loader = PatchLoader(
+        [case],
+        medproc.Spec(),
+        (5, 5, 5),
+        batch_size=200,
+        sampling=PosNeg(pos=1, neg=3, num_samples=n),
     )
-    for batch in pos:
-        assert all(int(x.sum()) > 0 for x in batch["label"])
+    e = loader.entries[0]
+    assert e.bg_bits is not None and e.n_bg == int((lab == 0).sum())
+    assert np.array_equal(np.sort(e.fg), np.flatnonzero(lab.ravel(order="F")))
+    labs, _ = _centres(loader)
+    frac = labs.mean()
+    sd = np.sqrt(0.25 * 0.75 / n)
+    assert abs(frac - 0.25) < 4 * sd, frac
+    # MONAI's sampler on the same label gives the same ratio
+    fg, bg = map_binary_to_indices(lab[None], None, 0)
+    rs = np.random.RandomState(0)
+    centres = generate_pos_neg_label_crop_centers((5, 5, 5), n, 0.25, lab.shape, fg, bg, rs)
+    monai_frac = np.mean([lab[tuple(int(x) for x in c)] > 0 for c in centres])
+    assert abs(monai_frac - frac) < 6 * sd
+    # negatives are uniform over the background: the share in the lower half (i < 20) of the
+    # background is that half's share of background voxels
+    loader2 = PatchLoader(
+        [case], medproc.Spec(), (1, 1, 1), batch_size=400, sampling=PosNeg(0, 1, num_samples=n)
+    )
+    centres = []
+    for batch in loader2:
+        centres += [tuple(np.round(a[:3, 3]).astype(int)) for a in batch["image"].affine.numpy()]
+    centres = np.array(centres)
+    assert np.all(lab[tuple(centres.T)] == 0)
+    share = np.mean(centres[:, 0] < 20)
+    assert abs(share - 0.5) < 4 * np.sqrt(0.25 / n)
+
+
+def test_image_threshold_restricts_negatives(tmp_path):
+    """PosNeg(image_threshold=t): as MONAI's image_key/image_threshold, background centres only
+    where the image (after the spec's intensity step) is above t."""
+    case, img, lab = _synthetic(tmp_path, hu_air_half=True)
+    spec = medproc.Spec(intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1)))
+    t = (0 + 1000) / 1400  # HU 0 after the window
+    loader = PatchLoader(
+        [case],
+        spec,
+        (3, 3, 3),
+        batch_size=200,
+        sampling=PosNeg(pos=0, neg=1, num_samples=400, image_threshold=t),
+    )
+    labs, imgs = _centres(loader)
+    assert np.all(labs == 0)
+    assert np.all(imgs > t) and np.allclose(imgs, 1100 / 1400, atol=1e-3)
+    e = loader.entries[0]
+    assert e.n_bg == int(((lab == 0) & (img > 0)).sum())
+
+
+def test_augment_matches_monai():
+    """Augment's index maps are MONAI's: the rotation/scale matrix is create_rotate @
+    create_scale, a quarter turn is Rotate90(k, (0, 1)), flips are RandFlip's."""
+    import torch
+    from monai.transforms import Flip, Rotate90
+    from monai.transforms.utils import create_rotate, create_scale
+
+    from medproc.monai.patches import rot90_map, rotation_map
+
+    ang, sc = (0.3, -0.2, 0.5), (1.1, 0.9, 1.05)
+    m = rotation_map((9, 9, 9), ang, sc)
+    np.testing.assert_allclose(m[:3, :3], (create_rotate(3, ang) @ create_scale(3, sc))[:3, :3])
+    np.testing.assert_allclose(m @ [4, 4, 4, 1], [4, 4, 4, 1])  # about the patch centre
+    x = np.arange(6 * 6 * 4, dtype=np.float32).reshape(6, 6, 4)
+    idx = np.indices(x.shape).reshape(3, -1)
+    hom = np.vstack([idx, np.ones(idx.shape[1])])
+
+    def apply(t):
+        src = np.round(t @ hom).astype(int)[:3]
+        return x[tuple(src)].reshape(x.shape)
+
+    for k in (1, 2, 3):
+        want = Rotate90(k, (0, 1))(torch.from_numpy(x[None]))[0].numpy()
+        np.testing.assert_array_equal(apply(rot90_map(x.shape, k)), want)
+    rng = np.random.default_rng(0)
+    t = Augment(flip_prob=(1.0, 0.0, 1.0)).index_map(x.shape, rng)
+    want = Flip(spatial_axis=(0, 2))(torch.from_numpy(x[None]))[0].numpy()
+    np.testing.assert_array_equal(apply(t), want)
+    # MONAI's probabilities: affine_prob 0.1 by default, the ranges in radians
+    a = Augment(range_x=0.2)
+    draws = [a.index_map((9, 9, 9), rng) for _ in range(2000)]
+    rotated = np.mean([not np.allclose(d, np.eye(4)) for d in draws])
+    assert abs(rotated - 0.1) < 4 * np.sqrt(0.09 / 2000)
+    angles = [np.arctan2(d[2, 1], d[2, 2]) for d in draws if not np.allclose(d, np.eye(4))]
+    assert max(np.abs(angles)) <= 0.2 and max(np.abs(angles)) > 0.15
+
+
+def test_intensity_augmentation(tmp_path):
+    """RandScaleIntensityd + RandShiftIntensityd: each patch is x * (1 + f) + o with f, o in
+    their ranges, on top of the spec's window."""
+    case, img, lab = _synthetic(tmp_path)
+    spec = medproc.Spec(intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1)))
+    loader = PatchLoader(
+        [case],
+        spec,
+        (8, 8, 8),
+        batch_size=16,
+        sampling=PosNeg(pos=1, neg=1, num_samples=64),
+        augment=Augment(
+            scale_intensity_prob=1.0,
+            intensity_factors=0.2,
+            shift_intensity_prob=0.5,
+            intensity_offsets=0.1,
+        ),
+    )
+    scales, shifts = [], []
+    for batch in loader:
+        for s in range(batch["image"].shape[0]):
+            x = batch["image"][s, 0].numpy().ravel()
+            aff = batch["image"].affine[s].numpy()
+            c = np.round(_patch_coords(aff, np.eye(4), (8, 8, 8))).astype(int)
+            ref = (img[tuple(c)].astype(np.float64) + 1000) / 1400
+            if np.ptp(ref) == 0:
+                continue
+            a, b = np.polyfit(ref, x, 1)
+            np.testing.assert_allclose(x, a * ref + b, atol=1e-5)
+            scales.append(a)
+            shifts.append(b)
+    scales, shifts = np.array(scales), np.array(shifts)
+    assert len(scales) > 10
+    assert np.all(np.abs(scales - 1) <= 0.2 + 1e-6) and np.std(scales) > 0.05
+    assert np.all(np.abs(shifts) <= 0.1 + 1e-6)
+    unshifted = np.mean(np.abs(shifts) < 1e-6)
+    assert 0.2 < unshifted < 0.8  # prob 0.5
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_patch_loader_lesions_follow_augmentation(tmp_path, device):
+def test_lesions_follow_augmentation(tmp_path, device):
+    """A lesion's centre_voxel on the patch grid is where its voxels landed, after flips,
+    quarter turns and rotation; affine @ center_voxel == center_world_ras."""
     from test_annotations import oblique_case
 
     img, lab, lesions = oblique_case()
@@ -98,45 +286,80 @@ def test_patch_loader_lesions_follow_augmentation(tmp_path, device):
         medproc.Spec(spacing=1.0),
         (40, 40, 40),
         batch_size=2,
-        num_samples=6,
-        pos=1,
-        neg=0,
-        flip_prob=0.5,
-        rot90_prob=0.5,
-        rotate_range=20,
+        sampling=PosNeg(pos=1, neg=0, num_samples=6),
+        augment=Augment(flip_prob=0.5, rotate90_prob=0.5, affine_prob=1.0, range_z=0.35),
         device=device,
-        cache_dir=str(tmp_path / "c"),
     )
     checked = 0
     for batch in loader:
         for s in range(batch["label"].shape[0]):
             lb = batch["label"][s, 0].cpu().numpy()
+            aff = batch["image"].affine[s].numpy()
             for n, les in enumerate(batch["lesions"][s], 1):
+                np.testing.assert_allclose(
+                    aff[:3, :3] @ les["center_voxel"] + aff[:3, 3],
+                    les["center_world_ras"],
+                    atol=1e-3,  # center_voxel is rounded to 1e-4 voxel
+                )
                 pts = np.argwhere(lb == n)
-                if les["inside"] and len(pts) > 0.9 * (
-                    4 / 3 * np.pi * 10**3
-                ):  # whole lesion in the patch
-                    # (i, j, k) of the patch, the order of argwhere on the (i, j, k) label
+                if les["inside"] and len(pts) > 0.9 * (4 / 3 * np.pi * 10**3):  # whole lesion
                     assert np.abs(np.array(les["center_voxel"]) - pts.mean(0)).max() <= 0.5
                     checked += 1
     assert checked > 0
 
 
-def test_sharding_partitions_cases(tmp_path):
-    dl = train_monai.datalist() * 3  # 6 cases
-    spec = medproc.Spec(spacing=3.0)
+def test_sharding_equal_steps_no_repeats(tmp_path):
+    """Shards are disjoint (case n on shard n % num_shards), cover the datalist, give the same
+    number of batches per epoch (DDP ranks stay in step) and repeat no case within an epoch."""
+    dl = [
+        _synthetic(tmp_path, name=f"c{n}", shape=(12, 12, 12), fg_box=(3, 8))[0] for n in range(5)
+    ]
     shards = [
-        PatchLoader(dl, spec, (8, 8, 8), shard_id=i, num_shards=2, cache_dir=str(tmp_path))
+        PatchLoader(
+            dl,
+            medproc.Spec(),
+            (4, 4, 4),
+            batch_size=2,
+            sampling=PosNeg(num_samples=2),
+            shard_id=i,
+            num_shards=2,
+        )
         for i in range(2)
     ]
-    assert [len(s.cases) for s in shards] == [3, 3]
-    assert shards[0].cases + shards[1].cases != dl  # interleaved, not halves
+    assert [len(s.cases) for s in shards] == [3, 2]
+    assert shards[0].cases == dl[0::2] and shards[1].cases == dl[1::2]
+    assert len(shards[0]) == len(shards[1]) == 2  # 2 volumes x 2 samples / batch 2
+    for _epoch in range(3):
+        seen = []
+        for s in shards:
+            cases = [c["image"] for b in s for c in b["case"]]
+            assert len(cases) == 4
+            assert all(cases.count(c) == 2 for c in set(cases))  # num_samples, once per epoch
+            assert set(cases) <= {c["image"] for c in s.cases}
+            seen.append(set(cases))
+        assert not seen[0] & seen[1]
     with pytest.raises(ValueError, match="shard_id"):
-        PatchLoader(dl, spec, (8, 8, 8), shard_id=2, num_shards=2, cache_dir=str(tmp_path))
+        PatchLoader(dl, medproc.Spec(), (4, 4, 4), shard_id=2, num_shards=2)
 
 
-def test_decathlon_json(tmp_path, sample_data):
-    import json
+def test_cache_dir_reused_and_invalidated(tmp_path):
+    """With cache_dir, a second loader maps the first one's entries (no rebuild); a changed
+    source file is rebuilt."""
+    case, img, lab = _synthetic(tmp_path, shape=(16, 16, 16), fg_box=(4, 10))
+    kw = dict(spec=medproc.Spec(spacing=2.0), patch_size=(4, 4, 4), cache_dir=str(tmp_path / "c"))
+    a = PatchLoader([case], **kw)
+    b = PatchLoader([case], **kw)
+    assert isinstance(b.entries[0].image, np.memmap)
+    np.testing.assert_array_equal(a.entries[0].host_image(), b.entries[0].host_image())
+    files = sorted(os.listdir(tmp_path / "c"))
+    medproc.save(medproc.Volume(np.flip(lab, 0).copy(), np.eye(4)), case["label"])
+    c = PatchLoader([case], **kw)
+    assert len(os.listdir(tmp_path / "c")) == 2 * len(files)
+    assert not np.array_equal(c.entries[0].host_label(), a.entries[0].host_label())
+
+
+def test_decathlon_json_and_decollate(tmp_path):
+    from monai.data import decollate_batch
 
     doc = {
         "training": [
@@ -144,15 +367,29 @@ def test_decathlon_json(tmp_path, sample_data):
                 "image": os.path.relpath(c["image"], tmp_path),
                 "label": os.path.relpath(c["label"], tmp_path),
             }
-            for c in train_monai.datalist()
+            for c in datalist()
         ]
     }
     (tmp_path / "dataset.json").write_text(json.dumps(doc))
-    loader = PatchLoader(
-        str(tmp_path / "dataset.json"),
-        medproc.Spec(spacing=3.0),
-        (8, 8, 8),
-        cache_dir=str(tmp_path / "c"),
-        base_dir=str(tmp_path),
-    )
-    assert len(loader.cases) == 2 and next(iter(loader))["image"].shape == (2, 1, 8, 8, 8)
+    loader = PatchLoader(str(tmp_path / "dataset.json"), medproc.Spec(spacing=3.0), (8, 8, 8))
+    assert len(loader.cases) == 2
+    batch = next(iter(loader))
+    assert batch["image"].shape == (2, 1, 8, 8, 8)
+    items = decollate_batch({"image": batch["image"], "label": batch["label"]})
+    assert len(items) == 2 and items[0]["image"].shape == (1, 8, 8, 8)
+    np.testing.assert_allclose(items[1]["image"].affine, batch["image"].affine[1])
+
+
+def test_arguments_checked():
+    with pytest.raises(ValueError, match="pos and neg"):
+        PosNeg(pos=0, neg=0)
+    with pytest.raises(ValueError, match="flip_prob"):
+        Augment(flip_prob=1.5)
+    with pytest.raises(ValueError, match="scale_range"):
+        Augment(scale_range=(0.1, 0.2))
+    with pytest.raises(ValueError, match="cache='gpu'"):
+        PatchLoader(datalist(), SPEC, (8, 8, 8), cache="gpu")
+    with pytest.raises(ValueError, match="square"):
+        PatchLoader(datalist(), SPEC, (8, 6, 8), augment=Augment(rotate90_prob=0.5))
+    with pytest.raises(TypeError, match="PosNeg"):
+        PatchLoader(datalist(), SPEC, (8, 8, 8), sampling={"pos": 1})

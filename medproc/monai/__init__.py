@@ -20,11 +20,13 @@ except ImportError as _e:
         "(on a CPU-only machine first: pip install torch==2.13.0)"
     ) from None
 
-from .loader import PatchLoader  # noqa: E402
+from .loader import Augment, PatchLoader, PosNeg  # noqa: E402
 from .meta import to_metatensor, to_volume  # noqa: E402
 from .transforms import LoadVolumed, Resampled, invert, plan_of  # noqa: E402
 
 __all__ = [
+    "Augment",
+    "PosNeg",
     "LoadVolumed",
     "Resampled",
     "PatchLoader",

@@ -118,9 +118,9 @@ class Engine:
         self.device = device
         self.batch_size = max(1, int(batch_size))
         self.num_threads = int(num_threads or default_threads())
-        if device_id is None:
+        if device_id is None:  # the current CUDA device (torch.cuda.set_device), else 0
             torch = sys.modules.get("torch")
-            cuda = device == "gpu" and torch is not None and torch.cuda.is_initialized()
+            cuda = device == "gpu" and torch is not None and torch.cuda.is_available()
             device_id = torch.cuda.current_device() if cuda else 0
         self.device_id = int(device_id)
 

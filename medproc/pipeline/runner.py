@@ -61,6 +61,13 @@ class Runner:
             self._ring = (self._ring + 1) % len(self._rings)
             if self._stream is None:
                 self._stream = torch.cuda.Stream(device=self.device_id)
+            # CUDA inputs (and their DHWC copies) were made on the caller's stream: the side
+            # stream DALI reads on waits for them, and their memory is not reused before
+            self._stream.wait_stream(torch.cuda.current_stream(self.device_id))
+            for row in dhwc:
+                for a in row:
+                    if isinstance(a, torch.Tensor) and a.is_cuda:
+                        a.record_stream(self._stream)
             flat = self._to_device([a for row in dhwc for a in row], ring)
             n = len(names)
             for c, name in enumerate(names):
