@@ -150,9 +150,11 @@ class ProxyTransform:
         arr = img.array[region]
         labs = [lab.array[region]] if lab is not None else []
         if self.proxy is not None:
+            from .pipeline.graphs import Graph
             from .pipeline.proxy_server import proxy_inputs
 
-            refs = self.proxy(**proxy_inputs(arr, labs, plan, self.spec.intensity.active))
+            graph = Graph.from_spec(self.spec, labels=len(labs), channels_first=True, mode="warp")
+            refs = self.proxy(**proxy_inputs(arr, labs, plan, self.spec.intensity.active, graph))
             refs = refs if isinstance(refs, tuple) else (refs,)
             out["image"] = refs[0]
             if lab is not None:

@@ -81,18 +81,24 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
 
 
+def check_gpu_here() -> None:
+    """Raise :class:`ForkError` when this process was forked after CUDA was initialised in its
+    parent (checked before anything touches CUDA here, whose own error would be obscure)."""
+    if _STATE["cuda_parent"]:
+        raise ForkError(
+            "medproc: a GPU pipeline was requested in a process forked after CUDA was "
+            "initialised in its parent (e.g. a DataLoader worker with the default 'fork' "
+            "start method); CUDA cannot run here. Keep the GPU work in the main process "
+            "(PatchLoader and the proxy do), use device='cpu' in workers, or start the "
+            "workers with multiprocessing_context='spawn'"
+        )
+
+
 def cached_pipeline(key: tuple, build, device: str = "cpu"):
     """The calling thread's object for ``key`` in this process, built by ``build()`` on first
     use. Objects of threads that have ended are dropped; nothing crosses a fork."""
     if device == "gpu":
-        if _STATE["cuda_parent"]:
-            raise ForkError(
-                "medproc: a GPU pipeline was requested in a process forked after CUDA was "
-                "initialised in its parent (e.g. a DataLoader worker with the default 'fork' "
-                "start method); CUDA cannot run here. Keep the GPU work in the main process "
-                "(PatchLoader and the proxy do), use device='cpu' in workers, or start the "
-                "workers with multiprocessing_context='spawn'"
-            )
+        check_gpu_here()
         _STATE["cuda_here"] = True
     ident = threading.get_ident()
     alive = {t.ident for t in threading.enumerate()}

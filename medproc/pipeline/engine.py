@@ -29,7 +29,15 @@ from dataclasses import dataclass, field
 
 from ..plan import Plan
 from ._dtypes import _astype, _dtype_name, _feed_dtype
-from .cache import INSTALL, ForkError, cached_pipeline, dali_available, drop_cached, gpu_available
+from .cache import (
+    INSTALL,
+    ForkError,
+    cached_pipeline,
+    check_gpu_here,
+    dali_available,
+    drop_cached,
+    gpu_available,
+)
 from .graphs import Graph
 from .runner import Runner, _restored
 
@@ -106,6 +114,8 @@ class Engine:
             raise ImportError(f"medproc's pipelines need NVIDIA DALI: {INSTALL}")
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        if device == "gpu":
+            check_gpu_here()  # before anything touches CUDA in a forked child
         if device == "gpu" and not gpu_available():
             raise RuntimeError("device='gpu' but DALI sees no NVIDIA GPU here; use device='cpu'")
         if device == "gpu":

@@ -7,19 +7,20 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan import Plan
-from .graphs import Graph, build_resample, dali_matrix, dali_size, to_dhwc
+from .graphs import Graph, build_resample, plan_inputs, to_dhwc
 
 __all__ = ["dali_proxy_usable", "ProxyPipeline", "proxy_inputs"]
 
 
-def proxy_inputs(image: np.ndarray, labels, plan: Plan, intensity: bool) -> dict:
+def proxy_inputs(image: np.ndarray, labels, plan: Plan, intensity: bool, graph: Graph) -> dict:
     """The named pipeline inputs of one sample (computed in a worker, passed to the server's
-    ``proxy``): voxels in DALI's layout, the warp matrix, the output size, the intensity step."""
-    kw = {"img": to_dhwc(image), "mat": dali_matrix(plan), "size": dali_size(plan)}
+    ``proxy``): voxels in DALI's layout and the plan's arguments exactly as the engine feeds
+    them (:func:`~medproc.pipeline.graphs.plan_inputs`: warp matrices, size, intensity)."""
+    kw = {"img": to_dhwc(image)}
     for n, lb in enumerate(labels):
         kw[f"lab{n}"] = to_dhwc(lb)
-    if intensity:
-        kw["inten"] = np.array(plan.intensity or (-np.inf, np.inf, 1.0, 0.0), np.float32)
+    for name, vals in plan_inputs([plan], "warp", intensity, graph).items():
+        kw[name] = vals[0]
     return kw
 
 
