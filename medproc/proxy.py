@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .annotations.boxes import lesion_boxes
 from .plan import Plan, make_plan
 from .spec import Spec
 
@@ -59,27 +60,6 @@ def _shareable(a):
     c = np.ascontiguousarray(a.transpose(2, 1, 0) if a.ndim == 3 else a.transpose(2, 1, 0, 3))
     t = torch.from_numpy(c)
     return t.permute(2, 1, 0) if a.ndim == 3 else t.permute(2, 1, 0, 3)
-
-
-def lesion_boxes(placed: list[dict], mode: str = "xyzxyz"):
-    """Lesions placed on a grid (``Lesions.on_grid`` dicts) as MONAI detection boxes.
-
-    Returns ``(boxes_voxel, boxes_world, labels)``: float32 ``(N, 6)`` arrays in ``mode``
-    (``"xyzxyz"``: corners, MONAI's ``StandardMode``; ``"cccwhd"``: centre and size), in voxel
-    ``(i, j, k)`` and world RAS mm coordinates, and int64 ``(N,)`` labels.
-    """
-    if mode not in ("xyzxyz", "cccwhd"):
-        raise ValueError(f"box mode must be 'xyzxyz' or 'cccwhd', got {mode!r}")
-    vox = np.zeros((len(placed), 6), np.float32)
-    world = np.zeros((len(placed), 6), np.float32)
-    for n, p in enumerate(placed):
-        for out, c, s in (
-            (vox, p["center_voxel"], p["size_voxels"]),
-            (world, p["center_world_ras"], p["size_mm"]),
-        ):
-            c, s = np.asarray(c, np.float64), np.asarray(s, np.float64)
-            out[n] = np.r_[c - s / 2, c + s / 2] if mode == "xyzxyz" else np.r_[c, s]
-    return vox, world, np.array([p["label"] for p in placed], np.int64)
 
 
 class ProxyTransform:
@@ -114,6 +94,7 @@ class ProxyTransform:
         self.augment = augment
         self.seed = seed
         self.box_mode = box_mode
+        self.arena = None  # set by ProxyServer.loader before the workers start
         self._rng = None
 
     def _generator(self):
@@ -133,6 +114,11 @@ class ProxyTransform:
         if self.augment is not None:
             plan = plan.augmented(self.augment(plan, self._generator()))
         return plan
+
+    def _ship(self, region):
+        """The region into the server's arena (pinned shared memory), else a shared tensor."""
+        slot = self.arena.put(region) if self.arena is not None else None
+        return slot if slot is not None else _shareable(region)
 
     def __call__(self, sample: dict) -> dict:
         import torch
@@ -160,7 +146,7 @@ class ProxyTransform:
             if lab is not None:
                 out["label"] = refs[1]
         else:
-            out["image"] = _Pending(_shareable(arr), [_shareable(a) for a in labs], plan)
+            out["image"] = _Pending(self._ship(arr), [self._ship(a) for a in labs], plan)
         out["affine"] = torch.as_tensor(plan.out_affine)
         lesions = sample.get("lesions")
         placed = plan.lesions_on_grid(lesions) if lesions is not None else []
@@ -221,6 +207,10 @@ class ProxyServer:
         Seed of the workers' augmentation generators.
     route : {"engine", "dali-proxy"}
         How voxels reach the pipeline.
+    slot_mb, arena_gb : float
+        The engine route's transfer arena (pinned shared memory the workers write input boxes
+        into): the largest box a slot takes, and the arena's size at most. Larger boxes, or
+        boxes arriving when every slot is taken, go through shared-memory tensors instead.
     """
 
     def __init__(
@@ -235,6 +225,8 @@ class ProxyServer:
         prefetch: int = 2,
         seed: int = 0,
         route: str = "engine",
+        slot_mb: float = 16,
+        arena_gb: float = 2,
     ):
         try:
             import torch  # noqa: F401
@@ -268,6 +260,7 @@ class ProxyServer:
                 )
         self.device, self.spec, self.with_label, self.route = device, spec, with_label, route
         self.prefetch = prefetch
+        self.slot_mb, self.arena_gb = slot_mb, arena_gb
         self._graph = Graph.from_spec(
             spec, labels=int(with_label), channels_first=True, mode="warp"
         )
@@ -321,18 +314,40 @@ class ProxyServer:
                 return self._proxy.loader(dataset, batch_size, num_workers, **kw)
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
             return _Mapped(base, self._proxy.server.produce_data)
+        arena = None
         if num_workers > 0:
             kw.setdefault("persistent_workers", True)
+            from ._proxy_arena import Arena
+
+            per_batch = batch_size * (1 + int(self.with_label))
+            slots = (num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 2) * per_batch
+            slot_bytes = int(self.slot_mb * 2**20)
+            slots = max(per_batch, min(slots, int(self.arena_gb * 2**30) // slot_bytes))
+            arena = Arena(slots, slot_bytes, pin=self.device == "gpu")
+            self.transform.arena = arena  # the workers fork with it
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)
-        return _Streamed(base, self._engine, self._graph, self.prefetch, self.with_label)
+        return _Streamed(base, self._engine, self._graph, self.prefetch, self.with_label, arena)
 
 
 class _Streamed:
     """A DataLoader whose batches are finished by the engine in its background thread."""
 
-    def __init__(self, loader, engine, graph, ahead: int, with_label: bool):
+    def __init__(self, loader, engine, graph, ahead: int, with_label: bool, arena=None):
         self.loader, self.engine, self.graph = loader, engine, graph
-        self.ahead, self.with_label = ahead, with_label
+        self.ahead, self.with_label, self.arena = ahead, with_label, arena
+
+    def _tensor(self, x):
+        from ._proxy_arena import Slot
+
+        return self.arena.tensor(x) if isinstance(x, Slot) else x
+
+    def _release(self, batch) -> None:
+        from ._proxy_arena import Slot
+
+        for p in batch["image"]:
+            for x in (p.array, *p.labels):
+                if isinstance(x, Slot):
+                    self.arena.release(x)
 
     def __len__(self):
         return len(self.loader)
@@ -341,13 +356,18 @@ class _Streamed:
         from .pipeline import Job
 
         for batch in self.loader:
-            jobs = [Job(p.array, p.plan, p.labels) for p in batch["image"]]
+            jobs = [
+                Job(self._tensor(p.array), p.plan, tuple(self._tensor(x) for x in p.labels))
+                for p in batch["image"]
+            ]
             yield jobs, self.graph, batch
 
     def __iter__(self):
         import torch
 
         for res, batch in self.engine.stream(self._items(), as_torch=True, ahead=self.ahead):
+            if self.arena is not None:
+                self._release(batch)  # the engine has copied them: the workers may refill
             cols = list(zip(*res))
             for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
                 same = all(t.shape == col[0].shape for t in col)

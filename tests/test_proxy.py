@@ -209,3 +209,21 @@ def test_a_worker_crash_is_a_clear_error_not_a_hang():
         for _ in server.loader(_Crashing(6, server.transform), batch_size=1, num_workers=2):
             pass
     assert time.perf_counter() - t < 60
+
+
+def test_the_transfer_arena_hands_boxes_over_without_copies_and_recycles_slots():
+    from medproc._proxy_arena import Arena
+
+    arena = Arena(slots=2, slot_bytes=64 * 1024, pin=False)
+    region = np.asfortranarray(np.arange(20 * 30 * 10, dtype=np.int16).reshape(20, 30, 10))
+    a = arena.put(region[2:18, 3:29, 1:9])
+    b = arena.put(region)
+    assert a is not None and b is not None
+    assert arena.put(region) is None  # every slot taken: the caller falls back
+    np.testing.assert_array_equal(arena.tensor(a).numpy(), region[2:18, 3:29, 1:9])
+    t = arena.tensor(b)
+    assert tuple(t.shape) == region.shape and t.permute(2, 1, 0).is_contiguous()  # DALI's layout
+    arena.release(a)
+    c = arena.put(region)
+    assert c is not None and c.index == a.index
+    assert arena.put(np.zeros((100, 100, 10), np.int16)) is None  # too big for a slot
