@@ -1,8 +1,6 @@
-"""``python -m medproc``: the ``medproc`` command line."""
+"""``python -m medproc``: the ``medproc`` command line (exits at once after flushing)."""
 
-import sys
-
-from .cli import main
+from .cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

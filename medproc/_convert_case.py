@@ -1,5 +1,6 @@
 """One case of a batch, as a worker process runs it: load, check, resample, write the outputs
-(and the annotations and QC picture), and return the manifest row's fields or the error."""
+(the volume, its label, ``<name>.json`` with the options and geometry, the annotations and the
+QC picture), and return the manifest row's fields or the error."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from .errors import MedprocError
 from .io import atomic_write
 from .spec import Spec
 
-__all__ = ["annotations_path", "plain_warning"]
+__all__ = ["annotations_path", "sidecar_path", "plain_warning"]
 
 
 def _fmt(v) -> str:
@@ -31,8 +32,10 @@ def _convert_one(
     lesions=None,
     nan: str = "error",
     decode_workers: int | None = None,
+    record: dict | None = None,
 ) -> dict:
-    """Load, resample, write one case (runs in a worker process)."""
+    """Load, resample, write one case (runs in a worker process). ``record``: the options to
+    write into the ``<name>.json`` sidecar (none without it)."""
     from .io import load, save
     from .io.dicom_read import read_series
     from .resample import resample_batch
@@ -59,6 +62,8 @@ def _convert_one(
     save(out, out_path)
     if out_lab is not None:
         save(out_lab, label_path)
+    if record is not None:
+        _write_sidecar(out_path, case, vol, out, label_path, record)
     n_les = ""
     if lesions is not None:
         _write_annotations(out_path, out, lesions)
@@ -98,6 +103,55 @@ def annotations_path(out_path: str) -> str:
     return out_path + ".annotations.json"
 
 
+def sidecar_path(out_path: str) -> str:
+    """``<output name>.json`` beside an output volume (for ``.npy`` the file that also holds
+    the cache's affine and shape)."""
+    for ext in (".nii.gz", ".nii", ".npy"):
+        if out_path.endswith(ext):
+            return out_path[: -len(ext)] + ".json"
+    return out_path + ".json"
+
+
+def _geometry(v) -> dict:
+    return {
+        "shape": list(v.shape),
+        "spacing": [round(float(x), 6) for x in v.spacing],
+        "orientation": v.orientation,
+        "affine": v.affine.tolist(),
+        "dtype": str(v.dtype),
+    }
+
+
+def _write_sidecar(out_path: str, case: Case, vol, out, label_path, record: dict) -> None:
+    """What made this output: medproc version, source, options, input and output geometry.
+
+    For ``.npy`` the writer's ``<name>.json`` (affine, shape, dtype, axes) is kept and extended."""
+    import json
+
+    from . import __version__
+
+    path = sidecar_path(out_path)
+    doc = {}
+    if out_path.endswith(".npy") and os.path.exists(path):
+        with open(path) as f:
+            doc = json.load(f)
+    doc.update(
+        {
+            "medproc_version": __version__,
+            "source": os.path.abspath(case.source),
+            "series_uid": vol.meta.get("series_uid", "") or "",
+            "label_source": os.path.abspath(case.label) if case.label else None,
+            "label_output": os.path.basename(label_path) if label_path else None,
+            **record,
+            "input": _geometry(vol),
+            "output": _geometry(out),
+            "warnings": [str(w) for w in vol.meta.get("warnings") or []],
+        }
+    )
+    with atomic_write(path) as tmp, open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def _write_annotations(out_path: str, out, lesions) -> None:
     import json
 
@@ -124,8 +178,9 @@ def _init_worker(parent: int) -> None:
     """Pool initializer: end with the parent (even on kill -9); warnings as one plain line."""
     import warnings
 
-    from ._procs import die_with_parent
+    from ._procs import die_with_parent, ignore_sigint
 
+    ignore_sigint()  # Ctrl-C reaches the whole process group: the main process decides
     die_with_parent(parent, pdeathsig=True)
     warnings.showwarning = plain_warning
 

@@ -1,10 +1,18 @@
-"""Worker processes that never outlive their parent.
+"""Worker processes: how many, started cheaply, deaf to Ctrl-C, never outliving their parent.
 
-``kill -9`` of a batch's main process (by a user, an OOM killer or a scheduler) must not leave
-pool workers behind, writing outputs nobody records. Every pool medproc starts runs
-:func:`die_with_parent` in its workers: a daemon thread that watches the parent's pid and ends
-the worker at once when it changes, and on Linux also ``PR_SET_PDEATHSIG`` (the kernel kills
-the worker with its parent).
+- :func:`auto_workers`: the default ``-j``. A worker runs DALI's threads and a gzip stream, so
+  on 2 cores, or for 2 cases or fewer, one process is fastest (no pool is started at all).
+- :func:`start_pool`: on Linux, for CPU work, workers are *forked* from a main process that has
+  not imported DALI: they start in milliseconds with medproc, pydicom and nibabel already
+  imported (a spawned worker pays ~0.5 s of interpreter start and imports). GPU work (CUDA
+  does not survive ``fork()``) and a main process that already holds DALI get spawned workers.
+- Ctrl-C: the terminal sends SIGINT to the whole process group. Workers ignore it (SIGINT is
+  blocked while they start, so none is lost in between); the main process decides: finish the
+  running cases, start no new one (:func:`kill_pool` on a second Ctrl-C).
+- ``kill -9`` of the main process (by a user, an OOM killer or a scheduler) must not leave
+  workers behind, writing outputs nobody records: :func:`die_with_parent` runs in every worker,
+  a daemon thread that watches the parent's pid and ends the worker when it changes, and on
+  Linux also ``PR_SET_PDEATHSIG`` (the kernel kills the worker with its parent).
 """
 
 from __future__ import annotations
@@ -15,7 +23,14 @@ import sys
 import threading
 import time
 
-__all__ = ["die_with_parent"]
+__all__ = [
+    "die_with_parent",
+    "auto_workers",
+    "can_fork",
+    "start_pool",
+    "kill_pool",
+    "ignore_sigint",
+]
 
 #: seconds between two looks at the parent
 POLL_S = 0.25
@@ -51,3 +66,93 @@ def die_with_parent(parent: int | None = None, pdeathsig: bool = False) -> None:
     if os.getppid() != parent:  # the parent died before we looked
         os._exit(1)
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="medproc-watch").start()
+
+
+def auto_workers(n_cases: int | None = None, cores: int | None = None) -> int:
+    """The default number of worker processes: 1 on a machine of 2 cores or fewer, or for 2
+    cases or fewer; otherwise half the cores (each worker also runs threads), at most the
+    number of cases.
+
+    >>> auto_workers(4, cores=2), auto_workers(2, cores=16), auto_workers(100, cores=16)
+    (1, 1, 8)
+    """
+    cores = cores or _cores()
+    if cores <= 2 or (n_cases is not None and n_cases <= 2):
+        return 1
+    n = cores // 2
+    return max(1, min(n, n_cases) if n_cases is not None else n)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def ignore_sigint() -> None:
+    """In a worker: ignore SIGINT (the main process handles Ctrl-C), then unblock it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _noop() -> None:
+    return None
+
+
+def start_pool(workers: int, initializer, initargs=(), device: str = "cpu"):
+    """A ``ProcessPoolExecutor`` of ``workers`` processes, all started before it returns.
+
+    Forked (Linux, ``device="cpu"``, DALI not imported here: nothing to inherit but Python
+    modules) or spawned. SIGINT is blocked in this thread while the processes start, so they
+    inherit it blocked until ``initializer`` (which must call :func:`ignore_sigint`) runs.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    ctx = get_context("fork" if can_fork(device) else "spawn")
+    masked = hasattr(signal, "pthread_sigmask")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+    try:
+        ex = ProcessPoolExecutor(
+            max_workers=workers, mp_context=ctx, initializer=initializer, initargs=initargs
+        )
+        for _ in range(workers):  # forked: all at once; spawned: one per call until `workers`
+            ex.submit(_noop)
+    finally:
+        if masked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    ex.medproc_start_method = ctx.get_start_method()
+    return ex
+
+
+def can_fork(device: str = "cpu") -> bool:
+    """Whether :func:`start_pool` forks its workers (cheap) rather than spawning them."""
+    return (
+        sys.platform.startswith("linux")
+        and device == "cpu"
+        and "nvidia.dali" not in sys.modules
+        and not _cuda_initialised()
+    )
+
+
+def _cuda_initialised() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except AttributeError:  # pragma: no cover - a torch stub
+        return False
+
+
+def kill_pool(ex) -> None:
+    """End a ``ProcessPoolExecutor``'s processes now (a second Ctrl-C) and wait for them."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    for p in procs:
+        try:
+            p.kill()
+        except (OSError, ValueError):
+            pass
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        p.join(5)

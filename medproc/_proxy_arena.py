@@ -46,8 +46,16 @@ class Arena:
         self.block = torch.zeros(int(slots) * self.slot_bytes, dtype=torch.uint8).share_memory_()
         self.pinned = False
         if pin and torch.cuda.is_available():
-            rc = torch.cuda.cudart().cudaHostRegister(self.block.data_ptr(), self.block.numel(), 0)
+            import weakref
+
+            cudart = torch.cuda.cudart()
+            ptr = self.block.data_ptr()
+            rc = cudart.cudaHostRegister(ptr, self.block.numel(), 0)
             self.pinned = int(rc) == 0
+            if self.pinned:  # unregistered before the memory goes back (it may be reused)
+                weakref.finalize(self, cudart.cudaHostUnregister, ptr)
+            else:  # a failed registration must not linger as CUDA's last error
+                cudart.cudaGetLastError()
         ctx = multiprocessing.get_context("fork")
         self._lock = ctx.Lock()
         self._used = ctx.RawArray("b", int(slots))  # 1 = taken; shared with the workers

@@ -1,10 +1,13 @@
 """Finding the cases of a batch: DICOM series and image files under folders, files, or CSV
 case lists, with their labels and the fields of the output naming template.
 
-Nothing the user named is dropped silently: an input (file, folder, case-list row) that yields
-no volume becomes a case with an ``error`` (a failed manifest row). Every file is a case once
-(inputs are compared by real path; identical DICOM copies are read once), and folders holding
-``medproc convert`` outputs, or the output folder itself, are never taken as inputs.
+Nothing the user named is dropped silently: an input path that does not exist stops the run
+before it starts (:class:`~medproc.errors.UsageError`); an input (file, folder, case-list row)
+that yields no volume becomes a case with an ``error`` (a failed manifest row). Every file is a
+case once (inputs are compared by real path; identical DICOM copies are read once), and folders
+holding ``medproc convert`` outputs, or the output folder itself, are never taken as inputs.
+DICOM SEG and RTSTRUCT files are annotations, not images: they are listed as skipped with a
+reason starting ``annotation:`` (``medproc convert --layout`` uses them as labels).
 """
 
 from __future__ import annotations
@@ -25,12 +28,52 @@ __all__ = [
     "lesions_for",
     "read_annotation_table",
     "safe_name",
+    "check_template",
+    "check_inputs",
+    "is_annotation",
     "DEFAULT_NAME",
+    "NAME_FIELDS",
 ]
 
 #: default output name: no patient identifiers (file stem, or a hash of the series UID)
 DEFAULT_NAME = "{name}"
+#: the fields of the output naming template, and what each holds
+NAME_FIELDS = {
+    "name": "file stem, or series-<uid_hash> for DICOM (no patient identifiers)",
+    "stem": "file name without its extension (a DICOM series: its folder's name)",
+    "folder": "name of the folder holding the series or file",
+    "uid_hash": "12 hex digits of the SeriesInstanceUID's SHA-1 (of the path for files)",
+    "series_number": "DICOM SeriesNumber (0 when absent)",
+    "description": "DICOM SeriesDescription, sanitised ('' when absent)",
+    "modality": "DICOM Modality ('' for files)",
+}
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\]")
+_DESCRIPTION_KEEP = re.compile(r"[^\w.+-]+")
+_SEG_CLASS = "1.2.840.10008.5.1.4.1.1.66.4"
+_ANNOTATION = "annotation: "
+
+
+def check_template(template: str) -> None:
+    """Raise :class:`~medproc.errors.UsageError` when a naming template uses an unknown field
+    or is malformed (before any work, with the list of fields).
+
+    >>> check_template("{folder}_{series_number}")
+    """
+    Case("x", fields={k: "x" for k in NAME_FIELDS}).name(template)
+
+
+def is_annotation(reason: str) -> bool:
+    """Whether a skipped file's reason says it is an annotation (DICOM SEG or RTSTRUCT)."""
+    return reason.startswith(_ANNOTATION)
+
+
+def _description(text) -> str:
+    """A SeriesDescription usable in a file name: runs of other characters become ``_``.
+
+    >>> _description("CT Chest  w/o contrast (1.5mm)")
+    'CT_Chest_w_o_contrast_1.5mm'
+    """
+    return _DESCRIPTION_KEEP.sub("_", str(text or "")).strip("_.")
 
 
 def safe_name(name: str) -> str:
@@ -86,8 +129,12 @@ def _uid_hash(uid: str) -> str:
     return hashlib.sha1(uid.encode("utf-8", "surrogateescape")).hexdigest()[:12]
 
 
+def _folder_of(p: str) -> str:
+    return os.path.basename(os.path.dirname(os.path.abspath(p)))
+
+
 def _image_case(p: str) -> Case:
-    return Case(p, fields={"name": _stem(p), "stem": _stem(p)})
+    return Case(p, fields={"name": _stem(p), "stem": _stem(p), "folder": _folder_of(p)})
 
 
 def _failed(p: str, reason: str) -> Case:
@@ -97,6 +144,26 @@ def _failed(p: str, reason: str) -> Case:
 def _under(path: str, root: str) -> bool:
     path, root = os.path.abspath(path), os.path.abspath(root)
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def check_inputs(inputs, labels_dir: str | None = None) -> None:
+    """Raise :class:`~medproc.errors.UsageError` for an input path that does not exist, or a
+    labels folder that is missing or is also an input (before any work)."""
+    inputs = [os.fspath(p) for p in inputs]
+    if labels_dir is not None and not os.path.isdir(labels_dir):
+        what = "is not a folder" if os.path.exists(labels_dir) else "does not exist"
+        raise UsageError(f"the labels folder (--labels) {what}; check the path", labels_dir)
+    missing = [p for p in inputs if not os.path.lexists(p)]
+    if len(missing) == 1:
+        raise UsageError("no such file or folder; check the input path", missing[0])
+    if missing:
+        raise UsageError(f"no such files or folders: {', '.join(missing)}; check the input paths")
+    if labels_dir and os.path.realpath(labels_dir) in {os.path.realpath(p) for p in inputs}:
+        raise UsageError(
+            "the labels folder (--labels) is also an input; give the images and the labels as "
+            "two separate folders",
+            labels_dir,
+        )
 
 
 def find_cases(
@@ -112,16 +179,8 @@ def find_cases(
     from .io.dicom_scan import scan_dicom
     from .io.walk import walk_inputs
 
-    if labels_dir is not None and not os.path.isdir(labels_dir):
-        what = "is not a folder" if os.path.exists(labels_dir) else "does not exist"
-        raise UsageError(f"the labels folder (--labels) {what}; check the path", labels_dir)
     inputs = [os.fspath(p) for p in inputs]
-    if labels_dir and os.path.realpath(labels_dir) in {os.path.realpath(p) for p in inputs}:
-        raise UsageError(
-            "the labels folder (--labels) is also an input; give the images and the labels as "
-            "two separate folders",
-            labels_dir,
-        )
+    check_inputs(inputs, labels_dir)
     exclude = list(exclude) + ([labels_dir] if labels_dir else [])
     cases: list[Case] = []
     skipped: list[tuple[str, str]] = []
@@ -159,11 +218,20 @@ def find_cases(
         if labels_dir:
             cand = os.path.join(labels_dir, os.path.basename(p))
             c.label = cand if os.path.exists(cand) else None
-        add(c, next(r for r in tree_inputs if _under(p, r)))
+        add(c, p)
+        for r in tree_inputs:  # every input folder that holds it found something
+            if _under(p, r):
+                found_by[r] = found_by.get(r, 0) + 1
     scan = scan_dicom(tree_inputs, executor=executor, exclude=exclude) if tree_inputs else None
     for s in scan.series if scan else []:
         files = s.files
+        if _is_seg(s.info):
+            for f in files:
+                skipped.append((f, f"{_ANNOTATION}a DICOM SEG (segmentation), not an image: not "
+                                   "converted (--layout uses it as a label)"))  # fmt: skip
+            continue
         src = files[0] if len(files) == 1 else os.path.commonpath(files)
+        folder = os.path.commonpath([os.path.dirname(f) for f in files])
         c = Case(
             src,
             series=s.key,
@@ -173,7 +241,9 @@ def find_cases(
                 "uid_hash": _uid_hash(s.key),
                 "series_number": s.info.get("SeriesNumber") or 0,
                 "modality": s.info.get("Modality") or "",
+                "description": _description(s.info.get("SeriesDescription")),
                 "stem": _stem(src),
+                "folder": os.path.basename(folder),
             },
         )
         cases.append(c)
@@ -183,12 +253,14 @@ def find_cases(
     for p, reason in (scan.bad if scan else []) + images.bad:
         if os.path.realpath(p) not in seen:
             add(_failed(p, reason), next((r for r in tree_inputs if _under(p, r)), p))
-    skipped += scan.skipped if scan else []
+    skipped += [(p, _annotation_reason(r)) for p, r in (scan.skipped if scan else [])]
     skipped += images.skipped
     for inp in tree_inputs:  # a named file or folder that gave nothing fails, saying why
         if found_by.get(inp):
             continue
         mine = [(p, r) for p, r in skipped if _under(p, inp)]
+        if any(is_annotation(r) for _, r in mine):
+            continue  # SEG/RTSTRUCT named, or a folder of them: annotations, not a failure
         if not os.path.lexists(inp):
             reason = "no such file or folder; check the path"
         elif os.path.isdir(inp):
@@ -204,7 +276,23 @@ def find_cases(
         c.fields.setdefault("uid_hash", _uid_hash(c.source))
         c.fields.setdefault("series_number", 0)
         c.fields.setdefault("modality", "")
+        c.fields.setdefault("description", "")
+        c.fields.setdefault("folder", _folder_of(c.source))
     return cases, skipped
+
+
+def _is_seg(info: dict) -> bool:
+    return info.get("Modality") == "SEG" or str(info.get("SOPClassUID") or "") == _SEG_CLASS
+
+
+def _annotation_reason(reason: str) -> str:
+    """RTSTRUCT files (skipped by the scan: no image) are reported as annotations."""
+    if "RT Structure Set" in reason:
+        return (
+            f"{_ANNOTATION}a DICOM RTSTRUCT (contours), not an image: not converted (--layout "
+            "uses it as a label)"
+        )
+    return reason
 
 
 def _cases_from_csv(path: str) -> list[Case]:
@@ -223,7 +311,8 @@ def _cases_from_csv(path: str) -> list[Case]:
         if lab and not os.path.isabs(lab):
             lab = os.path.join(base, lab)
         name = (row.get("name") or "").strip() or _stem(img)
-        out.append(Case(img, label=lab, fields={"name": safe_name(name), "stem": _stem(img)}))
+        fields = {"name": safe_name(name), "stem": _stem(img), "folder": _folder_of(img)}
+        out.append(Case(img, label=lab, fields=fields))
     return out
 
 

@@ -2,38 +2,54 @@
 
 Guarantees: inputs are only read; every output (and the manifest) is written to a temporary
 name and renamed, so a crash or kill -9 never leaves a half-written file under its final name;
-a rerun skips the cases the manifest records as done whose outputs exist (``force`` redoes
-them) and redoes an output on disk that the manifest does not record (a run killed between the
-two); temporaries a killed run left are removed; a failing case, or an input that yields
-nothing, is recorded in the manifest with its reason and the batch goes on. Pool workers exit
-when the main process dies (``kill -9``), so nothing writes outputs nobody records.
+a rerun skips the cases the manifest records as done whose outputs exist and were made with the
+same options, refuses when they were made with other options (``force`` redoes them), and
+redoes an output on disk that the manifest does not record (a run killed between the two);
+temporaries a killed run left are removed; a failing case, or an input that yields nothing, is
+recorded in the manifest with its reason and the batch goes on. Every output has a
+``<name>.json`` sidecar: medproc version, source, options, input and output geometry.
+
+Start-up is part of the cost of a small batch, so: the inputs are scanned first (DICOM headers
+read once, in the workers when there are many files), then ``workers`` is cut to the number of
+cases to do; one worker means no pool at all (everything in this process); a pool of CPU
+workers is forked on Linux (see :mod:`medproc._procs`). Ctrl-C finishes the running cases and
+records them (see :mod:`medproc._batch`); pool workers exit when the main process dies.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
 
 import numpy as np
 
-from ._convert_case import _init_worker, _worker, annotations_path, plain_warning
-from .cases import DEFAULT_NAME, Case, find_cases, lesions_for, read_annotation_table
+from ._batch import INTERRUPTED, Batch, plan_cases
+from ._convert_case import _init_worker, annotations_path, plain_warning, sidecar_path
+from .cases import (
+    DEFAULT_NAME,
+    Case,
+    check_inputs,
+    check_template,
+    find_cases,
+    read_annotation_table,
+)
 from .errors import UsageError
-from .manifest import MANIFEST_FIELDS, prepare_outdir, read_manifest, write_manifest
+from .manifest import MANIFEST_FIELDS, output_options, prepare_outdir, read_manifest
 from .spec import Spec
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "Batch",
     "Case",
     "find_cases",
+    "prepare",
     "convert",
     "summary",
     "annotations_path",
+    "sidecar_path",
     "MANIFEST_FIELDS",
     "DEFAULT_NAME",
+    "INTERRUPTED",
     "plain_warning",
 ]
 
@@ -47,7 +63,7 @@ def convert(
     labels_dir: str | None = None,
     name: str = DEFAULT_NAME,
     device: str = "cpu",
-    workers: int = 1,
+    workers: int | str = "auto",
     force: bool = False,
     qc: bool = False,
     dask: str | None = None,
@@ -56,15 +72,22 @@ def convert(
     executor=None,
     nan: str = "error",
     on_start=None,
+    on_interrupt=None,
 ) -> list[dict]:
     """Convert every case under ``inputs`` into ``outdir``; returns this run's manifest rows.
 
     Parameters
     ----------
-    workers : int
-        Worker processes (cases run in parallel; each worker's DALI pipeline gets one thread).
+    inputs : list of str
+        Folders (scanned recursively, symlinked folders followed), image or DICOM files, CSV
+        case lists (``image[,label][,name]``). A path that does not exist is a
+        :class:`~medproc.errors.UsageError` before any work.
+    workers : int or "auto"
+        Worker processes, at most the number of cases to do (1: no pool, all in this
+        process). ``"auto"``: 1 on 2 cores or fewer or for 2 cases or fewer, else half the
+        cores (see :func:`medproc._procs.auto_workers`).
     qc : bool
-        Also write ``OUTDIR/qc/<name>.png``: mid-slices before/after with labels overlaid.
+        Also write ``OUTDIR/qc/<name>.png`` (see :func:`medproc.qc.qc_figure`).
     dask : str, optional
         Run the cases on dask.distributed: a scheduler address (``tcp://host:8786``), or
         ``"local"`` / ``"local:N"`` for a LocalCluster of ``N`` (default ``workers``) processes.
@@ -73,63 +96,149 @@ def convert(
         A lesion file (LUNA16-style CSV or medproc JSON); each case's lesions (matched by
         SeriesInstanceUID or file stem) are written to ``<output name>.annotations.json``.
     progress : callable, optional
-        Called with each manifest row as its case finishes (the CLI draws its bar with it).
+        Called with each manifest row as its case is settled (the CLI draws its bar with it).
     nan : {"error", "zero", "keep"}
         NaN/inf voxels in float inputs: fail the case (default), set them to 0, or keep them.
     executor : concurrent.futures.Executor, optional
-        A pool to run on (kept open: reuse it across calls; its processes must be spawned).
+        A pool to run on (kept open: reuse it across calls).
     on_start : callable, optional
-        Called with the number of cases once they are found (before any is converted).
+        Called with the number of cases once they are planned (before any is converted).
+    on_interrupt : callable, optional
+        Called on the first Ctrl-C (the running cases finish, no new one starts; the rows are
+        written, then ``KeyboardInterrupt`` is raised; a second Ctrl-C stops them at once).
 
     Raises
     ------
     UsageError, OutputError, ReadError
-        Before any case starts: bad options, an output folder that cannot be used (a file, not
+        Before any case starts: bad options, a missing input, outputs on disk made with other
+        options (without ``force``), an output folder that cannot be used (a file, not
         writable, or busy with another run), a malformed annotation file or case list.
     """
+    with prepare(
+        inputs,
+        outdir,
+        spec,
+        fmt=fmt,
+        labels_dir=labels_dir,
+        name=name,
+        device=device,
+        workers=workers,
+        force=force,
+        qc=qc,
+        dask=dask,
+        annotations=annotations,
+        executor=executor,
+        nan=nan,
+    ) as batch:
+        if on_start:
+            on_start(len(batch.decided) + len(batch.todo))
+        return batch.run(progress=progress, on_interrupt=on_interrupt)
+
+
+def check_options(fmt: str, nan: str, workers, device: str, name: str, spec) -> None:
+    """Raise :class:`UsageError` for an option ``convert`` cannot use (before any work)."""
     from .io import FORMATS
 
+    if not isinstance(spec, Spec):
+        raise UsageError(f"spec must be a medproc.Spec, got {type(spec).__name__}")
     if fmt not in FORMATS:
         raise UsageError(f"format must be one of {FORMATS}, got {fmt!r}")
     if nan not in ("error", "zero", "keep"):
         raise UsageError(f"nan must be 'error', 'zero' or 'keep', got {nan!r}")
-    table = read_annotation_table(annotations) if annotations else None  # fails before any work
-    lock = prepare_outdir(outdir)
-    closers = [lock.release]
-    ex = executor
-    try:
-        if ex is None and dask:
-            ex, more = _dask_executor(dask, workers)
-            closers = more + closers
-        elif ex is None and workers > 1:
-            ex = ProcessPoolExecutor(
-                max_workers=workers,
-                mp_context=get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(os.getpid(),),  # workers end with this process, even on kill -9
+    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)):
+        raise UsageError(f"workers must be a whole number >= 1 or 'auto', got {workers!r}")
+    if workers != "auto" and workers < 1:
+        raise UsageError(f"workers must be >= 1 (or 'auto'), got {workers}")
+    if device not in ("cpu", "gpu"):
+        raise UsageError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    check_template(name)
+    if device == "gpu":
+        from .pipeline import gpu_available
+
+        if not gpu_available():
+            raise UsageError(
+                "--device gpu: DALI sees no NVIDIA GPU here (no driver, no device, or a CPU-only "
+                "DALI build); use --device cpu, or see docs/gpu.md"
             )
-            closers = [ex.shutdown] + closers
-        threads = 1 if ex is not None and device == "cpu" else None
-        return _convert(
-            ex,
-            inputs,
-            outdir,
-            spec,
-            fmt,
-            labels_dir,
-            name,
-            device,
-            force,
-            progress,
-            qc,
-            threads,
-            table,
-            nan,
-            on_start,
+
+
+def prepare(
+    inputs,
+    outdir: str,
+    spec: Spec,
+    *,
+    fmt: str = "nii.gz",
+    labels_dir: str | None = None,
+    name: str = DEFAULT_NAME,
+    device: str = "cpu",
+    workers: int | str = "auto",
+    force: bool = False,
+    qc: bool = False,
+    dask: str | None = None,
+    annotations: str | None = None,
+    executor=None,
+    nan: str = "error",
+    dry_run: bool = False,
+) -> Batch:
+    """Check the options, scan the inputs and plan the batch (:class:`medproc._batch.Batch`,
+    a context manager: ``with prepare(...) as b: b.run()``). Parameters as :func:`convert`.
+
+    Nothing is converted. Unless ``dry_run`` (which writes nothing at all), the output folder
+    is created and locked until the batch is closed, and the worker pool is started."""
+    import os
+
+    from ._procs import auto_workers, can_fork, start_pool
+    from .manifest import check_outdir
+
+    single = isinstance(inputs, (str, os.PathLike))
+    inputs = [os.fspath(p) for p in ([inputs] if single else inputs)]
+    check_options(fmt, nan, workers, device, name, spec)
+    check_inputs(inputs, labels_dir)
+    table = read_annotation_table(annotations) if annotations else None  # fails before work
+    if dry_run:
+        check_outdir(outdir)
+    closers = [] if dry_run else [prepare_outdir(outdir).release]
+    try:
+        ex, pool = executor, None
+        if ex is None and dask and not dry_run:
+            ex, more = _dask_executor(dask, workers if workers != "auto" else os.cpu_count() or 1)
+            closers = more + closers
+        want = auto_workers() if workers == "auto" else workers
+        if ex is None and want > 1 and can_fork(device) and not dry_run:
+            pool = start_pool(want, _init_worker, (os.getpid(),))  # forked: ms; reads headers
+            closers.insert(0, pool.shutdown)
+        cases, skipped = find_cases(inputs, labels_dir, executor=ex or pool, exclude=[outdir])
+        prior = read_manifest(os.path.join(outdir, "manifest.csv"), repair=not dry_run)
+        opts = output_options(spec, fmt, nan)
+        batch = plan_cases(
+            cases, outdir, prior, opts, fmt=fmt, name=name, force=force, qc=qc, table=table
         )
-    finally:
+        batch.skipped, batch.spec, batch.device, batch.nan = skipped, spec, device, nan
+        batch.dry_run, batch.closers = dry_run, closers
+        n = len(batch.todo)
+        batch.workers = auto_workers(n) if workers == "auto" else max(1, min(workers, n))
+        if ex is not None:  # a given pool or dask: as many cases in flight as it runs
+            size = workers if workers != "auto" else getattr(ex, "_max_workers", None) or n
+            batch.workers = max(1, min(size, n))
+            batch.executor, batch.threads = ex, 1 if device == "cpu" else None
+        elif batch.workers > 1 and not dry_run:
+            if pool is None:  # spawned: only now that we know it is worth it
+                pool = start_pool(batch.workers, _init_worker, (os.getpid(),), device)
+                closers.insert(0, pool.shutdown)
+            batch.executor = pool
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+            batch.threads = max(1, cores // batch.workers) if device == "cpu" else None
+        elif pool is not None:  # one worker is enough: no pool
+            closers.remove(pool.shutdown)
+            pool.shutdown()
+        how = getattr(batch.executor, "medproc_start_method", None)
+        how = "in this process" if batch.executor is None else f"{how or 'given'} pool"
+        log.info("%d case(s) to convert, %d worker(s), %s", n, batch.workers, how)
+        return batch
+    except BaseException:
         for close in closers:
             close()
+        raise
 
 
 def _dask_executor(address: str, workers: int):
@@ -148,111 +257,6 @@ def _dask_executor(address: str, workers: int):
         return client.get_executor(), [client.close, cluster.close]
     client = Client(address)
     return client.get_executor(), [client.close]
-
-
-def _convert(
-    ex,
-    inputs,
-    outdir,
-    spec,
-    fmt,
-    labels_dir,
-    name,
-    device,
-    force,
-    progress,
-    qc,
-    threads,
-    table=None,
-    nan="error",
-    on_start=None,
-):
-    # headers read by the pool too; the output folder is never taken as an input
-    cases, skipped = find_cases(inputs, labels_dir, executor=ex, exclude=[outdir])
-    if on_start:
-        on_start(len(cases))
-    manifest = os.path.join(outdir, "manifest.csv")
-    prior = read_manifest(manifest)
-    rows: list[dict] = []
-    todo = []
-    seen: set[str] = set()
-    for c in cases:
-        nm = base = c.name(name)
-        n = 1
-        while nm in seen:
-            nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
-            n += 1
-        seen.add(nm)
-        out_path = os.path.join(outdir, f"{nm}.{fmt}")
-        label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
-        row = {"case": nm, "source": c.source, "output": out_path, "label_output": label_path or ""}
-        err = ""
-        if c.error:
-            err = f"{c.source}: {c.error}"
-        elif os.path.abspath(out_path) == os.path.abspath(c.source):
-            err = f"{c.source}: the output would overwrite the input; choose another -o"
-        if err:
-            row.update(status="failed", error=err)
-            rows.append(row)
-            if progress:
-                progress(row)
-            continue
-        old = prior.get(nm, {})
-        recorded = old.get("status") in ("ok", "skipped") and os.path.basename(
-            old.get("output", "")
-        ) == os.path.basename(out_path)
-        done = (
-            os.path.exists(out_path)
-            and (label_path is None or os.path.exists(label_path))
-            and (table is None or os.path.exists(annotations_path(out_path)))
-        )
-        if done and recorded and not force:
-            row = {
-                **old,
-                **row,
-                "status": "skipped",
-                "error": "output exists (use --force to redo)",
-            }
-            rows.append(row)
-            if progress:
-                progress(row)
-            continue
-        if done and not recorded:
-            log.info("%s: on disk but not in the manifest (an interrupted run): redone", out_path)
-        qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
-        if qc_path:
-            os.makedirs(os.path.dirname(qc_path), exist_ok=True)
-        args = (c, out_path, label_path, spec, device, qc_path, threads, lesions_for(c, table))
-        # a pool already spreads cases over the cores: one decoding process per case there
-        todo.append((args + (nan, 1 if ex is not None else None), row))
-    this_run = {r["case"] for r in rows} | {t[-1]["case"] for t in todo}
-    kept = [r for c, r in prior.items() if c not in this_run]  # cases of earlier runs stay listed
-    rows = kept + rows
-    write_manifest(manifest, rows)
-
-    def finish(res, row):
-        case, status, info, err = res
-        row.update(info, status=status, error=err)
-        rows.append(row)
-        write_manifest(manifest, rows)  # atomically, after every case: resumable at any point
-        if progress:
-            progress(row)
-
-    if ex is None:
-        for args, row in todo:
-            finish(_worker(args), row)
-    else:  # spawned processes (DALI and CUDA do not survive fork) or dask workers
-        futs = {ex.submit(_worker, args): row for args, row in todo}
-        for fut in as_completed(futs):
-            try:
-                res = fut.result()
-            except Exception as e:  # noqa: BLE001 - a worker died (OOM killer...): say so
-                c = next(a for a, r in todo if r is futs[fut])[0]
-                res = (c, "failed", {}, f"{c.source}: the worker process died ({e})")
-            finish(res, futs[fut])
-    for p, reason in skipped:
-        log.info("skipped %s: %s", p, reason)
-    return sorted([r for r in rows if r["case"] in this_run], key=lambda r: r["case"])
 
 
 def summary(rows: list[dict]) -> dict:

@@ -1,92 +1,192 @@
-"""``medproc convert``: the CLI over :func:`medproc.convert.convert`."""
+"""``medproc convert``: the CLI over :func:`medproc.convert.prepare` and ``Batch.run``.
+
+Thin: parse, check everything that can be checked before any work (options, GPU, inputs,
+output folder, layout targets), plan, then convert with a progress bar, write the training
+layouts, print a summary and return the exit status.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
+import textwrap
 
-__all__ = ["add_convert_parser"]
+__all__ = ["add_convert_parser", "HelpFormatter", "EXIT_CODES"]
+
+#: the exit statuses of medproc's commands (shown in the help)
+EXIT_CODES = """exit status:
+  0    every case converted (or already done)
+  1    some cases failed (see manifest.csv), or a layout could not be written
+  2    the command could not start: a bad option, a missing input, an output folder that
+       cannot be used, or outputs there made with other options (the message says which)
+  130  interrupted (Ctrl-C): running cases finished and recorded; rerun to continue
+  141  the reader of the output went away (a closed pipe)"""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Help with the default of every option (``none``/``off`` when unset) and the epilog
+    kept as written."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (
+            "(default" in text
+            or action.default is argparse.SUPPRESS
+            or not action.option_strings
+            or action.required
+        ):
+            return text
+        if action.default is None:
+            return f"{text} (default: none)"
+        if action.default is False:
+            return f"{text} (default: off)"
+        return f"{text} (default: %(default)s)"
+
+
+def _workers(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or 'auto', got {text!r}")
+    return n
 
 
 def add_convert_parser(sub) -> None:
+    """Add ``convert`` (and its options) to the ``medproc`` subparsers ``sub``."""
+    from .cases import NAME_FIELDS
+
     c = sub.add_parser(
         "convert",
         help="resample whole datasets to NIfTI or a .npy training cache",
-        description="Resample every DICOM series and NIfTI/NRRD/MHA file under "
-        "INPUT (folders, files or CSV case lists) into OUTDIR, with a manifest.",
+        description=textwrap.fill(
+            "Resample every DICOM series and NIfTI/NRRD/MHA file under INPUT (folders, files "
+            "or CSV case lists) into OUTDIR, with manifest.csv (one row per case) and "
+            "<name>.json beside each output (options, source, geometry). Resumable: a rerun "
+            "skips finished cases and refuses when they were made with other options.",
+            88,
+        ),
+        formatter_class=HelpFormatter,
+        epilog=EXIT_CODES,
     )
-    c.add_argument("inputs", nargs="+", metavar="INPUT")
-    c.add_argument("-o", "--outdir", required=True)
-    c.add_argument("--spacing", type=float, nargs="+", metavar="MM", help="1 or 3 values (i j k)")
-    c.add_argument("--shape", type=int, nargs=3, metavar="N")
-    c.add_argument("--orientation", default=None, help="e.g. RAS (default: keep)")
-    c.add_argument("--interp", default="linear", choices=["linear", "cubic", "nearest"])
-    c.add_argument("--antialias", action="store_true")
-    c.add_argument("--labels", default=None, help="folder of label maps named like the images")
-    c.add_argument("--clip", type=float, nargs=2, metavar=("LO", "HI"))
-    c.add_argument("--percentiles", type=float, nargs=2, metavar=("LO", "HI"))
-    c.add_argument("--scale", type=float, nargs=2, metavar=("LO", "HI"))
-    c.add_argument("--zscore", action="store_true")
-    c.add_argument("--crop", type=int, nargs=3, metavar="N")
-    c.add_argument("--dtype", default="float32")
-    c.add_argument("--format", default="nii.gz", choices=["nii.gz", "nii", "npy"])
-    c.add_argument(
-        "--name",
-        default="{name}",
-        help="output name template; fields: name (file stem or series-<uid hash>), "
-        "stem, uid_hash, series_number, modality",
+    add = c.add_argument
+    add("inputs", nargs="+", metavar="INPUT", help="folders, image/DICOM files or CSV case lists")
+    add("-o", "--outdir", required=True, help="output folder (created; locked while running)")
+    g = c.add_argument_group("output grid and voxels (recorded; a rerun must match them)")
+    g.add_argument("--spacing", type=float, nargs="+", metavar="MM", help="1 or 3 values (i j k)")
+    g.add_argument("--shape", type=int, nargs=3, metavar="N", help="output size instead")
+    g.add_argument("--orientation", help="axis codes such as RAS (default: keep the input's)")
+    g.add_argument(
+        "--interp",
+        default="linear",
+        choices=["linear", "cubic", "nearest"],
+        help="image interpolation; labels are always nearest",
     )
-    c.add_argument("--device", default="cpu", choices=["cpu", "gpu"])
-    c.add_argument("-j", "--workers", type=int, default=max(1, (os.cpu_count() or 1)))
-    c.add_argument("--force", action="store_true", help="redo cases whose output exists")
-    c.add_argument(
+    g.add_argument("--antialias", action="store_true", help="low-pass when downsampling")
+    g.add_argument("--crop", type=int, nargs=3, metavar="N", help="centred crop/pad (i j k)")
+    g.add_argument("--clip", type=float, nargs=2, metavar=("LO", "HI"), help="intensity window")
+    g.add_argument(
+        "--percentiles",
+        type=float,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="clip to these percentiles of each volume",
+    )
+    g.add_argument("--scale", type=float, nargs=2, metavar=("LO", "HI"), help="map to range")
+    g.add_argument("--zscore", action="store_true", help="zero mean, unit variance per volume")
+    g.add_argument("--dtype", default="float32", help="image dtype (labels keep theirs)")
+    g.add_argument(
+        "--format",
+        default="nii.gz",
+        choices=["nii.gz", "nii", "npy"],
+        help="npy: the training cache read by DALI's numpy reader",
+    )
+    g.add_argument(
         "--nan",
         default="error",
         choices=["error", "zero", "keep"],
-        help="NaN/inf voxels in float inputs: fail the case (default), set to 0, keep",
+        help="NaN/inf voxels in float inputs: fail the case, set to 0, keep",
     )
-    c.add_argument(
+    o = c.add_argument_group("cases and outputs")
+    o.add_argument("--labels", help="folder of label maps named like the images")
+    o.add_argument(
+        "--name",
+        default="{name}",
+        help="output name template; fields: "
+        + "; ".join(f"{k}: {v}" for k, v in NAME_FIELDS.items()),
+    )
+    o.add_argument(
+        "--annotations",
+        metavar="FILE",
+        help="lesion CSV (LUNA16: seriesuid,coordX,coordY,coordZ,diameter_mm, LPS) "
+        "or JSON; writes <name>.annotations.json per case",
+    )
+    o.add_argument(
         "--qc",
         action="store_true",
-        help="write OUTDIR/qc/<name>.png: mid-slices before/after, labels overlaid",
+        help="write OUTDIR/qc/<name>.png: views through each lesion (or label), "
+        "before and after, with orientation letters",
     )
-    c.add_argument(
-        "--annotations",
-        default=None,
-        metavar="FILE",
-        help="lesion CSV (LUNA16: seriesuid,coordX,coordY,coordZ,diameter_mm, LPS) or JSON; "
-        "writes <output name>.annotations.json per case",
+    o.add_argument(
+        "--force",
+        action="store_true",
+        help="redo finished cases, also those made with other options",
     )
-    c.add_argument(
+    o.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the cases and the files they would write; write nothing",
+    )
+    r = c.add_argument_group("where it runs")
+    r.add_argument("--device", default="cpu", choices=["cpu", "gpu"], help="DALI backend")
+    r.add_argument(
+        "-j",
+        "--workers",
+        type=_workers,
+        default="auto",
+        metavar="N|auto",
+        help="worker processes, at most the cases to do; auto: 1 on <= 2 cores or "
+        "for <= 2 cases, else half the cores",
+    )
+    r.add_argument(
         "--dask",
-        default=None,
         metavar="ADDRESS",
-        help="run on dask.distributed: a scheduler address, or local[:N] for a LocalCluster",
+        help="run on dask.distributed: a scheduler address, or local[:N]",
+    )
+    t = c.add_argument_group("training layouts, written after the conversion from manifest.csv")
+    t.add_argument(
+        "--layout",
+        action="append",
+        choices=["nnunet", "monai"],
+        help="nnunet: an nnU-Net v2 raw dataset; monai: a decathlon datalist JSON "
+        "(repeatable); labels from --labels, or DICOM SEG/RTSTRUCT among the "
+        "inputs",
+    )
+    t.add_argument(
+        "--dataset",
+        metavar="PATH",
+        help="nnunet: the dataset folder, $nnUNet_raw/DatasetNNN_Name (required); "
+        "monai alone: the JSON (default: OUTDIR/datalist.json)",
+    )
+    t.add_argument(
+        "--channel-name", help="nnunet channel_names['0'] (default: CT for HU images, else zscore)"
+    )
+    t.add_argument(
+        "--validation", nargs="+", metavar="CASE", help="monai: these cases go to 'validation'"
     )
     c.set_defaults(func=_cmd_convert)
 
 
-def _cmd_convert(a) -> int:
-    import time
-    import warnings
-
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.text import Text
-
-    from .cli import plain_console
-    from .convert import convert, plain_warning, summary
+def _spec(a):
     from .errors import UsageError
     from .spec import Intensity, Spec
 
-    con = plain_console(stderr=True)
     try:
-        spec = Spec(
+        return Spec(
             spacing=a.spacing,
             shape=a.shape,
             orientation=a.orientation,
@@ -100,28 +200,44 @@ def _cmd_convert(a) -> int:
         )
     except (ValueError, TypeError) as e:
         raise UsageError(f"invalid options: {e}") from None
-    cols = [
-        TextColumn("converting"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]:.2f} cases/s"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    ]
+
+
+def _print_plan(batch, con) -> None:
+    for r in sorted(batch.decided, key=lambda r: r["case"]):
+        what = "skip (done)" if r["status"] == "skipped" else "fail"
+        tail = f": {r['error']}" if r["status"] == "failed" else f" -> {r['output']}"
+        con.print(f"{what:12s} {r['case']}  {r['source']}{tail}", soft_wrap=True)
+    for t in batch.todo:
+        con.print(f"{'convert':12s} {t.row['case']}  {t.case.source}", soft_wrap=True)
+        for p in t.outputs:
+            con.print(f"{'':12s}   -> {p}", soft_wrap=True)
+    for p, reason in batch.annotations:
+        con.print(f"{'annotation':12s} {p}: {reason}", soft_wrap=True)
+    n_skip = sum(r["status"] == "skipped" for r in batch.decided)
+    con.print(
+        f"{len(batch.todo)} to convert, {n_skip} already done, "
+        f"{len(batch.decided) - n_skip} failed, with {batch.workers} worker(s); "
+        f"nothing written (--dry-run)",
+        soft_wrap=True,
+    )
+
+
+def _cmd_convert(a) -> int:
+    import time
+    import warnings
+
+    from ._convert_layouts import check_layouts, write_layouts
+    from .cli import plain_console
+    from .convert import plain_warning, prepare, summary
+
     t0 = time.perf_counter()
-    with warnings.catch_warnings(), Progress(*cols, console=con, transient=False) as bar:
+    quiet = getattr(a, "quiet", False)
+    con = plain_console(stderr=True)
+    spec = _spec(a)
+    with warnings.catch_warnings():
         warnings.showwarning = plain_warning
-        task = bar.add_task("convert", total=None, rate=0.0)
-
-        def progress(row):
-            done = bar.tasks[0].completed + 1
-            bar.update(task, advance=1, rate=done / max(time.perf_counter() - t0, 1e-9))
-            if row["status"] == "failed":
-                msg = row["error"] or row["source"]
-                bar.console.print(Text("failed", style="red"), msg, soft_wrap=True)
-
-        rows = convert(
+        targets = check_layouts(a)
+        with prepare(
             a.inputs,
             a.outdir,
             spec,
@@ -135,13 +251,89 @@ def _cmd_convert(a) -> int:
             dask=a.dask,
             annotations=a.annotations,
             nan=a.nan,
-            progress=progress,
-            on_start=lambda n: bar.update(task, total=n),
-        )
-    s = summary(rows)
-    con.print(
+            dry_run=a.dry_run,
+        ) as batch:
+            if a.dry_run:
+                _print_plan(batch, plain_console())
+                return 0
+            rows, interrupted = _run(batch, con, quiet, t0)
+            s = summary(rows)
+            if not quiet:
+                con.print(_summary_line(a, batch, s, time.perf_counter() - t0), soft_wrap=True)
+            if interrupted:
+                ok = {r["case"] for r in rows if r["status"] == "ok"}
+                left = sum(t.row["case"] not in ok for t in batch.todo)
+                print(
+                    f"medproc convert: interrupted; {left} case(s) not converted: run the same "
+                    "command again to continue",
+                    file=sys.stderr,
+                )
+                return 130
+            rc = 0 if s["failed"] == 0 else 1
+            if targets:  # still holding the output folder's lock
+                rc = max(rc, write_layouts(a, targets, batch, _Mute() if quiet else con))
+            return rc
+
+
+def _summary_line(a, batch, s: dict, seconds: float) -> str:
+    n_ann = len(batch.annotations)
+    return (
         f"{s['ok']} converted, {s['skipped']} skipped (already done), {s['failed']} failed, "
-        f"of {s['total']} case(s) in {time.perf_counter() - t0:.1f} s; manifest: "
+        f"of {len(batch.decided) + len(batch.todo)} case(s) in {seconds:.1f} s with "
+        f"{batch.workers} worker(s); manifest: "
         f"{os.path.join(a.outdir, 'manifest.csv')}"
+        + (f"; {n_ann} annotation file(s) (DICOM SEG/RTSTRUCT) not converted" if n_ann else "")
     )
-    return 0 if s["failed"] == 0 else 1
+
+
+def _run(batch, con, quiet: bool, t0: float):
+    """Run the batch with a progress bar (none with -q); (rows, interrupted)."""
+    import time
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.text import Text
+
+    cols = [
+        TextColumn("converting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]:.2f} cases/s"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    ]
+    total = len(batch.decided) + len(batch.todo)
+    bar = Progress(*cols, console=con, transient=False, disable=quiet)
+    task = bar.add_task("convert", total=total, rate=0.0)
+
+    def progress(row):
+        done = bar.tasks[0].completed + 1
+        bar.update(task, advance=1, rate=done / max(time.perf_counter() - t0, 1e-9))
+        if row["status"] == "failed":
+            msg = row["error"] or row["source"]
+            bar.console.print(Text("failed", style="red"), msg, soft_wrap=True)
+
+    def on_interrupt():  # in a signal handler: one unbuffered write, nothing else
+        os.write(
+            2,
+            b"\nmedproc convert: Ctrl-C: finishing the running case(s), starting no "
+            b"new one (Ctrl-C again to stop them now)\n",
+        )
+
+    with bar:  # started after the pool: no thread is running when workers are forked
+        try:
+            return batch.run(progress=progress, on_interrupt=on_interrupt), False
+        except KeyboardInterrupt:
+            return batch.rows, True
+
+
+class _Mute:
+    def print(self, *args, **kw) -> None:
+        pass

@@ -1,6 +1,9 @@
 """What is in a dataset: series, files, geometry and warnings, from headers only.
 
 This is what ``medproc inspect`` prints; it reads no pixel data, so it is fast on large trees.
+Every file under the paths is accounted for: a volume (DICOM series or image file), an error,
+an annotation (DICOM SEG or RTSTRUCT: not converted, used as labels by ``--layout``) or a
+skipped file with the reason (stray files such as ``.csv`` or ``.txt`` are listed too).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from .io import IMAGE_EXT as _IMAGE_EXT
 class Entry:
     """One volume found (a DICOM series or an image file), or one file that failed."""
 
-    kind: str  # "dicom", "nifti", "itk", "error" (unusable) or "skipped" (not an image)
+    #: "dicom", "nifti", "itk", "annotation" (SEG/RTSTRUCT), "error" or "skipped" (not an image)
+    kind: str
     source: str
     series: str = ""
     modality: str = ""
@@ -104,14 +108,16 @@ def inspect_paths(paths) -> list[Entry]:
     )
     dicom_paths = [p for p in paths if os.path.isdir(p) or not p.lower().endswith(_IMAGE_EXT)]
     scan = scan_dicom(dicom_paths, skip_outputs=False) if dicom_paths else None
+    accounted = set()  # real paths of the files of every series
     for s in scan.series if scan else []:
         i = s.info
         files = s.files
+        accounted.update(os.path.realpath(f) for f in files + s.copies + [p for p, _ in s.problems])
         src = files[0] if len(files) == 1 else os.path.commonpath(files)
         ts = i.get("TransferSyntaxUID")
         spp = int(i.get("SamplesPerPixel") or 1)
         e = Entry(
-            "dicom",
+            "annotation" if _is_seg(i) else "dicom",
             src,
             series=s.key,
             modality=str(i.get("Modality") or ""),
@@ -125,6 +131,9 @@ def inspect_paths(paths) -> list[Entry]:
             p, reason = s.problems[0]
             more = f" ({len(s.problems)} unusable files)" if len(s.problems) > 1 else ""
             e.error = f"{os.path.basename(p)}: {reason}{more}"
+        if e.kind == "annotation":
+            out.append(e)
+            continue
         try:
             g = series_geometry(s)
             e.spacing = tuple(float(x) for x in np.round(spacing_of(g.affine), 4))
@@ -143,8 +152,32 @@ def inspect_paths(paths) -> list[Entry]:
             out.append(Entry("error", p, error=reason))
     for p, reason in scan.skipped if scan else []:
         if not p.lower().endswith(_IMAGE_EXT):
-            out.append(Entry("skipped", p, error=reason))
-    return _named_inputs_accounted(paths, out)
+            if "RT Structure Set" in reason:
+                out.append(Entry("annotation", p, modality="RTSTRUCT", files=1))
+            else:
+                out.append(Entry("skipped", p, error=reason))
+    return _named_inputs_accounted(paths, _stray_files(paths, out, accounted))
+
+
+def _is_seg(info: dict) -> bool:
+    from .cases import _is_seg
+
+    return _is_seg(info)
+
+
+def _stray_files(paths, out: list[Entry], accounted: set) -> list[Entry]:
+    """Files the scans pass over without a word (``.csv``, ``.txt``, ``.png``...), as skipped
+    entries: the report accounts for every file under the paths."""
+    from .io.walk import walk_inputs
+
+    folders = [p for p in paths if os.path.isdir(p)]
+    if not folders:
+        return out
+    known = accounted | {os.path.realpath(e.source) for e in out}
+    for f in walk_inputs(folders, skip_outputs=False).files:
+        if os.path.realpath(f) not in known:
+            out.append(Entry("skipped", f, error="not a DICOM or image file (by its name)"))
+    return out
 
 
 def _under(p: str, root: str) -> bool:

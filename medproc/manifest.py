@@ -10,6 +10,8 @@ written safely.
   run are removed when the next run starts.
 - A ``manifest.csv`` that cannot be parsed (binary, not UTF-8, wrong header) is moved aside to
   ``manifest.csv.unreadable-<time>`` with a warning; its cases are then redone.
+- Each row records the options that made its outputs (``options``: the spec, format and NaN
+  policy as JSON), so a rerun with other options can say what differs (:func:`options_diff`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ from .io import atomic_write
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MANIFEST_FIELDS", "prepare_outdir", "read_manifest", "write_manifest", "OutdirLock"]
+__all__ = [
+    "MANIFEST_FIELDS",
+    "prepare_outdir",
+    "check_outdir",
+    "read_manifest",
+    "write_manifest",
+    "OutdirLock",
+    "output_options",
+    "options_diff",
+]
 
 MANIFEST_FIELDS = [
     "case",
@@ -46,6 +57,7 @@ MANIFEST_FIELDS = [
     "seconds",
     "worker",
     "warnings",
+    "options",
 ]
 _TEMP = re.compile(r"^\..+\.part(\.[A-Za-z0-9]+){0,2}$")
 #: the manifest is UTF-8 for every reader: file names that are not (kept by Python as
@@ -87,14 +99,29 @@ class OutdirLock:
             self._f.close()
 
 
-def prepare_outdir(outdir: str) -> OutdirLock:
-    """Create, check and lock ``outdir``; remove stale temporaries. Returns the lock."""
+def check_outdir(outdir: str) -> None:
+    """Raise :class:`OutputError` when ``outdir`` could not be used, writing nothing: it is a
+    file, or neither it nor the folder it would be created in is writable."""
     outdir = os.fspath(outdir)
     if os.path.lexists(outdir) and not os.path.isdir(outdir):
         raise OutputError(
             "exists and is not a folder (a file?); choose another -o, or move the file away",
             outdir,
         )
+    probe = os.path.abspath(outdir)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        where = "" if probe == os.path.abspath(outdir) else f" ({probe} is not writable)"
+        raise OutputError(
+            f"cannot be written to{where}; choose a folder you can write to with -o", outdir
+        )
+
+
+def prepare_outdir(outdir: str) -> OutdirLock:
+    """Create, check and lock ``outdir``; remove stale temporaries. Returns the lock."""
+    outdir = os.fspath(outdir)
+    check_outdir(outdir)
     try:
         os.makedirs(outdir, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".medproc-write-test.", dir=outdir)
@@ -124,9 +151,10 @@ def prepare_outdir(outdir: str) -> OutdirLock:
     return lock
 
 
-def read_manifest(path: str) -> dict[str, dict]:
+def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
     """The rows of an existing manifest by case name ({} if there is none). One that cannot be
-    parsed is moved aside (``manifest.csv.unreadable-<time>``) with a :class:`MedprocWarning`."""
+    parsed is moved aside (``manifest.csv.unreadable-<time>``) with a :class:`MedprocWarning`
+    (with ``repair=False``, e.g. for a dry run, it is left where it is: {} with the warning)."""
     if not os.path.exists(path):
         return {}
     try:
@@ -143,6 +171,14 @@ def read_manifest(path: str) -> dict[str, dict]:
                 rows[r["case"]] = r
             return rows
     except (ValueError, csv.Error, UnicodeDecodeError, OSError) as e:
+        if not repair:
+            warnings.warn(
+                f"{path} could not be parsed ({type(e).__name__}: {e}); a run would move it "
+                "aside and redo the outputs it recorded",
+                MedprocWarning,
+                stacklevel=2,
+            )
+            return {}
         aside = f"{path}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
             os.replace(path, aside)
@@ -169,3 +205,46 @@ def write_manifest(path: str, rows: list[dict]) -> None:
                 w.writerow({k: r.get(k, "") for k in MANIFEST_FIELDS})
     except OSError as e:
         raise OutputError(f"cannot be written: {e.strerror or e}", path) from None
+
+
+def output_options(spec, fmt: str, nan: str) -> dict:
+    """The options that decide what a case's outputs hold: the spec, the format and the NaN
+    policy (not the device, the workers or the naming template), as plain JSON values."""
+    import dataclasses
+    import json
+
+    return json.loads(
+        json.dumps({"spec": dataclasses.asdict(spec), "format": fmt, "nan": nan}, sort_keys=True)
+    )
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}".removeprefix("spec.")] = v
+    return out
+
+
+def _show(v) -> str:
+    if isinstance(v, list):
+        return " x ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
+    return "none" if v is None else str(v)
+
+
+def options_diff(old: dict, new: dict) -> list[str]:
+    """What differs between two :func:`output_options`, in words.
+
+    >>> from medproc.spec import Spec
+    >>> options_diff(output_options(Spec(spacing=2), "nii.gz", "error"),
+    ...              output_options(Spec(spacing=1.5, orientation="RAS"), "nii.gz", "error"))
+    ['orientation: none before, RAS now', 'spacing: 2 x 2 x 2 before, 1.5 x 1.5 x 1.5 now']
+    """
+    a, b = _flat(old), _flat(new)
+    return [
+        f"{k}: {_show(a.get(k))} before, {_show(b.get(k))} now"
+        for k in list(b) + [k for k in a if k not in b]
+        if a.get(k) != b.get(k)
+    ]

@@ -121,7 +121,6 @@ class ProxyTransform:
         return slot if slot is not None else _shareable(region)
 
     def __call__(self, sample: dict) -> dict:
-        import torch
 
         img = sample["image"]
         lab = sample.get("label") if self.with_label is not False else None
@@ -147,13 +146,14 @@ class ProxyTransform:
                 out["label"] = refs[1]
         else:
             out["image"] = _Pending(self._ship(arr), [self._ship(a) for a in labs], plan)
-        out["affine"] = torch.as_tensor(plan.out_affine)
+        # small arrays travel pickled inline (a tensor per sample would cost a shared-memory
+        # file each); the batch turns them into tensors
+        out["affine"] = plan.out_affine
         lesions = sample.get("lesions")
         placed = plan.lesions_on_grid(lesions) if lesions is not None else []
         out["lesions"] = placed
         vox, world, labels = lesion_boxes(placed, self.box_mode)
-        out["boxes"], out["boxes_world"] = torch.from_numpy(vox), torch.from_numpy(world)
-        out["box_labels"] = torch.from_numpy(labels)
+        out["boxes"], out["boxes_world"], out["box_labels"] = vox, world, labels
         out["meta"] = {
             "source": img.meta.get("source"),
             "in_shape": img.shape,
@@ -165,19 +165,25 @@ class ProxyTransform:
         return out
 
 
-_PER_SAMPLE = ("lesions", "meta", "boxes", "boxes_world", "box_labels")
+_BOXES = ("boxes", "boxes_world", "box_labels")
+_PER_SAMPLE = ("lesions", "meta", *_BOXES)
 
 
 def collate(samples: list[dict]) -> dict:
     """Batch dicts: tensors and DALI proxy references via torch's default_collate; lesions,
     boxes (their number varies per sample) and meta as per-sample lists."""
+    import torch
     from torch.utils.data import default_collate
 
     out = {}
     for key in samples[0]:
         vals = [s[key] for s in samples]
         if key in _PER_SAMPLE or isinstance(vals[0], _Pending):
+            if key in _BOXES:
+                vals = [torch.from_numpy(np.asarray(v)) for v in vals]
             out[key] = vals
+        elif key == "affine":
+            out[key] = torch.from_numpy(np.stack(vals))
         else:
             out[key] = default_collate(vals)
     return out

@@ -1,6 +1,10 @@
 """Walking input trees safely: every file once (by real path), folders that cannot be listed
 reported, FIFOs, devices, sockets and broken symlinks never opened, and excluded folders (an
 output folder inside an input tree, earlier medproc outputs) never entered.
+
+Symlinked folders are followed (dataset trees are often assembled from links), each real folder
+is entered once: a link back to a folder above it (a loop) or to a folder already walked is
+skipped, with the reason.
 """
 
 from __future__ import annotations
@@ -59,6 +63,12 @@ def _kind(path: str) -> tuple[str | None, int | None]:
     return None, st.st_mode
 
 
+def _is_above(folder: str, root: str) -> bool:
+    """Whether the real folder ``folder`` is ``root`` or one of its ancestors."""
+    r = os.path.realpath(root)
+    return r == folder or r.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def walk_inputs(
     paths: Iterable,
     keep=None,
@@ -83,6 +93,7 @@ def walk_inputs(
     """
     out = Walk()
     seen: set[str] = set()
+    walked: set[str] = set()  # real paths of the folders entered: each once, no loops
     excluded = {os.path.realpath(os.fspath(e)) for e in exclude}
 
     def add(p: str):
@@ -95,25 +106,39 @@ def walk_inputs(
         p = os.fspath(p)
         reason, mode = _kind(p)
         if mode is not None and stat.S_ISDIR(mode):
-            if os.path.realpath(p) in excluded:
+            real = os.path.realpath(p)
+            if real in excluded:
                 out.skipped.append((p, "the output folder: never read as an input"))
                 continue
+            if real in walked:
+                continue  # named twice, or inside a folder named before: its files are listed
+            walked.add(real)
 
             def onerror(e, _p=p):
                 out.bad.append((e.filename or _p, f"the folder cannot be listed: {e.strerror}"))
 
-            for root, dirs, files in os.walk(p, onerror=onerror):
+            for root, dirs, files in os.walk(p, onerror=onerror, followlinks=True):
                 dirs.sort()
                 for d in list(dirs):
                     full = os.path.join(root, d)
-                    if os.path.realpath(full) in excluded:
+                    real = os.path.realpath(full)
+                    if real in excluded:
                         dirs.remove(d)
                         out.skipped.append((full, "the output folder: never read as an input"))
+                    elif real in walked:
+                        dirs.remove(d)
+                        if _is_above(real, root):
+                            why = f"a symlink to {real}, a folder above it (a loop): not followed"
+                        else:
+                            why = f"a symlink to {real}, a folder already scanned"
+                        out.skipped.append((full, why))
                     elif skip_outputs and is_medproc_output(full):
                         dirs.remove(d)
                         out.skipped.append(
                             (full, "holds medproc convert outputs (manifest.csv): not an input")
                         )
+                    else:
+                        walked.add(real)
                 for name in sorted(files):
                     low = name.lower()
                     if name.startswith(".") or low.endswith(tuple(skip_names)):

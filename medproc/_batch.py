@@ -1,0 +1,290 @@
+"""A planned batch (:class:`Batch`): which cases to convert, skip or fail, under which names,
+checked against what the output folder already holds; and running it, with Ctrl-C handled.
+
+Planning writes nothing. A case whose outputs exist and are recorded in the manifest is skipped
+when they were made with the same options (the spec, format and NaN policy); made with other
+options, the whole batch is refused before any work (``force`` redoes them), so a folder never
+mixes outputs of two specs without saying so.
+
+Running: cases go to the workers one at a time (never more queued than workers run), so a first
+Ctrl-C starts no new case, lets the running ones finish and records them, then raises
+``KeyboardInterrupt``; a second Ctrl-C ends the running ones at once (their rows say so) and
+kills the workers. The manifest is written after every case: a rerun continues.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass, field
+
+from ._convert_case import _worker, annotations_path, sidecar_path
+from .cases import Case
+from .manifest import options_diff, write_manifest
+
+__all__ = ["Batch", "Todo", "plan_cases", "INTERRUPTED"]
+
+#: the error of a case a second Ctrl-C stopped (redone by the next run)
+INTERRUPTED = "interrupted (Ctrl-C) before it finished; run the same command again to convert it"
+
+
+@dataclass
+class Todo:
+    """One case to convert: its row and its output paths."""
+
+    case: Case
+    row: dict
+    out_path: str
+    label_path: str | None
+    qc_path: str | None
+    lesions: object = None
+
+    @property
+    def outputs(self) -> list[str]:
+        """Every file converting the case writes."""
+        out = [self.out_path, sidecar_path(self.out_path)]
+        out += [p for p in (self.label_path, self.qc_path) if p]
+        return out + ([annotations_path(self.out_path)] if self.lesions is not None else [])
+
+
+@dataclass
+class Batch:
+    """A planned batch (see the module doc); made by :func:`medproc.convert.prepare`."""
+
+    outdir: str
+    options: dict
+    todo: list[Todo]
+    decided: list[dict]  # rows settled without converting: failed inputs, skipped done cases
+    kept: list[dict]  # rows of earlier runs' cases that are not in this one
+    skipped: list[tuple[str, str]]  # files that are no case, with the reason
+    spec: object = None
+    device: str = "cpu"
+    nan: str = "error"
+    workers: int = 1
+    dry_run: bool = False
+    executor: object = None  # the pool the cases run on (None: in this process)
+    threads: int | None = None  # DALI threads per case
+    closers: list = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # this run's rows, as cases finish
+
+    @property
+    def annotations(self) -> list[tuple[str, str]]:
+        """DICOM SEG / RTSTRUCT files found among the inputs (not converted)."""
+        from .cases import is_annotation
+
+        return [(p, r) for p, r in self.skipped if is_annotation(r)]
+
+    def close(self) -> None:
+        """Stop the pool this batch started and release the output folder."""
+        while self.closers:
+            self.closers.pop(0)()
+
+    def __enter__(self) -> Batch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(self, progress=None, on_interrupt=None) -> list[dict]:
+        """Convert the cases; returns this run's rows (sorted by case). See the module doc.
+
+        ``progress(row)`` is called for every row as it is settled; ``on_interrupt()`` on the
+        first Ctrl-C (in the main thread only)."""
+        if self.dry_run:
+            raise RuntimeError("a dry-run batch cannot run: prepare it with dry_run=False")
+        manifest = os.path.join(self.outdir, "manifest.csv")
+        self.rows = list(self.decided)
+        write_manifest(manifest, self.kept + self.rows)
+        for r in self.decided:
+            if progress:
+                progress(r)
+
+        def finish(res, row):
+            case, status, info, err = res
+            row.update(info, status=status, error=err)
+            self.rows.append(row)
+            write_manifest(manifest, self.kept + self.rows)  # atomically: resumable anywhere
+            if progress:
+                progress(row)
+
+        with _Interrupts(on_interrupt) as stop:
+            if self.executor is None:
+                self._run_here(stop, finish)
+            else:
+                self._run_pool(stop, finish)
+            interrupted = stop.requested
+        if interrupted:
+            raise KeyboardInterrupt
+        return sorted(self.rows, key=lambda r: r["case"])
+
+    def _args(self, t: Todo) -> tuple:
+        record = {**self.options, "device": self.device}
+        decode = 1 if self.executor is not None else None  # a pool spreads cases over cores
+        return (
+            t.case,
+            t.out_path,
+            t.label_path,
+            self.spec,
+            self.device,
+            t.qc_path,
+            self.threads,
+            t.lesions,
+            self.nan,
+            decode,
+            record,
+        )
+
+    def _start(self, t: Todo) -> None:
+        if t.qc_path:
+            os.makedirs(os.path.dirname(t.qc_path), exist_ok=True)
+        t.row["options"] = _options_json(self.options)
+
+    def _run_here(self, stop, finish) -> None:
+        for t in self.todo:
+            if stop.requested:
+                break
+            self._start(t)
+            try:
+                res = _worker(self._args(t))
+            except KeyboardInterrupt:  # a second Ctrl-C: this case stops where it is
+                finish((t.case, "failed", {}, f"{t.case.source}: {INTERRUPTED}"), t.row)
+                raise
+            finish(res, t.row)
+
+    def _run_pool(self, stop, finish) -> None:
+        from ._procs import kill_pool
+
+        ex, queue, running = self.executor, iter(self.todo), {}
+
+        def submit_next() -> None:
+            t = next(queue, None)
+            if t is not None:
+                self._start(t)
+                running[ex.submit(_worker, self._args(t))] = t
+
+        for _ in range(max(1, self.workers)):
+            submit_next()
+        try:
+            while running:
+                done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in done:
+                    t = running.pop(fut)
+                    try:
+                        res = fut.result()
+                    except Exception as e:  # noqa: BLE001 - a worker died (OOM killer...)
+                        err = f"{t.case.source}: the worker process died ({e})"
+                        res = (t.case, "failed", {}, err)
+                    finish(res, t.row)
+                    if not stop.requested:
+                        submit_next()
+        except KeyboardInterrupt:  # a second Ctrl-C: end the running cases now
+            if hasattr(ex, "_processes"):
+                kill_pool(ex)
+            else:
+                for fut in running:
+                    fut.cancel()
+            for t in running.values():
+                finish((t.case, "failed", {}, f"{t.case.source}: {INTERRUPTED}"), t.row)
+            raise
+
+
+class _Interrupts:
+    """SIGINT in the main thread: the first sets ``requested`` (and calls ``on_first``), the
+    second raises ``KeyboardInterrupt``; the previous handler comes back on exit."""
+
+    def __init__(self, on_first=None):
+        self.requested, self.on_first, self.old = False, on_first, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.on_first:
+            self.on_first()
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+
+
+def _options_json(options: dict) -> str:
+    import json
+
+    return json.dumps(options, sort_keys=True, separators=(",", ":"))
+
+
+def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) -> Batch:
+    """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
+    made with other options and ``force`` is not set."""
+    import json
+    import logging
+
+    from .cases import lesions_for
+    from .errors import UsageError
+
+    todo, decided, seen, conflicts = [], [], set(), {}
+    for c in cases:
+        nm = base = c.name(name)
+        n = 1
+        while nm in seen:
+            nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
+            n += 1
+        seen.add(nm)
+        out_path = os.path.join(outdir, f"{nm}.{fmt}")
+        label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
+        row = {"case": nm, "source": c.source, "output": out_path, "label_output": label_path or ""}
+        err = f"{c.source}: {c.error}" if c.error else ""
+        if not err and os.path.abspath(out_path) == os.path.abspath(c.source):
+            err = f"{c.source}: the output would overwrite the input; choose another -o"
+        if err:
+            decided.append({**row, "status": "failed", "error": err})
+            continue
+        old = prior.get(nm, {})
+        recorded = old.get("status") in ("ok", "skipped") and os.path.basename(
+            old.get("output", "")
+        ) == os.path.basename(out_path)
+        done = (
+            os.path.exists(out_path)
+            and (label_path is None or os.path.exists(label_path))
+            and (table is None or os.path.exists(annotations_path(out_path)))
+        )
+        if done and recorded:
+            try:
+                made_with = json.loads(old.get("options") or "null")
+            except ValueError:
+                made_with = None
+            diff = (
+                options_diff(made_with, options)
+                if isinstance(made_with, dict)
+                else ["the options were not recorded (an older medproc made them)"]
+            )
+            if diff:
+                conflicts[nm] = diff
+            elif not force:
+                err = "output exists (use --force to redo)"
+                decided.append({**old, **row, "status": "skipped", "error": err})
+                continue
+        if done and not recorded:
+            logging.getLogger("medproc.convert").info(
+                "%s: on disk but not in the manifest (an interrupted run): redone", out_path
+            )
+        qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
+        todo.append(Todo(c, row, out_path, label_path, qc_path, lesions_for(c, table)))
+    if conflicts and not force:
+        first = sorted({d for ds in conflicts.values() for d in ds})
+        raise UsageError(
+            f"holds {len(conflicts)} case(s) converted with other options "
+            f"({'; '.join(first)}). Rerun with the options they were made with to resume, "
+            "add --force to redo them with these, or choose another -o",
+            outdir,
+        )
+    this_run = {r["case"] for r in decided} | {t.row["case"] for t in todo}
+    kept = [r for c, r in prior.items() if c not in this_run]  # earlier runs' cases stay listed
+    return Batch(outdir, options, todo, decided, kept, [])

@@ -1,0 +1,99 @@
+"""``medproc convert --layout nnunet|monai``: the training layouts written after a conversion
+(from OUTDIR/manifest.csv, see :mod:`medproc.layouts`), their targets checked before any work.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+__all__ = ["check_layouts", "write_layouts"]
+
+_NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
+
+
+def check_layouts(a) -> dict:
+    """Targets of --layout, checked before any work: {kind: path}."""
+    import warnings
+
+    from .errors import MedprocWarning, UsageError
+
+    if not a.layout:
+        for flag, v in (
+            ("--dataset", a.dataset),
+            ("--channel-name", a.channel_name),
+            ("--validation", a.validation),
+        ):
+            if v:
+                raise UsageError(f"{flag} goes with --layout nnunet|monai")
+        return {}
+    kinds = list(dict.fromkeys(a.layout))
+    out = {}
+    if "nnunet" in kinds:
+        if not a.dataset:
+            raise UsageError(
+                "--layout nnunet needs --dataset $nnUNet_raw/DatasetNNN_Name (e.g. "
+                "/data/nnUNet_raw/Dataset501_Lungs)"
+            )
+        if not _NNUNET_NAME.match(os.path.basename(os.path.abspath(a.dataset))):
+            raise UsageError(
+                f"--dataset {a.dataset}: nnU-Net finds raw datasets by name: the folder must be "
+                "named like Dataset501_Lungs (Dataset + 3 digits + _ + name)"
+            )
+        if os.path.exists(a.dataset) and not a.force:
+            raise UsageError(f"--dataset {a.dataset} exists; add --force to replace it")
+        if a.format != "nii.gz":
+            raise UsageError("--layout nnunet needs .nii.gz images: use --format nii.gz")
+        if a.clip or a.scale or a.zscore or a.percentiles:
+            warnings.warn(
+                "--layout nnunet with --clip/--percentiles/--scale/--zscore: nnU-Net normalises "
+                "intensities itself (channel 'CT' from the dataset's HU statistics); converting "
+                "without them is usually what it wants",
+                MedprocWarning,
+                stacklevel=2,
+            )
+        out["nnunet"] = a.dataset
+    if "monai" in kinds:
+        path = a.dataset if a.dataset and "nnunet" not in kinds else None
+        if path is None or os.path.isdir(path):
+            path = os.path.join(path or a.outdir, "datalist.json")
+        out["monai"] = path
+    elif a.validation:
+        raise UsageError("--validation goes with --layout monai (nnU-Net makes its own splits)")
+    return out
+
+
+def write_layouts(a, targets: dict, batch, con) -> int:
+    """Write the layouts of ``targets`` from the finished conversion; 0, or 1 (said why)."""
+    from .errors import MedprocError
+    from .layouts import find_dicom_labels, write_monai_datalist, write_nnunet
+
+    found = [p for p, _ in batch.annotations]
+    try:
+        labels = find_dicom_labels(found) if found else None
+        if "nnunet" in targets:
+            d = write_nnunet(
+                a.outdir,
+                targets["nnunet"],
+                labels=labels,
+                channel_name=a.channel_name,
+                overwrite=a.force,
+                device=a.device,
+            )
+            n = len(os.listdir(os.path.join(d, "imagesTr")))
+            m = len(os.listdir(os.path.join(d, "imagesTs")))
+            con.print(f"nnU-Net dataset: {d} ({n} training case(s), {m} test case(s))")
+        if "monai" in targets:
+            p = write_monai_datalist(
+                a.outdir,
+                targets["monai"],
+                labels=labels,
+                validation=a.validation or (),
+                device=a.device,
+            )
+            con.print(f"MONAI datalist: {p}")
+    except (MedprocError, ValueError, OSError) as e:
+        print(f"medproc convert: error: --layout: {e}", file=sys.stderr)
+        return 1
+    return 0
