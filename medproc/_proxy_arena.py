@@ -10,9 +10,16 @@ not fit) it falls back to a shared-memory tensor, so nothing can deadlock.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 __all__ = ["Arena", "Slot"]
+
+
+def _unregister(cudart, ptr: int, pid: int) -> None:
+    if os.getpid() == pid:  # never in a forked worker: CUDA does not exist there
+        cudart.cudaHostUnregister(ptr)
 
 
 class Slot:
@@ -53,7 +60,7 @@ class Arena:
             rc = cudart.cudaHostRegister(ptr, self.block.numel(), 0)
             self.pinned = int(rc) == 0
             if self.pinned:  # unregistered before the memory goes back (it may be reused)
-                weakref.finalize(self, cudart.cudaHostUnregister, ptr)
+                weakref.finalize(self, _unregister, cudart, ptr, os.getpid())
             else:  # a failed registration must not linger as CUDA's last error
                 cudart.cudaGetLastError()
         ctx = multiprocessing.get_context("fork")
