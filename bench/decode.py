@@ -135,17 +135,7 @@ def main(argv=None):
         series = sorted(glob.glob(os.path.join(a.root, name, "*")))
         paths = [p for s in series for p in sorted(glob.glob(os.path.join(s, "*.dcm")))]
         ds = pydicom.dcmread(paths[0], stop_before_pixels=True)
-        info = {
-            k: ds.get(k)
-            for k in (
-                "BitsAllocated",
-                "BitsStored",
-                "PixelRepresentation",
-                "SamplesPerPixel",
-                "PhotometricInterpretation",
-            )
-        }
-        info["TransferSyntaxUID"] = str(ds.file_meta.TransferSyntaxUID)
+        info = dec.encoding_info(ds)
         frames = [_load(p) for p in paths]
         n = len(frames)
         per_series = n / len(series)

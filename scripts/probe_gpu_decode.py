@@ -211,16 +211,7 @@ def main(argv=None):
             or not ds.file_meta.TransferSyntaxUID.is_compressed
         ):
             continue
-        info = {
-            k: ds.get(k)
-            for k in (
-                "BitsAllocated",
-                "BitsStored",
-                "PixelRepresentation",
-                "SamplesPerPixel",
-                "PhotometricInterpretation",
-            )
-        }
+        info = dec.encoding_info(ds)
         info["TransferSyntaxUID"] = ts
         try:
             _ = ds.pixel_array  # the reference must exist

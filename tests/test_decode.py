@@ -147,17 +147,7 @@ def test_every_proven_encoding_is_bit_exact_on_the_gpu(synthetic):
     checked = 0
     for f in files:
         ds = pydicom.dcmread(f)
-        info = {
-            k: ds.get(k)
-            for k in (
-                "BitsAllocated",
-                "BitsStored",
-                "PixelRepresentation",
-                "SamplesPerPixel",
-                "PhotometricInterpretation",
-            )
-        }
-        info["TransferSyntaxUID"] = str(ds.file_meta.TransferSyntaxUID)
+        info = dec.encoding_info(ds)
         cfg = dec.gpu_config(info)
         if cfg is None:
             continue

@@ -23,6 +23,7 @@ import os
 import numpy as np
 
 __all__ = [
+    "encoding_info",
     "support_key",
     "support_table",
     "gpu_config",
@@ -97,6 +98,24 @@ NATIVE = {
     "1.2.840.10008.1.2.2",
     "1.2.840.10008.1.2.1.99",
 }
+
+
+ENCODING_KEYS = (
+    "BitsAllocated",
+    "BitsStored",
+    "PixelRepresentation",
+    "SamplesPerPixel",
+    "PhotometricInterpretation",
+)
+
+
+def encoding_info(ds) -> dict:
+    """The attributes of a pydicom dataset that :func:`support_key` reads."""
+    info = {k: ds.get(k) for k in ENCODING_KEYS}
+    info["TransferSyntaxUID"] = str(
+        getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", "")
+    )
+    return info
 
 
 def support_key(info: dict) -> str:
