@@ -16,10 +16,11 @@ Methods:
 - dcm2niix: conversion only (no resampling; int16 output), ``-z y``, one process.
 
 Whole processes (``--whole-process``), as a user runs them, start-up included: ``medproc
-convert`` as a subprocess (``python -m medproc.cli convert``, i.e. the ``medproc`` command, of
+convert`` as a subprocess (``python -m medproc convert``, i.e. the ``medproc`` command, of
 the checkout given by ``--medproc-root``, default this one) and a SimpleITK script doing the same
 job (DICOM -> 1.5 mm linear -> float32 .nii.gz, one series after the other), on the first 1 and
-4 series (``--counts``), ``--repeats`` times each (median and min), with ``-j`` from ``--jobs``:
+4 series (``--counts``), ``--repeats`` times each (median and min), with ``-j`` from ``--jobs``
+(numbers or ``auto``; default ``1 2 auto``):
 
     python bench/convert.py /tmp/bench_ct/dicom --whole-process --skip inprocess
 
@@ -141,7 +142,7 @@ def whole_process(series, counts, jobs, repeats, medproc_root, tmp) -> dict:
         runs = {"simpleitk script": lambda d, dirs=dirs: [py, script, d, *dirs]}
         for j in jobs:
             runs[f"medproc convert -j {j}"] = lambda d, j=j, dirs=dirs: [
-                py, "-m", "medproc.cli", "convert", *dirs, "-o", d, "--spacing", "1.5", "-j", str(j),
+                py, "-m", "medproc", "convert", *dirs, "-o", d, "--spacing", "1.5", "-j", str(j),
             ]  # fmt: skip
         for label, make in runs.items():
             ts = []
@@ -252,7 +253,7 @@ def main(argv=None):
     ap.add_argument("--whole-process", action="store_true", help="time whole processes too")
     ap.add_argument("--stages", action="store_true", help="per-stage breakdown of one case")
     ap.add_argument("--counts", type=int, nargs="+", default=[1, 4], help="series per run")
-    ap.add_argument("--jobs", type=int, nargs="+", default=[1, 2], help="medproc -j values")
+    ap.add_argument("--jobs", nargs="+", default=["1", "2", "auto"], help="medproc -j values")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--medproc-root", default=ROOT, help="checkout whose medproc is run")
     ap.add_argument("--out", default=None)

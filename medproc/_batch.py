@@ -186,8 +186,22 @@ class Batch:
                 for fut in running:
                     fut.cancel()
             for t in running.values():
+                _remove_temporaries(t)  # a killed worker could not clean up after itself
                 finish((t.case, "failed", {}, f"{t.case.source}: {INTERRUPTED}"), t.row)
             raise
+
+
+def _remove_temporaries(t: Todo) -> None:
+    """Remove the ``.<name>.*.part*`` files (``medproc.io.atomic``) of a case's outputs."""
+    import glob
+
+    for path in t.outputs:
+        folder, name = os.path.split(path)
+        for tmp in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.part*")):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 class _Interrupts:

@@ -73,7 +73,9 @@ def corpus_run(tmp_path_factory):
     runner = [*(prefix or []), sys.executable, os.path.join(HERE, "_bad_inputs_runner.py")]
     runner += [os.path.join(base, "paths.json"), os.path.join(base, "results.json")]
     # the same inputs twice, to be converted once
-    convert = [*(prefix or []), sys.executable, "-m", "medproc", "convert", *paths, *paths[:3]]
+    # a path that does not exist stops convert before any work (exit 2): not in the batch
+    real = [p for p in paths if os.path.lexists(p)]
+    convert = [*(prefix or []), sys.executable, "-m", "medproc", "convert", *real, *real[:3]]
     convert += ["-o", out, "--spacing", "3", "-j", "1"]
     # the whole tree as one folder, written inside it (and so never read back as input)
     inside = os.path.join(root, "_out_inside")
@@ -216,6 +218,8 @@ def test_one_convert_of_everything(corpus_run):
     assert "Traceback" not in err + out and "medproc convert: error" not in err, err[-3000:]
     problems = []
     for c in corpus_run["cases"]:
+        if not os.path.lexists(c.path(root)):
+            continue  # never given to convert (tested as a usage error elsewhere)
         mine = [
             r
             for r in rows

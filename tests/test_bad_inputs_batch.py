@@ -51,7 +51,7 @@ def test_explicit_inputs_that_yield_nothing_are_failed_rows(tmp_path, capsys):
     (tmp_path / "zero.dcm").write_bytes(b"")
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "readme.txt").write_text("hello")
-    named = ["empty", "junk.dcm", "zero.dcm", "notes", "missing_dir", "missing.nii.gz"]
+    named = ["empty", "junk.dcm", "zero.dcm", "notes"]
     out = tmp_path / "out"
     rc = main(["convert", good, *[str(tmp_path / n) for n in named], "-o", str(out)] + ["-j", "1"])
     err = capsys.readouterr().err
@@ -61,10 +61,15 @@ def test_explicit_inputs_that_yield_nothing_are_failed_rows(tmp_path, capsys):
     failed = {os.path.basename(r["source"]): r["error"] for r in m.values() if r["status"] != "ok"}
     assert sorted(failed) == sorted(named)
     assert "holds no DICOM series" in failed["empty"] and "not a DICOM" in failed["junk.dcm"]
-    assert "empty (0 bytes)" in failed["zero.dcm"] and "no such file" in failed["missing_dir"]
-    assert "no such file" in failed["missing.nii.gz"]
+    assert "empty (0 bytes)" in failed["zero.dcm"]
     for n in named:
         assert str(tmp_path / n) in err  # printed, by name
+    # a path that does not exist is a usage error before any work: exit 2, nothing written
+    for missing in ("missing_dir", "missing.nii.gz"):
+        out2 = tmp_path / f"out_{missing}"
+        assert main(["convert", good, str(tmp_path / missing), "-o", str(out2)]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / missing}: no such file or folder" in err and not out2.exists()
 
 
 def test_duplicates_are_converted_once(tmp_path):

@@ -378,6 +378,29 @@ def test_qc_pictures(sample_data, tmp_path):
     assert ((rgb[..., 1] > 0.7) & (rgb[..., 0] < 0.5) & (rgb[..., 2] < 0.5)).sum() > 10
 
 
+def test_qc_pictures_circle_the_lesions_of_dicom_series(sample_data, tmp_path):
+    """--qc with --annotations: medproc.qc's views through each lesion, circled in red."""
+    import matplotlib.image as mpimg
+
+    from medproc.qc import qc_render
+
+    out = tmp_path / "o"
+    args = ["convert", os.path.join(sample_data, "dicom", "ct_axial"), "-o", str(out)]
+    args += ["--spacing", "3", "--orientation", "RAS", "--qc"]
+    assert main(args + ["--annotations", os.path.join(sample_data, "lesions.csv")]) == 0
+    (row,) = _manifest(out).values()
+    img = mpimg.imread(out / "qc" / f"{row['case']}.png")[..., :3]
+    red = (img[..., 0] > 0.8) & (img[..., 1] < 0.3) & (img[..., 2] < 0.3)
+    assert red.sum() > 50
+    # the same picture qc_render draws for these volumes and lesions (two targets)
+    before = medproc.load(row["source"])
+    after = medproc.load(row["output"])
+    doc = json.load(open(medproc.convert.annotations_path(row["output"])))
+    lesions = [(les["center_world_ras"], les["diameter_mm"]) for les in doc["lesions"]]
+    ref, panels = qc_render(before, after, lesions=lesions, title=os.path.basename(row["output"]))
+    assert ref.shape[:2] == img.shape[:2] and len({p.target for p in panels}) == 2
+
+
 def test_dask_local_cluster(sample_data, tmp_path):
     """The same conversion on dask.distributed workers (a LocalCluster of 2 processes)."""
     distributed = pytest.importorskip("distributed")

@@ -6,12 +6,21 @@ from medproc.cli import main
 
 
 def test_inspect_sample_data(sample_data, capsys):
-    assert main(["inspect", sample_data, "--width", "250"]) == 0
+    import os
+
+    assert main(["inspect", sample_data, "--width", "300"]) == 0
     out = capsys.readouterr().out
-    assert "6 volume(s) found" in out
+    assert "6 volume(s) found, 0 in error" in out
     # sizes and spacings in (i, j, k) = (columns, rows, slices) order, as nibabel shows them
     assert "CT chest axial" in out and "112x112x40" in out and "2.9 x 2.9 x 2.5" in out
-    assert "lesions.csv" not in out  # stray files are ignored quietly
+    # each series by its folder, and its UID
+    assert os.path.join(sample_data, "dicom", "ct_axial") in out
+    assert "1.2.826.0.1.3680043.8.498.2026.1.1" in out
+    # stray files are accounted for: listed as skipped, with the reason
+    assert "1 file(s) skipped" in out
+    assert f"{os.path.join(sample_data, 'lesions.csv')}: not a DICOM or image file" in out
+    assert main(["inspect", sample_data, "--width", "300", "-q"]) == 0
+    assert "lesions.csv" not in capsys.readouterr().out  # -q: the table and errors only
 
 
 def test_inspect_reports_what_load_gives(sample_data, capsys):
@@ -25,6 +34,8 @@ def test_inspect_reports_what_load_gives(sample_data, capsys):
 
     assert main(["inspect", sample_data, "--json"]) == 0
     entries = json.loads(capsys.readouterr().out)
+    assert [e["kind"] for e in entries].count("skipped") == 1  # lesions.csv
+    entries = [e for e in entries if e["kind"] != "skipped"]
     assert len(entries) == 6
     for e in entries:
         vol = medproc.load(e["source"], series=e["series"] or None)
@@ -44,7 +55,7 @@ def test_inspect_reports_broken_inputs(broken_dataset, capsys):
     import os
 
     root = os.path.dirname(broken_dataset["nan"])
-    assert main(["inspect", root, "--json"]) == 0
+    assert main(["inspect", root, "--json"]) == 1  # series or files in error: status 1
     entries = json.loads(capsys.readouterr().out)
     errors = {os.path.basename(e["source"]): e["error"] for e in entries if e["error"]}
     assert "missing slices" in errors["missing_slice"]
@@ -72,3 +83,18 @@ def test_inspect_shows_warnings(tmp_path, capsys):
     assert "16x16x6" in out
     (tmp_path / "empty").mkdir()
     assert main(["inspect", str(tmp_path / "empty")]) == 1
+
+
+def test_inspect_exits_1_when_anything_is_in_error_and_lists_it(sample_data, tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(f"{sample_data}/dicom/ct_axial", tmp_path / "good")
+    bad = tmp_path / "bad.nii.gz"
+    bad.write_bytes(b"not a nifti")
+    (tmp_path / "notes.txt").write_text("hello")
+    assert main(["inspect", str(tmp_path / "good")]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path), "--width", "300"]) == 1
+    out = capsys.readouterr().out
+    assert "1 volume(s) found, 1 in error" in out and f"{bad}:" in out
+    assert f"{tmp_path / 'notes.txt'}: not a DICOM or image file" in out

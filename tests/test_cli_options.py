@@ -1,0 +1,219 @@
+"""``medproc convert``: options are part of the result (manifest + ``<name>.json`` sidecar, a
+rerun with other options refuses, ``--force`` redoes), naming fields, symlinked folders, DICOM
+SEG/RTSTRUCT as annotations feeding ``--layout``, the number of workers and one header scan."""
+
+import csv
+import json
+import os
+import shutil
+import sys
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+import medproc
+from medproc._procs import auto_workers
+from medproc.cli import main
+from medproc.convert import prepare
+
+
+def _manifest(d):
+    with open(os.path.join(d, "manifest.csv"), newline="") as f:
+        return {r["case"]: r for r in csv.DictReader(f)}
+
+
+def _images(sample_data):
+    return os.path.join(sample_data, "nifti", "images")
+
+
+def test_options_are_recorded_and_a_rerun_with_other_options_refuses(sample_data, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3"]
+    assert main(args) == 0
+    m = _manifest(out)
+    for r in m.values():
+        side = json.load(open(out / f"{r['case']}.json"))
+        assert side["spec"]["spacing"] == [3.0, 3.0, 3.0] and side["format"] == "nii.gz"
+        assert side["medproc_version"] == medproc.__version__ and side["device"] == "cpu"
+        assert side["source"] == os.path.abspath(r["source"])
+        src, img = nib.load(r["source"]), nib.load(r["output"])
+        assert side["input"]["shape"] == list(src.shape)
+        assert side["output"]["shape"] == list(img.shape)
+        np.testing.assert_allclose(side["input"]["affine"], src.affine, atol=1e-5)
+        np.testing.assert_allclose(side["output"]["affine"], img.affine, atol=1e-5)
+        assert side["output"]["orientation"] == "".join(nib.aff2axcodes(img.affine))
+        assert json.loads(r["options"])["spec"]["spacing"] == [3.0, 3.0, 3.0]
+    stamps = {f: os.stat(out / f).st_mtime_ns for f in os.listdir(out) if f != ".medproc.lock"}
+    capsys.readouterr()
+    assert main(args[:-1] + ["2", "--orientation", "RAS"]) == 2
+    err = capsys.readouterr().err
+    assert "holds 2 case(s) converted with other options" in err
+    assert "spacing: 3 x 3 x 3 before, 2 x 2 x 2 now" in err
+    assert "orientation: none before, RAS now" in err and "--force" in err
+    assert {f: os.stat(out / f).st_mtime_ns for f in stamps} == stamps  # untouched
+    assert main(args) == 0  # the same options: resumed, nothing redone
+    assert {r["status"] for r in _manifest(out).values()} == {"skipped"}
+    assert main(args[:-1] + ["2", "--orientation", "RAS", "--force"]) == 0
+    for r in _manifest(out).values():
+        assert r["status"] == "ok" and r["out_spacing"] == "2x2x2"
+        assert json.load(open(out / f"{r['case']}.json"))["spec"]["orientation"] == "RAS"
+        assert medproc.load(r["output"]).orientation == "RAS"
+
+
+def test_npy_sidecar_keeps_the_cache_fields(sample_data, tmp_path):
+    out = tmp_path / "o"
+    image = os.path.join(_images(sample_data), "case001.nii.gz")
+    assert main(["convert", image, "-o", str(out), "--spacing", "3", "--format", "npy"]) == 0
+    side = json.load(open(out / "case001.json"))
+    arr = np.load(out / "case001.npy")
+    assert side["shape"] == list(arr.shape) and side["axes"] == "ijk"  # the cache's fields
+    assert side["format"] == "npy" and side["output"]["shape"] == list(arr.shape)
+
+
+def test_naming_fields_folder_series_number_description(sample_data, tmp_path, capsys):
+    import pydicom
+
+    out = tmp_path / "o"
+    dicom = os.path.join(sample_data, "dicom")
+    name = "{folder}_{series_number}_{description}"
+    assert main(["convert", dicom, "-o", str(out), "--spacing", "4", "--name", name]) == 0
+    got = sorted(r["case"] for r in _manifest(out).values())
+    want = []
+    for d in ("ct_axial", "ct_oblique"):
+        f = sorted(os.listdir(os.path.join(dicom, d)))[0]
+        ds = pydicom.dcmread(os.path.join(dicom, d, f), stop_before_pixels=True)
+        want.append(f"{d}_{ds.SeriesNumber}_{ds.SeriesDescription.replace(' ', '_')}")
+    assert got == sorted(want)
+    image = os.path.join(_images(sample_data), "case001.nii.gz")
+    assert main(["convert", image, "-o", str(tmp_path / "f"), "--spacing", "4",
+                 "--name", "{folder}-{stem}"]) == 0  # fmt: skip
+    assert list(_manifest(tmp_path / "f")) == ["images-case001"]
+    capsys.readouterr()
+    assert main(["convert", image, "-o", str(tmp_path / "g"), "--name", "{patient_id}"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown field 'patient_id'" in err and "'folder'" in err and "'description'" in err
+
+
+def test_symlinked_folders_are_followed_once_without_loops(sample_data, tmp_path):
+    from medproc.io.walk import walk_inputs
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(os.path.join(_images(sample_data), "case001.nii.gz"), elsewhere)
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    shutil.copy(os.path.join(_images(sample_data), "case002.nii.gz"), tree / "sub")
+    os.symlink(elsewhere, tree / "linked")  # a dataset tree assembled from links
+    os.symlink(tree / "sub", tree / "again")  # the same folder twice
+    os.symlink(tree, tree / "sub" / "loop")  # a loop back up
+    w = walk_inputs([str(tree)], keep=lambda n: n.endswith(".nii.gz"))
+    assert sorted(os.path.basename(f) for f in w.files) == ["case001.nii.gz", "case002.nii.gz"]
+    reasons = dict(w.skipped)
+    assert "already scanned" in reasons[str(tree / "sub")]  # 'again' came first, by name
+    assert "a loop" in reasons[str(tree / "again" / "loop")]
+    out = tmp_path / "out"
+    assert main(["convert", str(tree), "-o", str(out), "--spacing", "4"]) == 0
+    assert sorted(_manifest(out)) == ["case001", "case002"]
+
+
+def _tree_with_seg(sample_data, tmp_path):
+    from test_layouts import _axial_label, _write_seg
+
+    tree = tmp_path / "collection"
+    shutil.copytree(os.path.join(sample_data, "dicom", "ct_axial"), tree / "ct")
+    image, lab = _axial_label(sample_data)
+    (tree / "seg").mkdir()
+    _write_seg(str(tree / "seg" / "seg.dcm"), image, lab, {1: "nodule right", 2: "nodule left"})
+    return tree
+
+
+def test_seg_files_are_annotations_and_layouts_use_them(sample_data, tmp_path, capsys):
+    from monai.data import load_decathlon_datalist
+
+    tree = _tree_with_seg(sample_data, tmp_path)
+    out, ds = tmp_path / "out", tmp_path / "raw" / "Dataset007_Nodules"
+    args = ["convert", str(tree), "-o", str(out), "--spacing", "3", "--orientation", "RAS"]
+    args += ["--layout", "nnunet", "--dataset", str(ds), "--layout", "monai", "--clip", "-1000"]
+    assert main(args + ["400"]) == 0
+    cap = capsys.readouterr()
+    assert "nnU-Net normalises intensities itself" in cap.err  # warned: --clip with nnunet
+    assert "1 annotation file(s) (DICOM SEG/RTSTRUCT) not converted" in cap.err
+    (row,) = _manifest(out).values()  # the SEG is not a case
+    assert row["source"] == str(tree / "ct") and row["status"] == "ok"
+    doc = json.load(open(ds / "dataset.json"))
+    assert doc["labels"] == {"background": 0, "nodule right": 1, "nodule left": 2}
+    lab = nib.load(ds / "labelsTr" / f"{row['case']}.nii.gz")
+    img = nib.load(ds / "imagesTr" / f"{row['case']}_0000.nii.gz")
+    assert lab.shape == img.shape and {1, 2} <= set(np.unique(np.asarray(lab.dataobj)))
+    train = load_decathlon_datalist(str(out / "datalist.json"))
+    assert [x["image"] for x in train] == [row["output"]]
+    assert nib.load(train[0]["label"]).shape == img.shape
+    # the dataset exists now: a second run refuses to replace it without --force
+    assert main(args + ["400"]) == 2
+    assert "exists; add --force" in capsys.readouterr().err
+
+
+def test_inspect_shows_seg_as_an_annotation(sample_data, tmp_path, capsys):
+    tree = _tree_with_seg(sample_data, tmp_path)
+    assert main(["inspect", str(tree), "--json"]) == 0
+    entries = json.loads(capsys.readouterr().out)
+    kinds = {os.path.basename(e["source"]): (e["kind"], e["modality"]) for e in entries}
+    assert kinds["ct"] == ("dicom", "CT") and kinds["seg.dcm"] == ("annotation", "SEG")
+
+
+def test_named_seg_file_is_an_annotation_not_a_failure(sample_data, tmp_path, capsys):
+    tree = _tree_with_seg(sample_data, tmp_path)
+    seg = str(tree / "seg" / "seg.dcm")
+    args = ["convert", str(tree / "ct"), seg, "-o", str(tmp_path / "o"), "--spacing", "3"]
+    assert main(args + ["--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert f"annotation   {seg}: annotation: a DICOM SEG" in text
+    assert "1 to convert, 0 already done, 0 failed" in text
+
+
+def test_auto_workers_rule():
+    assert auto_workers(100, cores=2) == 1  # a worker runs DALI threads and gzip itself
+    assert auto_workers(2, cores=64) == 1  # two cases: a pool costs more than it gives
+    assert auto_workers(3, cores=64) == 3 and auto_workers(100, cores=64) == 32
+
+
+def test_one_case_never_starts_a_pool_and_several_fork_one(sample_data, tmp_path):
+    spec = medproc.Spec(spacing=3)
+    image = os.path.join(_images(sample_data), "case001.nii.gz")
+    with prepare([image], str(tmp_path / "a"), spec, workers=4) as b:
+        assert b.workers == 1 and b.executor is None  # cut to the cases to do
+    with prepare([_images(sample_data)], str(tmp_path / "b"), spec, workers=2) as b:
+        # forked, unless this process holds DALI already (as pytest does): then spawned
+        forked = "nvidia.dali" not in sys.modules
+        assert b.workers == 2
+        assert b.executor.medproc_start_method == ("fork" if forked else "spawn")
+        pooled = b.run()
+    here = medproc.convert.convert([_images(sample_data)], str(tmp_path / "c"), spec, workers=1)
+    assert [r["status"] for r in pooled] == ["ok", "ok"]
+    for p, h in zip(pooled, here):
+        assert p["worker"] != h["worker"]
+        np.testing.assert_array_equal(medproc.load(p["output"]).array,
+                                      medproc.load(h["output"]).array)  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_dicom_headers_are_read_once(sample_data, tmp_path, monkeypatch, workers):
+    import pydicom
+
+    read = []
+    real = pydicom.dcmread
+
+    def counting(fp, *a, **k):
+        read.append(os.path.basename(getattr(fp, "name", fp)))
+        return real(fp, *a, **k)
+
+    monkeypatch.setattr(pydicom, "dcmread", counting)
+    dicom = os.path.join(sample_data, "dicom")
+    files = sorted(f for d in os.listdir(dicom) for f in os.listdir(os.path.join(dicom, d)))
+    args = ["convert", dicom, "-o", str(tmp_path / "o"), "--spacing", "4", "-j", workers]
+    assert main(args) == 0
+    # each header once: -j 1 in this process; -j 2 in the forked workers (this process reads
+    # none), or here when the pool is spawned (this process holds DALI: as under pytest)
+    forked = workers == "2" and "nvidia.dali" not in sys.modules
+    assert sorted(read) == ([] if forked else files)

@@ -1,0 +1,129 @@
+"""Ctrl-C in ``medproc convert`` (a real process group, as a terminal signals it): no new case
+starts, the running ones finish and are recorded, no worker is left, the exit status is 130,
+and the same command then continues; a second Ctrl-C stops the running cases at once."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import medproc
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from medproc.sample_data import make_dataset
+
+    d = tmp_path_factory.mktemp("sigint")
+    make_dataset(str(d), cases=6, size=128, slices=(40, 50), lesions=0)
+    return str(d / "dicom")
+
+
+def _rows(out):
+    try:
+        with open(os.path.join(out, "manifest.csv"), newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def _left_behind(out: str) -> list[int]:
+    """Processes (other than this one) whose command line names the output folder: a forked
+    worker carries its parent's, a spawned one is a child we look up by parent too."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if out.encode() in cmd and int(pid) != os.getpid():
+            pids.append(int(pid))
+    return pids
+
+
+def _convert_then_ctrl_c(data, out, workers, presses, spacing="0.4"):
+    import threading
+
+    cmd = [sys.executable, "-m", "medproc", "-v", "convert", data, "-o", out, "--spacing", spacing]
+    p = subprocess.Popen(
+        cmd + ["-j", workers], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group: Ctrl-C reaches it and its workers
+    )  # fmt: skip
+    err, heard = [], threading.Event()
+
+    def read_stderr():
+        for line in p.stderr:
+            err.append(line.decode())
+            if "Ctrl-C: finishing" in err[-1]:
+                heard.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    deadline = time.time() + 60
+    manifest = os.path.join(out, "manifest.csv")
+    if presses == 1:  # once a case is recorded
+        while not any(r["status"] == "ok" for r in _rows(out)) and time.time() < deadline:
+            time.sleep(0.02)
+    else:  # once the first cases run (the manifest is written as they are handed out)
+        while not os.path.exists(manifest) and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
+    assert p.poll() is None, "the batch ended before the first Ctrl-C"
+    os.killpg(p.pid, signal.SIGINT)
+    if presses == 2:  # once the first is handled, while the cases still run
+        assert heard.wait(10), "".join(err)
+        os.killpg(p.pid, signal.SIGINT)
+    p.wait(timeout=60)
+    reader.join(10)
+    return p.returncode, "".join(err)
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_finishes_running_cases_records_them_and_resume_continues(data, tmp_path, workers):
+    out = str(tmp_path / "out")
+    rc, err = _convert_then_ctrl_c(data, out, workers, presses=1)
+    assert rc == 130, err[-2000:]
+    assert "Ctrl-C: finishing the running case(s)" in err and "Traceback" not in err
+    assert "run the same command again to continue" in err
+    if workers == "2":
+        assert "2 worker(s), fork pool" in err  # workers forked, not spawned
+    rows = _rows(out)
+    assert 1 <= len(rows) < 6 and {r["status"] for r in rows} == {"ok"}, rows
+    for r in rows:  # every recorded case finished: its output is complete
+        assert medproc.load(r["output"]).shape == tuple(map(int, r["out_shape"].split("x")))
+    files = os.listdir(out)
+    assert not [f for f in files if ".part" in f]
+    on_disk = {f[: -len(".nii.gz")] for f in files if f.endswith(".nii.gz")}
+    assert on_disk == {r["case"] for r in rows}  # nothing started after the Ctrl-C
+    assert _left_behind(out) == []
+    args = ["convert", data, "-o", out, "--spacing", "0.4", "-j", workers]
+    assert subprocess.run([sys.executable, "-m", "medproc", *args]).returncode == 0
+    after = {r["case"]: r for r in _rows(out)}
+    assert len(after) == 6 and {r["status"] for r in after.values()} == {"ok", "skipped"}
+    assert {c for c, r in after.items() if r["status"] == "skipped"} == {r["case"] for r in rows}
+
+
+def test_a_second_ctrl_c_stops_the_running_cases_at_once(data, tmp_path):
+    out = str(tmp_path / "out")
+    rc, err = _convert_then_ctrl_c(data, out, "2", presses=2, spacing="0.3")
+    assert rc == 130 and "Traceback" not in err, err[-2000:]
+    rows = _rows(out)
+    assert "failed" in {r["status"] for r in rows} and len(rows) <= 2, rows
+    for r in rows:
+        if r["status"] == "failed":
+            assert "interrupted (Ctrl-C) before it finished" in r["error"]
+            if os.path.exists(r["output"]):  # renamed into place just before the kill: whole
+                medproc.load(r["output"])
+    assert not [f for f in os.listdir(out) if ".part" in f]  # the killed workers' temporaries
+    assert _left_behind(out) == []
+    args = ["convert", data, "-o", out, "--spacing", "0.3", "-j", "2"]
+    assert subprocess.run([sys.executable, "-m", "medproc", *args]).returncode == 0
+    after = {r["case"]: r for r in _rows(out)}
+    assert len(after) == 6 and {r["status"] for r in after.values()} <= {"ok", "skipped"}
+    for r in rows:  # the interrupted cases are redone
+        assert after[r["case"]]["status"] == ("ok" if r["status"] == "failed" else "skipped")
