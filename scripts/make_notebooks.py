@@ -426,7 +426,7 @@ def bars(path, title, key="volumes_per_s"):
 bars("docs/results/resample_h200.json", "resample to 1.5 mm, 8 CT volumes, H200")
 bars("docs/results/resample_cpu2core.json", "resample to 1.5 mm, 2 CT volumes, 2-core CPU")
 bars("docs/results/convert_cpu2core.json", "DICOM -> 1.5 mm -> .nii.gz, 2-core CPU")
-bars("docs/results/convert_h200x2.json", "DICOM -> 1.5 mm -> .nii.gz, H200 node, 16 workers")
+bars("docs/results/convert_h200.json", "DICOM -> 1.5 mm -> .nii.gz, H200 node, 32 series, 16 workers")
 bars("docs/results/loader_h200.json", "96^3 training patches, H200", key="samples_per_s")""",
         ),
         (
