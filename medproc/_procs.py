@@ -68,15 +68,22 @@ def die_with_parent(parent: int | None = None, pdeathsig: bool = False) -> None:
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="medproc-watch").start()
 
 
-def auto_workers(n_cases: int | None = None, cores: int | None = None) -> int:
-    """The default number of worker processes: 1 on a machine of 2 cores or fewer, or for 2
-    cases or fewer; otherwise half the cores (each worker also runs threads), at most the
-    number of cases.
+def auto_workers(n_cases: int | None = None, cores: int | None = None, fork: bool = False) -> int:
+    """The default number of worker processes.
+
+    With forked CPU workers (``fork``: they start in milliseconds, each with one DALI thread):
+    one per core, at most the number of cases. Otherwise (spawned or GPU workers, which pay a
+    start-up and a CUDA context each): 1 on a machine of 2 cores or fewer, or for 2 cases or
+    fewer; else half the cores, at most the number of cases.
 
     >>> auto_workers(4, cores=2), auto_workers(2, cores=16), auto_workers(100, cores=16)
     (1, 1, 8)
+    >>> auto_workers(4, cores=2, fork=True), auto_workers(1, cores=2, fork=True)
+    (2, 1)
     """
     cores = cores or _cores()
+    if fork:
+        return max(1, min(cores, n_cases) if n_cases is not None else cores)
     if cores <= 2 or (n_cases is not None and n_cases <= 2):
         return 1
     n = cores // 2

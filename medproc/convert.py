@@ -203,7 +203,8 @@ def prepare(
         if ex is None and dask and not dry_run:
             ex, more = _dask_executor(dask, workers if workers != "auto" else os.cpu_count() or 1)
             closers = more + closers
-        want = auto_workers() if workers == "auto" else workers
+        fork = can_fork(device)
+        want = auto_workers(fork=fork) if workers == "auto" else workers
         if ex is None and want > 1 and can_fork(device) and not dry_run:
             pool = start_pool(want, _init_worker, (os.getpid(),))  # forked: ms; reads headers
             closers.insert(0, pool.shutdown)
@@ -216,7 +217,7 @@ def prepare(
         batch.skipped, batch.spec, batch.device, batch.nan = skipped, spec, device, nan
         batch.dry_run, batch.closers = dry_run, closers
         n = len(batch.todo)
-        batch.workers = auto_workers(n) if workers == "auto" else max(1, min(workers, n))
+        batch.workers = auto_workers(n, fork=fork) if workers == "auto" else max(1, min(workers, n))
         if ex is not None:  # a given pool or dask: as many cases in flight as it runs
             size = workers if workers != "auto" else getattr(ex, "_max_workers", None) or n
             batch.workers = max(1, min(size, n))

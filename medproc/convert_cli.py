@@ -149,8 +149,8 @@ def add_convert_parser(sub) -> None:
         type=_workers,
         default="auto",
         metavar="N|auto",
-        help="worker processes, at most the cases to do; auto: 1 on <= 2 cores or "
-        "for <= 2 cases, else half the cores",
+        help="worker processes, at most the cases to do; auto: one per core with forked "
+        "CPU workers, else 1 on <= 2 cores or for <= 2 cases and half the cores otherwise",
     )
     r.add_argument(
         "--dask",

@@ -176,6 +176,9 @@ def test_auto_workers_rule():
     assert auto_workers(100, cores=2) == 1  # a worker runs DALI threads and gzip itself
     assert auto_workers(2, cores=64) == 1  # two cases: a pool costs more than it gives
     assert auto_workers(3, cores=64) == 3 and auto_workers(100, cores=64) == 32
+    # forked CPU workers start in ms with one DALI thread each: one per core, at most the cases
+    assert auto_workers(4, cores=2, fork=True) == 2 and auto_workers(1, cores=2, fork=True) == 1
+    assert auto_workers(100, cores=64, fork=True) == 64
 
 
 def test_one_case_never_starts_a_pool_and_several_fork_one(sample_data, tmp_path):
