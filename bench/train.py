@@ -104,11 +104,6 @@ def make_net(small: bool):
     )
 
 
-def batches_forever(loader):
-    while True:
-        yield from loader
-
-
 def train(name: str, make_loader, a, limit_peak: float | None = None) -> dict:
     """``--warmup`` + ``--steps`` steps of the loop on batches from ``make_loader()``."""
     from monai.losses import DiceCELoss
@@ -123,7 +118,7 @@ def train(name: str, make_loader, a, limit_peak: float | None = None) -> dict:
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
     loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
     scaler = torch.amp.GradScaler("cuda", enabled=gpu)
-    it = batches_forever(loader)
+    it = bench_loader.forever(loader)
     wait = 0.0
     util = None
     losses = []
@@ -233,7 +228,7 @@ def main(argv=None):
 
     def fixed():
         src = bench_loader.make_medproc(dl, la, a.batch)
-        out, it = [], batches_forever(src)
+        out, it = [], bench_loader.forever(src)
         while len(out) < a.limit_batches:
             b = next(it)
             if b["image"].shape[0] == a.batch:

@@ -84,8 +84,9 @@ def convert(
         :class:`~medproc.errors.UsageError` before any work.
     workers : int or "auto"
         Worker processes, at most the number of cases to do (1: no pool, all in this
-        process). ``"auto"``: 1 on 2 cores or fewer or for 2 cases or fewer, else half the
-        cores (see :func:`medproc._procs.auto_workers`).
+        process). ``"auto"``: one forked CPU worker per core; spawned or GPU workers: 1 on 2
+        cores or fewer or for 2 cases or fewer, else half the cores (see
+        :func:`medproc._procs.auto_workers`).
     qc : bool
         Also write ``OUTDIR/qc/<name>.png`` (see :func:`medproc.qc.qc_figure`).
     dask : str, optional

@@ -8,6 +8,7 @@ cap, scaling (``scl_slope``) and the affine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -129,6 +130,23 @@ def _raw_scaling(img, path) -> tuple[float, float]:
         return float("nan"), 0.0
 
 
+@contextlib.contextmanager
+def _read_errors(path: str, memory: str, oserror: str, other: str):
+    """nibabel's many exceptions on damaged files as one ReadError naming the file: ``memory``
+    for MemoryError, ``oserror`` for an OSError without errno (errno ones say what the system
+    said), ``other`` for anything else; ``{e}`` is the original message."""
+    try:
+        yield
+    except MemoryError:
+        raise ReadError(memory, path) from None
+    except OSError as e:
+        if e.errno is not None:
+            raise os_error(e, path) from None
+        raise ReadError(oserror.format(e=e), path) from None
+    except Exception as e:  # noqa: BLE001 - nibabel/zlib raise many kinds on damaged files
+        raise ReadError(other.format(e=f"{type(e).__name__}: {e}"), path) from None
+
+
 def open_nifti(path: str):
     """nibabel's lazy image of ``path`` with its header checked (:func:`nifti_header_check`):
     no voxel read yet. Raises :class:`ReadError` naming the file."""
@@ -139,26 +157,14 @@ def open_nifti(path: str):
         open(path, "rb").close()  # nibabel hides why a file cannot be opened
     except OSError as e:
         raise os_error(e, path) from None
-    try:
+    with _read_errors(
+        path,
+        memory="its header declares more data than memory holds (a damaged extension size?); "
+        "the file is damaged",
+        oserror="cannot be read as NIfTI: {e}; is it damaged or truncated?",
+        other="cannot be read as NIfTI ({e}); the header is damaged or it is not a NIfTI file",
+    ):
         img = nib.load(path)
-    except MemoryError:
-        raise ReadError(
-            "its header declares more data than memory holds (a damaged extension size?); "
-            "the file is damaged",
-            path,
-        ) from None
-    except OSError as e:
-        if e.errno is not None:
-            raise os_error(e, path) from None
-        raise ReadError(
-            f"cannot be read as NIfTI: {e}; is it damaged or truncated?", path
-        ) from None
-    except Exception as e:  # noqa: BLE001 - nibabel raises many kinds on damaged headers
-        raise ReadError(
-            f"cannot be read as NIfTI ({type(e).__name__}: {e}); the header is damaged or it "
-            "is not a NIfTI file",
-            path,
-        ) from None
     if not hasattr(img, "get_sform"):
         raise ReadError(
             f"is a {type(img).__name__} (e.g. CIFTI), not a volume on a voxel grid", path
@@ -171,28 +177,17 @@ def load_nifti(path: str, nan: str = "error") -> Volume:
     """Read a NIfTI-1/2 file (see :func:`medproc.load`)."""
     img = open_nifti(path)
     affine = check_affine(img.affine, path, "the NIfTI header (sform/qform/pixdim)")
-    try:
-        data = np.asanyarray(img.dataobj)  # applies scl_slope/scl_inter like every reader
-    except MemoryError:
-        from .safety import human
+    from .safety import human
 
-        raise ReadError(
-            f"not enough memory to read {human(img.dataobj.size * img.dataobj.dtype.itemsize)} "
-            "of voxels; free memory or use a machine with more",
-            path,
-        ) from None
-    except OSError as e:
-        if e.errno is not None:
-            raise os_error(e, path) from None
-        raise ReadError(
-            f"the voxel data cannot be read ({e}): truncated or damaged?", path
-        ) from None
-    except Exception as e:  # noqa: BLE001 - zlib/EOF/mmap errors on damaged files
-        raise ReadError(
-            f"the voxel data cannot be read ({type(e).__name__}: {e}): the file is truncated or "
-            "damaged",
-            path,
-        ) from None
+    nbytes = human(int(np.prod(img.dataobj.shape, dtype=object)) * img.dataobj.dtype.itemsize)
+    with _read_errors(
+        path,
+        memory=f"not enough memory to read {nbytes} of voxels; free memory or use a machine "
+        "with more",
+        oserror="the voxel data cannot be read ({e}): truncated or damaged?",
+        other="the voxel data cannot be read ({e}): the file is truncated or damaged",
+    ):
+        data = np.asanyarray(img.dataobj)  # applies scl_slope/scl_inter like every reader
     check_dtype(data.dtype, path)  # scaling may change it
     if data.ndim == 2:
         data = data[:, :, None]

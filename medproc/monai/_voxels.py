@@ -111,7 +111,7 @@ def resample_arrays(
         aa = spec.antialias and interp != "nearest"
         runs.append((k, p, dict(interp=interp, dtype=spec.dtype, antialias=aa), []))
     if labels:
-        if runs and _same_mode(runs[0], len(labels), spec.fill, device):
+        if runs:  # one engine call: the image keeps its graph, labels ride along (see Graph)
             runs[0][3].extend(labels)
         else:  # the first label map carries the others
             _exact_as_image(arrays[labels[0]], labels[0])
@@ -128,15 +128,6 @@ def resample_arrays(
         if keep:
             out[k] = _cast(out[k], _dtype(arrays[k]))
     return out
-
-
-def _same_mode(run, labels: int, fill, device: str) -> bool:
-    """Whether the engine runs ``run``'s image in the same graph with ``labels`` label maps."""
-    from ..pipeline import Graph
-
-    _, plan, graph, _ = run
-    modes = {Graph(fill=fill, labels=n, **graph).mode_for([plan], device) for n in (0, labels)}
-    return len(modes) == 1
 
 
 def covers(plan: Plan) -> bool:
