@@ -133,7 +133,9 @@ def _timed_run(cmd, cwd, env=None) -> float:
     return dt
 
 
-def whole_process(series, counts, jobs, repeats, medproc_root, tmp) -> dict:
+def whole_process(
+    series, counts, jobs, repeats, medproc_root, tmp, devices=("cpu",), serial=True
+) -> dict:
     """Wall seconds of whole processes (start-up included): medproc convert vs a SimpleITK
     script, on the first ``n`` series for each n in ``counts``."""
     script = os.path.join(tmp, "sitk_convert.py")
@@ -153,8 +155,14 @@ def whole_process(series, counts, jobs, repeats, medproc_root, tmp) -> dict:
     for n in counts:
         dirs = series[:n]
         cores = os.cpu_count() or 1
-        runs = {
-            "simpleitk script": lambda d, dirs=dirs: [py, script, d, "1", *dirs],
+        runs = (
+            {
+                "simpleitk script": lambda d, dirs=dirs: [py, script, d, "1", *dirs],
+            }
+            if serial
+            else {}
+        )
+        runs |= {
             f"simpleitk script, {cores} processes": lambda d, dirs=dirs, cores=cores: [
                 py,
                 script,
@@ -163,10 +171,15 @@ def whole_process(series, counts, jobs, repeats, medproc_root, tmp) -> dict:
                 *dirs,
             ],  # fmt: skip
         }
-        for j in jobs:
-            runs[f"medproc convert -j {j}"] = lambda d, j=j, dirs=dirs: [
-                py, "-m", "medproc", "convert", *dirs, "-o", d, "--spacing", "1.5", "-j", str(j),
-            ]  # fmt: skip
+        mine = []
+        for dev in devices:
+            for j in jobs:
+                label = f"medproc convert -j {j}" + (f" --device {dev}" if dev != "cpu" else "")
+                mine.append(label)
+                runs[label] = lambda d, j=j, dirs=dirs, dev=dev: [
+                    py, "-m", "medproc", "convert", *dirs, "-o", d, "--spacing", "1.5",
+                    "-j", str(j), "--device", dev,
+                ]  # fmt: skip
         for label, make in runs.items():
             ts = []
             for r in range(repeats):
@@ -182,10 +195,10 @@ def whole_process(series, counts, jobs, repeats, medproc_root, tmp) -> dict:
         best = min(  # the anchor at its best: one process or a pool, whichever is faster
             out["runs"][f"{n} series: {k}"]["median_s"] for k in runs if k.startswith("simpleitk")
         )
-        for j in jobs:
-            m = out["runs"][f"{n} series: medproc convert -j {j}"]["median_s"]
+        for label in mine:
+            m = out["runs"][f"{n} series: {label}"]["median_s"]
             print(
-                f"{n} series, -j {j}: medproc is {best / m:.2f}x SimpleITK at its best (medians)",
+                f"{n} series, {label}: {best / m:.2f}x SimpleITK at its best (medians)",
                 flush=True,
             )
     return out
@@ -283,6 +296,11 @@ def main(argv=None):
     ap.add_argument("--counts", type=int, nargs="+", default=[1, 4], help="series per run")
     ap.add_argument("--jobs", nargs="+", default=["1", "2", "auto"], help="medproc -j values")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--no-sitk-serial",
+        action="store_true",
+        help="whole processes: leave out SimpleITK in one process (when its pool is surely faster)",
+    )
     ap.add_argument("--medproc-root", default=ROOT, help="checkout whose medproc is run")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -384,7 +402,14 @@ def main(argv=None):
             )
     if a.whole_process:
         res["whole_process"] = whole_process(
-            series, a.counts, a.jobs, a.repeats, os.path.abspath(a.medproc_root), tmp
+            series,
+            a.counts,
+            a.jobs,
+            a.repeats,
+            os.path.abspath(a.medproc_root),
+            tmp,
+            a.device,
+            serial=not a.no_sitk_serial,
         )
     if a.stages:
         res["stages"] = {d: stage_breakdown(series[0], d, a.repeats, tmp) for d in a.device}

@@ -132,6 +132,7 @@ def make_medproc(dl, a, batch_patches: int):
         device=a.device,
         cache=a.cache,
         cache_dir=a.cache_dir,
+        prefetch=getattr(a, "prefetch", 2),
     )
 
 

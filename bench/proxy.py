@@ -144,6 +144,8 @@ def measure(task, workers, a):
             )
             run(loader, False)
             res["proxy (DALI Proxy)"] = run(loader, False)
+    if "plain" in a.skip:
+        return res
     plain = torch.utils.data.DataLoader(
         Samples(a.samples, SitkTransform(spec, augment=aug)),
         batch_size=a.batch,
@@ -167,7 +169,7 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--tasks", nargs="+", default=list(SPECS))
     ap.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
-    ap.add_argument("--skip", nargs="*", default=[])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["dali-proxy", "plain"])
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     _VOLS.extend(volumes())

@@ -168,6 +168,54 @@ def train(name: str, make_loader, a, limit_peak: float | None = None) -> dict:
     return out
 
 
+def isolated(a, argv: list[str]) -> None:
+    """Run each method in a fresh process (one after the other), then merge the results."""
+    import tempfile
+
+    runs = [("limit", [])] if "limit" not in a.skip else []
+    if "medproc" not in a.skip:
+        runs += [("medproc", ["--cache", c]) for c in a.cache]
+    runs += [("tuned", [])] if "tuned" not in a.skip else []
+    res, limit_peak = None, None
+    rest = [x for x in argv if x != "--isolate"]
+    if "--out" in rest:
+        i = rest.index("--out")
+        del rest[i : i + 2]
+    if "--skip" in rest:
+        i = rest.index("--skip")
+        j = i + 1
+        while j < len(rest) and not rest[j].startswith("--"):
+            j += 1
+        del rest[i:j]
+    if "--cache" in rest:
+        i = rest.index("--cache")
+        j = i + 1
+        while j < len(rest) and not rest[j].startswith("--"):
+            j += 1
+        del rest[i:j]
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, (name, extra) in enumerate(runs):
+            out = os.path.join(tmp, f"{n}.json")
+            others = [k for k in ("limit", "medproc", "tuned") if k != name]
+            cmd = [sys.executable, os.path.abspath(__file__), *rest, *extra, "--skip", *others]
+            subprocess.run([*cmd, "--out", out], check=True)
+            with open(out) as f:
+                one = json.load(f)
+            if name == "medproc" and extra[1] != a.cache[0]:
+                one["methods"] = {f"medproc (cache={extra[1]})": one["methods"]["medproc"]}
+            if res is None:
+                res = one
+            else:
+                res["methods"].update(one["methods"])
+    res["args"] = {**vars(a), "isolate": True}
+    if "limit" in res["methods"]:
+        limit_peak = res["methods"]["limit"]["peak_gpu_GiB"]
+        for k, v in res["methods"].items():
+            if k != "limit":
+                v["loader_GiB"] = v["peak_gpu_GiB"] - limit_peak
+    _finish(res, limit_peak)
+
+
 class _Fixed:
     """The limit: ``n`` batches made once, on the device, cycled."""
 
@@ -193,15 +241,29 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--limit-batches", type=int, default=4)
+    ap.add_argument("--prefetch", type=int, default=2, help="PatchLoader's batches ahead")
     ap.add_argument("--small", action="store_true", help="a small UNet (CPU smoke runs)")
-    ap.add_argument("--cache", default="auto", choices=["auto", "gpu", "host"])
+    ap.add_argument(
+        "--cache",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "gpu", "host"],
+        help="PatchLoader caches to run (each a method; the first is reported as 'medproc')",
+    )
     ap.add_argument("--data", default="/tmp/bench_loader")
     ap.add_argument("--skip", nargs="*", default=[], choices=["limit", "medproc", "tuned"])
+    ap.add_argument(
+        "--isolate",
+        action="store_true",
+        help="each method in a process of its own (memory peaks not shared between methods)",
+    )
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     if a.batch % a.num_samples:
         ap.error("--batch must be a multiple of --num-samples (MONAI batches whole volumes)")
     dl = bench_loader.dataset(a.data, a.cases, a.size, a.slices)
+    if a.isolate:
+        return isolated(a, argv if argv is not None else sys.argv[1:])
     import monai.data  # noqa: F401 - imports outside the timings
     import monai.transforms  # noqa: F401
 
@@ -213,9 +275,10 @@ def main(argv=None):
         num_samples=a.num_samples,
         volumes=a.batch // a.num_samples,
         device=a.device,
-        cache=a.cache,
+        cache=a.cache[0],
         cache_dir=None,
         workers=a.workers,
+        prefetch=a.prefetch,
     )
     dev = "cuda:0" if CUDA and a.device == "gpu" else "cpu"
     res = {
@@ -241,28 +304,37 @@ def main(argv=None):
         del src, it
         if CUDA:
             torch.cuda.empty_cache()
+            from nvidia.dali.backend import ReleaseUnusedMemory
+
+            ReleaseUnusedMemory()  # the limit's peak: the model and its batches only
         return _Fixed(out)
 
     if "limit" not in a.skip:
         m["limit"] = train("limit", fixed, a)
     limit_peak = m["limit"]["peak_gpu_GiB"] if "limit" in m else None
-    if "medproc" not in a.skip:
-        m["medproc"] = train(
-            "medproc", lambda: bench_loader.make_medproc(dl, la, a.batch), a, limit_peak
+    for n, cache in enumerate(a.cache if "medproc" not in a.skip else []):
+        name = "medproc" if n == 0 else f"medproc (cache={cache})"
+        lc = argparse.Namespace(**{**vars(la), "cache": cache})
+        m[name] = train(
+            name, lambda lc=lc: bench_loader.make_medproc(dl, lc, a.batch), a, limit_peak
         )
     if "tuned" not in a.skip:
         m["monai-tuned"] = train(
             "monai-tuned", lambda: bench_loader.make_monai_tuned(dl, la, dev), a, limit_peak
         )
+    _finish(res, limit_peak)
+
+
+def _finish(res: dict, limit_peak) -> None:
+    """Ratios between the methods; print and write the results."""
+    m, a = res["methods"], argparse.Namespace(**res["args"])
     if "limit" in m:
         for v in m.values():
             v["pct_of_limit"] = 100 * v["steps_per_s"] / m["limit"]["steps_per_s"]
-    if "medproc" in m and "monai-tuned" in m:
-        m["medproc"]["gpu_memory_vs_tuned"] = (
-            m["medproc"]["peak_gpu_GiB"] / m["monai-tuned"]["peak_gpu_GiB"]
-        )
-        if limit_peak is not None:
-            m["medproc"]["loader_memory_vs_tuned"] = m["medproc"]["loader_GiB"] / max(
+    for k in [k for k in m if k.startswith("medproc")] if "monai-tuned" in m else []:
+        m[k]["gpu_memory_vs_tuned"] = m[k]["peak_gpu_GiB"] / m["monai-tuned"]["peak_gpu_GiB"]
+        if "loader_GiB" in m[k] and "loader_GiB" in m["monai-tuned"]:
+            m[k]["loader_memory_vs_tuned"] = m[k]["loader_GiB"] / max(
                 m["monai-tuned"]["loader_GiB"], 1e-9
             )
     print(json.dumps(res, indent=1, default=str))

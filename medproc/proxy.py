@@ -213,10 +213,12 @@ class ProxyServer:
         Seed of the workers' augmentation generators.
     route : {"engine", "dali-proxy"}
         How voxels reach the pipeline.
-    slot_mb, arena_gb : float
-        The engine route's transfer arena (pinned shared memory the workers write input boxes
-        into): the largest box a slot takes, and the arena's size at most. Larger boxes, or
-        boxes arriving when every slot is taken, go through shared-memory tensors instead.
+    arena_gb : float, optional
+        The engine route's transfer arena: pinned shared memory that the workers write input
+        boxes into, each taking a piece of its size. Default: room for every box in flight
+        (workers x ``prefetch_factor`` + ``prefetch`` batches) up to 4 GiB and an eighth of
+        the host's memory; a box arriving when no piece of its size is free goes through a
+        shared-memory tensor instead (slower, never a wait).
     """
 
     def __init__(
@@ -231,8 +233,7 @@ class ProxyServer:
         prefetch: int = 2,
         seed: int = 0,
         route: str = "engine",
-        slot_mb: float = 16,
-        arena_gb: float = 2,
+        arena_gb: float | None = None,
     ):
         try:
             import torch  # noqa: F401
@@ -266,7 +267,7 @@ class ProxyServer:
                 )
         self.device, self.spec, self.with_label, self.route = device, spec, with_label, route
         self.prefetch = prefetch
-        self.slot_mb, self.arena_gb = slot_mb, arena_gb
+        self.arena_gb = arena_gb
         self._graph = Graph.from_spec(
             spec, labels=int(with_label), channels_first=True, mode="warp"
         )
@@ -323,13 +324,11 @@ class ProxyServer:
         arena = None
         if num_workers > 0:
             kw.setdefault("persistent_workers", True)
-            from ._proxy_arena import Arena
+            from ._proxy_arena import Arena, arena_bytes
 
             per_batch = batch_size * (1 + int(self.with_label))
-            slots = (num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 2) * per_batch
-            slot_bytes = int(self.slot_mb * 2**20)
-            slots = max(per_batch, min(slots, int(self.arena_gb * 2**30) // slot_bytes))
-            arena = Arena(slots, slot_bytes, pin=self.device == "gpu")
+            entries = (num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3) * per_batch
+            arena = Arena(arena_bytes(self.arena_gb), entries, pin=self.device == "gpu")
             self.transform.arena = arena  # the workers fork with it
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)
         return _Streamed(base, self._engine, self._graph, self.prefetch, self.with_label, arena)

@@ -40,8 +40,11 @@ def one(i):
 with ProcessPoolExecutor(16) as ex:
     list(ex.map(one, range(int(os.environ.get("CONVERT_CASES", "48")))))
 PY
-  timeout 400 python bench/convert.py /tmp/conv_all --workers 16 --device cpu gpu --skip monai dcm2niix --out "$OUT/convert_h200.json" > "$OUT/bench_convert.log" 2>&1
-  grep -E "s/volume|\{" "$OUT/bench_convert.log"
+  # whole processes (as a user runs them: start-up included) + the per-stage breakdown
+  timeout 500 python bench/convert.py /tmp/conv_all --workers 16 --device cpu gpu --skip inprocess \
+    --whole-process --no-sitk-serial --counts "${CONVERT_CASES:-48}" --jobs auto --repeats 2 --stages \
+    --out "$OUT/convert_h200.json" > "$OUT/bench_convert.log" 2>&1
+  grep -E "median|SimpleITK at its best|^  |per-stage" "$OUT/bench_convert.log"
 fi
 if want decode; then
   # prove the GPU decode support table on this machine, test it, then benchmark

@@ -212,6 +212,41 @@ def test_gpu_stream_and_threads_match_serial():
 
 
 @pytest.mark.gpu
+def test_gpu_stream_does_not_wait_for_the_consumers_queued_kernels():
+    """A training loop queues a step's kernels on its stream and then asks for data: the
+    engine's batches must not wait behind those kernels (they did when the background thread
+    worked on the default stream)."""
+    import time
+
+    cases = _cases(4, seed=7)
+    eng = Engine("gpu", batch_size=2)
+    graph = Graph.from_spec(SPEC, labels=1)
+    plans = [make_plan(v.shape, v.affine, SPEC) for v, _ in cases]
+
+    def items():
+        while True:
+            for (img, lab), p in zip(cases, plans):
+                yield [Job(img.to("gpu").array, p, (lab.to("gpu").array,))], graph, None
+
+    it = eng.stream(items(), as_torch=True, ahead=2)
+    next(it)  # pipelines built
+    torch.cuda.synchronize()
+    busy = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    busy[0].record()
+    torch.cuda._sleep(int(3e9))  # ~1-2 s of one kernel on the consumer's (default) stream
+    busy[1].record()
+    t = time.perf_counter()
+    for _ in range(6):  # more than `ahead`: made while the kernel runs
+        next(it)
+    waited = time.perf_counter() - t
+    torch.cuda.synchronize()
+    sleep_s = busy[0].elapsed_time(busy[1]) / 1000
+    it.close()
+    assert sleep_s > 0.5, sleep_s
+    assert waited < 0.5 * sleep_s, (waited, sleep_s)
+
+
+@pytest.mark.gpu
 def test_gpu_forked_worker_after_cuda_in_parent_gets_a_clear_error():
     from medproc.monai import Resampled, to_metatensor
 

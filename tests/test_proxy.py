@@ -211,19 +211,48 @@ def test_a_worker_crash_is_a_clear_error_not_a_hang():
     assert time.perf_counter() - t < 60
 
 
-def test_the_transfer_arena_hands_boxes_over_without_copies_and_recycles_slots():
+def test_the_transfer_arena_hands_boxes_over_without_copies_and_recycles_pieces():
     from medproc._proxy_arena import Arena
 
-    arena = Arena(slots=2, slot_bytes=64 * 1024, pin=False)
     region = np.asfortranarray(np.arange(20 * 30 * 10, dtype=np.int16).reshape(20, 30, 10))
+    arena = Arena(nbytes=2 * region.nbytes + 4096, entries=3, pin=False)
     a = arena.put(region[2:18, 3:29, 1:9])
     b = arena.put(region)
     assert a is not None and b is not None
-    assert arena.put(region) is None  # every slot taken: the caller falls back
+    assert arena.put(region) is None  # no gap of its size left: the caller falls back
     np.testing.assert_array_equal(arena.tensor(a).numpy(), region[2:18, 3:29, 1:9])
+    np.testing.assert_array_equal(arena.tensor(b).numpy(), region)
     t = arena.tensor(b)
     assert tuple(t.shape) == region.shape and t.permute(2, 1, 0).is_contiguous()  # DALI's layout
     arena.release(a)
-    c = arena.put(region)
-    assert c is not None and c.index == a.index
-    assert arena.put(np.zeros((100, 100, 10), np.int16)) is None  # too big for a slot
+    c = arena.put(region[:10])  # fits the gap a left
+    assert c is not None and c.offset == a.offset
+    np.testing.assert_array_equal(arena.tensor(c).numpy(), region[:10])
+    np.testing.assert_array_equal(arena.tensor(b).numpy(), region)  # b untouched
+    assert arena.put(np.zeros((100, 100, 10), np.int16)) is None  # bigger than the arena
+    d = arena.put(region[:1, :1, :1])  # the last entry
+    assert d is not None and arena.put(region[:1, :1, :1]) is None  # every entry taken
+    for s in (b, c, d):
+        arena.release(s)
+    assert arena.put(region) is not None and arena.put(region) is not None  # all free again
+
+
+def test_arena_pieces_never_overlap_under_random_takes_and_releases():
+    from medproc._proxy_arena import Arena
+
+    rng = np.random.default_rng(0)
+    arena = Arena(nbytes=1 << 20, entries=16, pin=False)
+    live = {}
+    for step in range(400):
+        if live and rng.random() < 0.45:
+            k = list(live)[int(rng.integers(len(live)))]
+            slot, arr = live.pop(k)
+            np.testing.assert_array_equal(arena.tensor(slot).numpy(), arr)  # intact
+            arena.release(slot)
+            continue
+        arr = rng.integers(0, 1000, tuple(rng.integers(1, 40, 3)), dtype=np.int16)
+        slot = arena.put(np.asfortranarray(arr))
+        if slot is not None:
+            live[step] = (slot, arr)
+    spans = sorted((s.offset, s.offset + a.nbytes) for s, a in live.values())
+    assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))

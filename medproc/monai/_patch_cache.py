@@ -333,10 +333,10 @@ class Builder:
                 pool.shutdown(wait=False, cancel_futures=True)
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
-        if self.gpu:
-            import torch
+        if self.gpu:  # the build's pipelines and whole-volume buffers are not needed again
+            from ..pipeline.cache import release_unused
 
-            torch.cuda.synchronize(self.device_id)
+            release_unused(self.device_id)
         return out
 
 

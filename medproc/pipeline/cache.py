@@ -16,6 +16,7 @@ __all__ = [
     "ForkError",
     "cached_pipeline",
     "drop_cached",
+    "release_unused",
     "dali_available",
     "gpu_available",
 ]
@@ -101,16 +102,38 @@ def cached_pipeline(key: tuple, build, device: str = "cpu"):
         check_gpu_here()
         _STATE["cuda_here"] = True
     ident = threading.get_ident()
-    alive = {t.ident for t in threading.enumerate()}
-    with _LOCK:  # pipelines of threads that ended go now (destroyed outside the lock)
-        dead = [_CACHE.pop(k) for k in list(_CACHE) if k[0] not in alive]
+    _purge()
+    with _LOCK:
         obj = _CACHE.get((ident, key))
-    del dead
     if obj is None:
         obj = build()
         with _LOCK:
             _CACHE[(ident, key)] = obj
     return obj
+
+
+def _purge() -> None:
+    """Drop the pipelines of threads that have ended (destroyed outside the lock)."""
+    alive = {t.ident for t in threading.enumerate()}
+    with _LOCK:
+        dead = [_CACHE.pop(k) for k in list(_CACHE) if k[0] not in alive]
+    del dead
+
+
+def release_unused(device_id: int | None = None) -> None:
+    """Give back the GPU memory that finished work left behind: the pipelines of threads that
+    have ended, then the free blocks of DALI's memory pools and of PyTorch's caching allocator
+    (e.g. after building a cache of whole volumes, before training starts)."""
+    _purge()
+    if "nvidia.dali" in sys.modules:
+        from nvidia.dali.backend import ReleaseUnusedMemory
+
+        ReleaseUnusedMemory()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if device_id is not None:
+            torch.cuda.synchronize(device_id)
+        torch.cuda.empty_cache()
 
 
 def drop_cached(key: tuple) -> None:

@@ -20,6 +20,7 @@ Contract
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import sys
@@ -260,18 +261,22 @@ class Engine:
 
         def produce():
             try:
-                s = None
+                s, on_s = None, contextlib.nullcontext()
                 if gpu:
                     import torch
 
                     s = torch.cuda.Stream(device=self.device_id)
-                for res, extra in self._pipelined(items, as_torch, s):
-                    ev = None
-                    if gpu and as_torch:
-                        ev = torch.cuda.Event()
-                        ev.record(s)
-                    if not put((res, extra, ev)):
-                        return
+                    # this thread's work (the items' host work too) goes on its own stream: on
+                    # the default stream it would wait for the training loop's queued kernels
+                    on_s = torch.cuda.stream(s)
+                with on_s:
+                    for res, extra in self._pipelined(items, as_torch, s):
+                        ev = None
+                        if gpu and as_torch:
+                            ev = torch.cuda.Event()
+                            ev.record(s)
+                        if not put((res, extra, ev)):
+                            return
                 put(end)
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller
                 put(e)
