@@ -368,7 +368,7 @@ class _Streamed:
             yield jobs, self.graph, batch
 
     def __iter__(self):
-        import torch
+        from .pipeline.runner import stacked
 
         for res, batch in self.engine.stream(self._items(), as_torch=True, ahead=self.ahead):
             if self.arena is not None:
@@ -376,7 +376,7 @@ class _Streamed:
             cols = list(zip(*res))
             for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
                 same = all(t.shape == col[0].shape for t in col)
-                batch[key] = torch.stack(col) if same else list(col)
+                batch[key] = stacked(col) if same else list(col)
             yield batch
 
 

@@ -356,3 +356,17 @@ def test_default_threads_share_the_cores_between_local_ranks(monkeypatch):
     assert Engine("cpu").num_threads == 4
     monkeypatch.setenv("MEDPROC_DALI_THREADS", "3")
     assert default_threads() == 3
+
+
+def test_stacked_hands_back_a_batch_tensor_only_when_the_rows_are_exactly_its_rows():
+    from medproc.pipeline.runner import stacked
+
+    batch = torch.empty(4, 2, 3)
+    batch.copy_(torch.arange(24.0).reshape(4, 2, 3))
+    rows = list(batch.unbind(0))
+    assert stacked(rows) is batch  # no copy
+    for other in (rows[::-1], rows[:2], [rows[0], rows[0], rows[2], rows[3]]):
+        got = stacked(other)
+        assert got is not batch and torch.equal(got, torch.stack(other))
+    loose = [torch.ones(2, 3), torch.zeros(2, 3)]
+    assert torch.equal(stacked(loose), torch.stack(loose))

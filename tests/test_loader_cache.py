@@ -144,7 +144,7 @@ def test_gpu_cache_build_equals_cpu_build():
 
 def test_device_route_on_cpu_tensors_equals_host_route():
     """The GPU route's code (build through ``Builder.finish``: tensors resampled, clipped and
-    indexed in torch, kept as (k, j, i) tensors; boxes sliced from them per batch), run on CPU
+    indexed in torch, kept as (k, j, i) tensors and fed whole per patch), run on CPU
     tensors: the same cache and the same batches as the host route, for the same seed."""
     from test_patch_loader import datalist
 
@@ -178,6 +178,9 @@ def test_device_route_on_cpu_tensors_equals_host_route():
         assert ed.host_image().min() >= -1000 and ed.host_image().max() <= 400  # clipped
     for _ in range(2):
         for bh, bd in zip(host, dev):
-            torch.testing.assert_close(bh["image"], bd["image"], atol=1e-6, rtol=0)
+            # the device route samples the whole cached volume, the host route the patch's box:
+            # DALI's float32 source coordinates then differ in their last bits (1e-4 of the
+            # [0, 1] window is 0.14 HU)
+            torch.testing.assert_close(bh["image"], bd["image"], atol=1e-4, rtol=0)
             assert torch.equal(bh["label"].as_tensor(), bd["label"].as_tensor())
             torch.testing.assert_close(bh["image"].affine, bd["image"].affine)

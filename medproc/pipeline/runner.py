@@ -11,7 +11,7 @@ import numpy as np
 from ._dtypes import _astype, _dtype_name, _is_torch
 from .graphs import Graph, build_resample, plan_inputs, to_dhwc
 
-__all__ = ["Runner"]
+__all__ = ["Runner", "stacked"]
 
 
 class Runner:
@@ -83,24 +83,42 @@ class Runner:
             self.pipe.feed_input(name, vals)
 
     def _to_device(self, arrays: list, ring: dict) -> list:
-        """Host arrays -> CUDA tensors: staged in pinned memory, copied on a side stream. A
-        staging set is reused every third batch, when the copy that read it has finished."""
+        """Inputs -> CUDA tensors on this runner's side stream. Host arrays of the batch are
+        staged together in one pinned block (numpy copies) and cross in one copy: two tensor
+        calls per batch, not two per array (each tensor call of this background thread waits
+        for the interpreter lock, which a training loop holds most of the time). The block is
+        reused every third batch, when the copy that read it has finished."""
         import torch
 
-        out = []
+        dev = f"cuda:{self.device_id}"
+        out: list = [None] * len(arrays)
+        host = []
         with torch.cuda.stream(self._stream):
             for n, a in enumerate(arrays):
-                t = a if isinstance(a, torch.Tensor) else torch.from_numpy(a)
-                if t.device.type == "cpu" and not t.is_pinned():
-                    nbytes = t.numel() * t.element_size()
-                    if n not in ring or ring[n].numel() < nbytes:
-                        ring[n] = torch.empty(
-                            max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=True
-                        )
-                    staged = ring[n][:nbytes].view(t.dtype).view(t.shape)
-                    staged.copy_(t)
-                    t = staged
-                out.append(t.to(f"cuda:{self.device_id}", non_blocking=True))
+                if isinstance(a, torch.Tensor) and (a.is_cuda or a.is_pinned()):
+                    on = a.is_cuda and a.device.index == self.device_id
+                    out[n] = a if on else a.to(dev, non_blocking=True)
+                else:
+                    h = a.numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+                    host.append((n, h if h.dtype.isnative else h.astype(h.dtype.newbyteorder("="))))
+            if not host:
+                return out
+            offsets, total = [], 0
+            for _, a in host:
+                offsets.append(total)
+                total += -(-max(a.nbytes, 1) // 256) * 256  # aligned for any dtype's view
+            block = ring.get("block")
+            if block is None or block.numel() < total:
+                block = ring["block"] = torch.empty(
+                    max(total, 1 << 20), dtype=torch.uint8, pin_memory=True
+                )
+            staged = block.numpy()
+            for (_, a), at in zip(host, offsets):
+                np.copyto(staged[at : at + a.nbytes].view(a.dtype).reshape(a.shape), a)
+            on_dev = block[:total].to(dev, non_blocking=True)
+            for (n, a), at in zip(host, offsets):
+                dt = torch.from_numpy(np.empty(0, a.dtype)).dtype
+                out[n] = on_dev[at : at + a.nbytes].view(dt).view(a.shape)
         return out
 
     def collect(self, n: int, as_torch: bool, stream=None) -> list[tuple]:
@@ -111,13 +129,38 @@ class Runner:
             self.broken = True
             raise
         self.pending -= 1
+        if self.device == "gpu" and as_torch:
+            cols = [self._out_batch(o, n, stream) for o in outs]
+        else:
+            cols = [[self._out(o[i], as_torch, stream) for i in range(n)] for o in outs]
         res = []
-        for i in range(n):
-            arrs = [self._out(o[i], as_torch, stream) for o in outs]
+        for arrs in zip(*cols):
             if not self.graph.channels_first:  # DHWC -> (i, j, k[, C]), a view
                 arrs = [_from_dhwc(a) for a in arrs]
             res.append(tuple(arrs))
         return res
+
+    def _out_batch(self, tl, n: int, stream) -> list:
+        """A GPU output column as CUDA tensors: when every sample has one shape, one copy into
+        a ``(n, ...)`` tensor whose rows are the samples (views; one call instead of ``n``),
+        else one tensor per sample."""
+        shapes = [tuple(x) for x in tl.shape()]
+        dense = None
+        if n > 1 and len(set(shapes)) == 1:
+            try:
+                dense = tl.as_tensor()
+            except RuntimeError:  # not contiguous in memory: sample by sample
+                dense = None
+        if dense is None:
+            return [self._out(tl[i], True, stream) for i in range(n)]
+        import torch
+        from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
+
+        dst = torch.empty(
+            (n, *shapes[0]), dtype=to_torch_type[dense.dtype], device=f"cuda:{self.device_id}"
+        )
+        feed_ndarray(dense, dst, cuda_stream=stream or torch.cuda.current_stream(self.device_id))
+        return list(dst.unbind(0))
 
     def _out(self, t, as_torch: bool, stream):
         if self.device == "cpu":
@@ -137,6 +180,28 @@ class Runner:
             return dst
         s.synchronize()
         return dst.cpu().numpy()
+
+
+def stacked(tensors: list):
+    """The tensors stacked into one ``(n, ...)`` tensor: without a copy when they are the
+    rows, in order, of one contiguous batch tensor (as a GPU batch comes out of the engine)."""
+    import torch
+
+    base = getattr(tensors[0], "_base", None)
+    if (
+        base is not None
+        and base.is_contiguous()
+        and base.dim() == tensors[0].dim() + 1
+        and base.shape[0] == len(tensors)
+        and all(
+            t._base is base
+            and t.is_contiguous()
+            and t.storage_offset() == base.storage_offset() + i * base.stride(0)
+            for i, t in enumerate(tensors)
+        )
+    ):
+        return base
+    return torch.stack(tensors)
 
 
 def _from_dhwc(a):
