@@ -168,7 +168,9 @@ class Builder:
         self.where, self.cache_dir = where, cache_dir
         self.image_threshold = image_threshold
         self.workers = max(1, int(workers))
-        self.gpu = device == "gpu"
+        # cache="host": built on the CPU cores too, so that the GPU never holds a whole volume
+        # (the build's peak, not only the cache, counts against a model's memory)
+        self.gpu = device == "gpu" and where != "host"
         self.budget = _Budget(gpu_budget(where, device_id) if self.gpu else 0.0)
         self._gpu_slots = threading.Semaphore(4)  # raw volumes on the GPU at once
         #: on the CPU, build through :meth:`finish` and keep torch tensors, as the GPU route

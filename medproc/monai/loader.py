@@ -95,7 +95,9 @@ class PatchLoader:
         (``torch.cuda.set_device``).
     cache : {"auto", "gpu", "host"}
         Where the resampled volumes live. ``"gpu"``: all on the GPU (nothing crosses the host
-        -> device link per patch); ``"host"``: host memory (patch boxes are copied per batch);
+        -> device link per patch); ``"host"``: host memory, built on the CPU cores (the GPU
+        holds only each batch's patch boxes: the choice for a training loop that needs the GPU's
+        memory for the model; patch boxes are copied per batch);
         ``"auto"``: on the GPU while they fit in ``GPU_CACHE_FRACTION`` (a quarter) of its
         memory and half of what is free, the rest on the host; always the host on the CPU.
     cache_dir : str, optional
@@ -133,7 +135,7 @@ class PatchLoader:
         num_shards: int | None = None,
         seed: int = 0,
         num_threads: int | None = None,
-        prefetch: int = 2,
+        prefetch: int = 4,
     ):
         from ..pipeline import Engine, Graph
         from ..pipeline.engine import default_threads
