@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200 (after .gpu-stage/install.sh): GPU tests and benchmarks, results under $OUT.
-#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [convert] [decode] [cache]
+#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [train] [convert] [decode] [cache]
 #   (default: the first five)
 set -uo pipefail
 export PYTHONPATH=/tmp/site:/tmp/sitk:$PWD MEDPROC_OFFLINE=1 PYTHONUNBUFFERED=1 PATH=/tmp/sitk/bin:$PATH
@@ -27,6 +27,17 @@ fi
 if want loader; then
   timeout 420 python bench/loader.py --cases 24 --workers 12 --batches 60 --out "$OUT/loader_h200.json" > "$OUT/bench_loader.log" 2>&1
   grep -E "^(medproc|monai|data)" "$OUT/bench_loader.log"; tail -3 "$OUT/bench_loader.log"
+fi
+if want train; then
+  # the real loop: each method in a process of its own (GPU memory peaks not shared)
+  timeout 560 python bench/train.py --isolate --cache auto host --out "$OUT/train_h200.json" > "$OUT/bench_train.log" 2>&1
+  python3 -c "
+import json
+r = json.load(open('$OUT/train_h200.json'))
+for k, v in r['methods'].items():
+    keys = ('steps_per_s', 'pct_of_limit', 'data_wait_fraction', 'peak_gpu_GiB', 'gpu_memory_vs_tuned')
+    print(k, {x: round(v[x], 3) for x in keys if x in v})
+" || tail -20 "$OUT/bench_train.log"
 fi
 if want convert; then
   python - <<'PY'
