@@ -220,9 +220,11 @@ def test_dicom_seg_lines_up(quiet):
     assert not np.array_equal(frames[0], frames[0].T)  # so the transpose is seen
 
 
-def test_rtstruct_contours_rasterise_onto_the_lesion(tmp_path):
-    # (i, j, k) = 64 columns, 56 rows, 24 slices of 2 mm; the lesion off-centre in-plane, so a
-    # contour rasterised with i and j swapped would miss it
+def rtstruct_case(tmp_path):
+    """A phantom with an off-centre lesion and an RTSTRUCT file (ROI "GTV", number 3) of its
+    contours: ``(path, image Volume, phantom label array)``. (i, j, k) = 64 columns, 56 rows,
+    24 slices of 2 mm; the lesion off-centre in-plane, so a contour rasterised with i and j
+    swapped would miss it."""
     shape, sp = (64, 56, 24), (1.0, 1.0, 2.0)
     aff = grid_affine(shape, sp, (-32.0, -28.0, -24.0))
     cx, cy = 9.0, -6.0  # LPS mm
@@ -255,6 +257,11 @@ def test_rtstruct_contours_rasterise_onto_the_lesion(tmp_path):
     ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
     p = tmp_path / "rt.dcm"
     ds.save_as(p, enforce_file_format=False)
+    return p, vol, lab
+
+
+def test_rtstruct_contours_rasterise_onto_the_lesion(tmp_path):
+    p, vol, lab = rtstruct_case(tmp_path)
     mask = read_rtstruct(p, vol, roi="gtv")
     assert mask.shape == vol.shape and set(np.unique(mask.array)) == {0, 3}
     assert dice(mask.array > 0, lab > 0) >= 0.9
