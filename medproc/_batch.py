@@ -87,11 +87,13 @@ class Batch:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def run(self, progress=None, on_interrupt=None) -> list[dict]:
+    def run(self, progress=None, on_interrupt=None, on_started=None) -> list[dict]:
         """Convert the cases; returns this run's rows (sorted by case). See the module doc.
 
         ``progress(row)`` is called for every row as it is settled; ``on_interrupt()`` on the
-        first Ctrl-C (in the main thread only)."""
+        first Ctrl-C (in the main thread only); ``on_started()`` once the first cases are
+        handed to the workers (in this process: before the first starts), e.g. to draw a
+        progress bar while they run."""
         if self.dry_run:
             raise RuntimeError("a dry-run batch cannot run: prepare it with dry_run=False")
         manifest = os.path.join(self.outdir, "manifest.csv")
@@ -111,9 +113,9 @@ class Batch:
 
         with _Interrupts(on_interrupt) as stop:
             if self.executor is None:
-                self._run_here(stop, finish)
+                self._run_here(stop, finish, on_started)
             else:
-                self._run_pool(stop, finish)
+                self._run_pool(stop, finish, on_started)
             interrupted = stop.requested
         if interrupted:
             raise KeyboardInterrupt
@@ -141,7 +143,9 @@ class Batch:
             os.makedirs(os.path.dirname(t.qc_path), exist_ok=True)
         t.row["options"] = _options_json(self.options)
 
-    def _run_here(self, stop, finish) -> None:
+    def _run_here(self, stop, finish, on_started) -> None:
+        if on_started:
+            on_started()
         for t in self.todo:
             if stop.requested:
                 break
@@ -153,7 +157,7 @@ class Batch:
                 raise
             finish(res, t.row)
 
-    def _run_pool(self, stop, finish) -> None:
+    def _run_pool(self, stop, finish, on_started) -> None:
         from ._procs import kill_pool
 
         ex, queue, running = self.executor, iter(self.todo), {}
@@ -167,6 +171,8 @@ class Batch:
         for _ in range(max(1, self.workers)):
             submit_next()
         try:
+            if on_started:
+                on_started()
             while running:
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for fut in done:

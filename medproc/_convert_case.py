@@ -59,9 +59,9 @@ def _convert_one(
         [vol], spec, device=device, labels=None if lab is None else [lab], num_threads=dali_threads
     )
     out, out_lab = res if lab is not None else (res, None)
-    save(out, out_path)
+    save(out, out_path, threads=dali_threads)  # gzip threads: this case's share of the cores
     if out_lab is not None:
-        save(out_lab, label_path)
+        save(out_lab, label_path, threads=dali_threads)
     if record is not None:
         _write_sidecar(out_path, case, vol, out, label_path, record)
     n_les = ""
@@ -183,6 +183,17 @@ def _init_worker(parent: int) -> None:
     ignore_sigint()  # Ctrl-C reaches the whole process group: the main process decides
     die_with_parent(parent, pdeathsig=True)
     warnings.showwarning = plain_warning
+
+
+def _warm_up() -> None:
+    """Pool task: import DALI and the readers now (~0.15 s), while the main process is still
+    reading headers, so that this worker's first case starts at once."""
+    from isal import isal_zlib  # noqa: F401
+
+    from .io import dicom_read  # noqa: F401
+    from .pipeline import dali_available
+
+    dali_available()
 
 
 def plain_warning(message, category, filename, lineno, file=None, line=None):

@@ -167,14 +167,17 @@ def check_inputs(inputs, labels_dir: str | None = None) -> None:
 
 
 def find_cases(
-    inputs, labels_dir: str | None = None, executor=None, exclude=()
+    inputs, labels_dir: str | None = None, executor=None, exclude=(), on_files=None
 ) -> tuple[list[Case], list[tuple[str, str]]]:
     """Cases under ``inputs`` (folders scanned recursively, files, or CSV lists).
 
     A CSV has a header with ``image`` (and optionally ``label`` and ``name``) columns; relative
     paths are relative to the CSV. With ``labels_dir``, an image file's label is the file of the
-    same name there. ``exclude``: folders never entered (the output folder). Returns (cases,
-    skipped files with reasons); inputs that yield nothing are cases with an ``error``.
+    same name there. ``exclude``: folders never entered (the output folder). ``executor``: see
+    :func:`~medproc.io.dicom_scan.scan_dicom`; ``on_files(files, n_cases)``: called before the
+    DICOM headers are read, with the files to read and the number of other cases found (image
+    files, case lists); it may return an executor to read them with. Returns (cases, skipped
+    files with reasons); inputs that yield nothing are cases with an ``error``.
     """
     from .io.dicom_scan import scan_dicom
     from .io.walk import walk_inputs
@@ -222,7 +225,12 @@ def find_cases(
         for r in tree_inputs:  # every input folder that holds it found something
             if _under(p, r):
                 found_by[r] = found_by.get(r, 0) + 1
-    scan = scan_dicom(tree_inputs, executor=executor, exclude=exclude) if tree_inputs else None
+    hook = (lambda files: on_files(files, len(cases))) if on_files is not None else None
+    scan = (
+        scan_dicom(tree_inputs, executor=executor, exclude=exclude, on_files=hook)
+        if tree_inputs
+        else None
+    )
     for s in scan.series if scan else []:
         files = s.files
         if _is_seg(s.info):

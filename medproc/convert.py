@@ -9,11 +9,15 @@ temporaries a killed run left are removed; a failing case, or an input that yiel
 recorded in the manifest with its reason and the batch goes on. Every output has a
 ``<name>.json`` sidecar: medproc version, source, options, input and output geometry.
 
-Start-up is part of the cost of a small batch, so: the inputs are scanned first (DICOM headers
-read once, in the workers when there are many files), then ``workers`` is cut to the number of
-cases to do; one worker means no pool at all (everything in this process); a pool of CPU
-workers is forked on Linux (see :mod:`medproc._procs`). Ctrl-C finishes the running cases and
-records them (see :mod:`medproc._batch`); pool workers exit when the main process dies.
+Start-up is part of the cost of a small batch, so: once the inputs are listed, CPU workers are
+forked on Linux (in milliseconds, see :mod:`medproc._procs`): one per core when there are many
+DICOM files (the workers read their headers), else one per folder of DICOM files or image file
+found (at most one per core), which import DALI while this process reads the few headers. Then
+``workers`` is cut to the number of cases to do. One case is converted by a worker that imported
+DALI meanwhile (unless it is a compressed series that this process decodes faster with a decode
+pool of its own); otherwise one worker means no pool at all (everything in this process).
+Ctrl-C finishes the running cases and records them (see :mod:`medproc._batch`); pool workers
+exit when the main process dies.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 import numpy as np
 
 from ._batch import INTERRUPTED, Batch, plan_cases
-from ._convert_case import _init_worker, annotations_path, plain_warning, sidecar_path
+from ._convert_case import _init_worker, _warm_up, annotations_path, plain_warning, sidecar_path
 from .cases import (
     DEFAULT_NAME,
     Case,
@@ -84,8 +88,10 @@ def convert(
         :class:`~medproc.errors.UsageError` before any work.
     workers : int or "auto"
         Worker processes, at most the number of cases to do (1: no pool, all in this
-        process). ``"auto"``: one forked CPU worker per core; spawned or GPU workers: 1 on 2
-        cores or fewer or for 2 cases or fewer, else half the cores (see
+        process; with more allowed, one case found in a folder of DICOM files is converted by a
+        forked worker that imported DALI while the headers were read, see the module doc).
+        ``"auto"``: one forked CPU worker per core; spawned or GPU workers: 1 on 2 cores or
+        fewer or for 2 cases or fewer, else half the cores (see
         :func:`medproc._procs.auto_workers`).
     qc : bool
         Also write ``OUTDIR/qc/<name>.png`` (see :func:`medproc.qc.qc_figure`).
@@ -200,16 +206,35 @@ def prepare(
         check_outdir(outdir)
     closers = [] if dry_run else [prepare_outdir(outdir).release]
     try:
-        ex, pool = executor, None
+        ex = executor
         if ex is None and dask and not dry_run:
             ex, more = _dask_executor(dask, workers if workers != "auto" else os.cpu_count() or 1)
             closers = more + closers
         fork = can_fork(device)
         want = auto_workers(fork=fork) if workers == "auto" else workers
-        if ex is None and want > 1 and can_fork(device) and not dry_run:
-            pool = start_pool(want, _init_worker, (os.getpid(),))  # forked: ms; reads headers
+        pool, size, warm = None, 0, False
+
+        def on_files(files, n_cases):  # the inputs are listed, their headers not yet read
+            nonlocal pool, size, warm
+            from .io.dicom_scan import POOL_MIN_FILES
+
+            reads = len(files) >= POOL_MIN_FILES  # the workers read the headers
+            guess = len({os.path.dirname(f) for f in files}) + n_cases  # a series per folder
+            size = want if reads else min(want, guess)
+            if size < 1:
+                return None
+            pool = start_pool(size, _init_worker, (os.getpid(),))  # forked: ms
             closers.insert(0, pool.shutdown)
-        cases, skipped = find_cases(inputs, labels_dir, executor=ex or pool, exclude=[outdir])
+            if not reads:  # while this process reads the headers, the workers import DALI
+                for _ in range(size):
+                    pool.submit(_warm_up)
+                warm = True
+            return pool
+
+        early = ex is None and want > 1 and fork and not dry_run
+        cases, skipped = find_cases(
+            inputs, labels_dir, executor=ex, exclude=[outdir], on_files=on_files if early else None
+        )
         prior = read_manifest(os.path.join(outdir, "manifest.csv"), repair=not dry_run)
         opts = output_options(spec, fmt, nan)
         batch = plan_cases(
@@ -224,15 +249,21 @@ def prepare(
             batch.workers = max(1, min(size, n))
             batch.executor, batch.threads = ex, 1 if device == "cpu" else None
         elif batch.workers > 1 and not dry_run:
-            if pool is None:  # spawned: only now that we know it is worth it
+            if pool is not None and size < batch.workers:  # more cases than folders
+                closers.remove(pool.shutdown)
+                _drop(pool, warm)
+                pool = None
+            if pool is None:  # only now that we know it is worth it
                 pool = start_pool(batch.workers, _init_worker, (os.getpid(),), device)
                 closers.insert(0, pool.shutdown)
             batch.executor = pool
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
             batch.threads = max(1, cores // batch.workers) if device == "cpu" else None
+        elif pool is not None and warm and _in_worker(batch.todo):
+            batch.executor = pool  # one case, to a worker that imported DALI meanwhile
         elif pool is not None:  # one worker is enough: no pool
             closers.remove(pool.shutdown)
-            pool.shutdown()
+            _drop(pool, warm)
         how = getattr(batch.executor, "medproc_start_method", None)
         how = "in this process" if batch.executor is None else f"{how or 'given'} pool"
         log.info("%d case(s) to convert, %d worker(s), %s", n, batch.workers, how)
@@ -241,6 +272,32 @@ def prepare(
         for close in closers:
             close()
         raise
+
+
+def _drop(pool, warm: bool) -> None:
+    """Stop a pool that is not used after all. Workers that may still be importing DALI
+    (``warm``: nothing else was handed to them) are ended at once rather than waited for;
+    either way its thread is joined (no thread runs when this process forks again)."""
+    if warm:
+        from ._procs import kill_pool
+
+        kill_pool(pool)
+    pool.shutdown()
+
+
+def _in_worker(todo) -> bool:
+    """Whether the one case to do is converted in a pool worker: yes, unless it is a DICOM
+    series with enough compressed files for a decode pool (which only this process can fork:
+    workers are daemons)."""
+    if len(todo) != 1:
+        return False
+    series = todo[0].case.dicom
+    packed = {f.path for f in series.frames if f.fast is None} if series is not None else ()
+    if not packed:
+        return True
+    from .io.dicom_read import decode_workers
+
+    return decode_workers(len(packed)) == 1
 
 
 def _dask_executor(address: str, workers: int):

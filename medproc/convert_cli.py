@@ -232,7 +232,6 @@ def _cmd_convert(a) -> int:
 
     t0 = time.perf_counter()
     quiet = getattr(a, "quiet", False)
-    con = plain_console(stderr=True)
     spec = _spec(a)
     with warnings.catch_warnings():
         warnings.showwarning = plain_warning
@@ -256,10 +255,11 @@ def _cmd_convert(a) -> int:
             if a.dry_run:
                 _print_plan(batch, plain_console())
                 return 0
-            rows, interrupted = _run(batch, con, quiet, t0)
+            rows, interrupted, ui = _run(batch, quiet, t0)
             s = summary(rows)
             if not quiet:
-                con.print(_summary_line(a, batch, s, time.perf_counter() - t0), soft_wrap=True)
+                line = _summary_line(a, batch, s, time.perf_counter() - t0)
+                ui.console().print(line, soft_wrap=True)
             if interrupted:
                 ok = {r["case"] for r in rows if r["status"] == "ok"}
                 left = sum(t.row["case"] not in ok for t in batch.todo)
@@ -271,7 +271,7 @@ def _cmd_convert(a) -> int:
                 return 130
             rc = 0 if s["failed"] == 0 else 1
             if targets:  # still holding the output folder's lock
-                rc = max(rc, write_layouts(a, targets, batch, _Mute() if quiet else con))
+                rc = max(rc, write_layouts(a, targets, batch, _Mute() if quiet else ui.console()))
             return rc
 
 
@@ -286,39 +286,9 @@ def _summary_line(a, batch, s: dict, seconds: float) -> str:
     )
 
 
-def _run(batch, con, quiet: bool, t0: float):
-    """Run the batch with a progress bar (none with -q); (rows, interrupted)."""
-    import time
-
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.text import Text
-
-    cols = [
-        TextColumn("converting"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]:.2f} cases/s"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    ]
-    total = len(batch.decided) + len(batch.todo)
-    bar = Progress(*cols, console=con, transient=False, disable=quiet)
-    task = bar.add_task("convert", total=total, rate=0.0)
-
-    def progress(row):
-        done = bar.tasks[0].completed + 1
-        bar.update(task, advance=1, rate=done / max(time.perf_counter() - t0, 1e-9))
-        if row["status"] == "failed":
-            msg = row["error"] or row["source"]
-            bar.console.print(Text("failed", style="red"), msg, soft_wrap=True)
+def _run(batch, quiet: bool, t0: float):
+    """Run the batch with a progress bar (none with -q); (rows, interrupted, bar)."""
+    ui = _Bar(len(batch.decided) + len(batch.todo), quiet, t0)
 
     def on_interrupt():  # in a signal handler: one unbuffered write, nothing else
         os.write(
@@ -327,11 +297,78 @@ def _run(batch, con, quiet: bool, t0: float):
             b"new one (Ctrl-C again to stop them now)\n",
         )
 
-    with bar:  # started after the pool: no thread is running when workers are forked
-        try:
-            return batch.run(progress=progress, on_interrupt=on_interrupt), False
-        except KeyboardInterrupt:
-            return batch.rows, True
+    try:
+        rows = batch.run(progress=ui.progress, on_interrupt=on_interrupt, on_started=ui.start)
+        return rows, False, ui
+    except KeyboardInterrupt:
+        return batch.rows, True, ui
+    finally:
+        ui.stop()
+
+
+class _Bar:
+    """The progress bar (none with -q) and the console, made when first needed: once the
+    first cases are handed to the workers (rich's import then costs nothing: this process
+    only waits), and after the pool is forked (no thread runs when workers are forked)."""
+
+    def __init__(self, total: int, quiet: bool, t0: float):
+        self.total, self.quiet, self.t0 = total, quiet, t0
+        self.con = self.bar = None
+
+    def console(self):
+        """The stderr console (made now if not yet)."""
+        if self.con is None:
+            from .cli import plain_console
+
+            self.con = plain_console(stderr=True)
+        return self.con
+
+    def start(self) -> None:
+        """Show the bar (once; nothing with -q)."""
+        if self.bar is not None or self.quiet:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        cols = [
+            TextColumn("converting"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:.2f} cases/s"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        ]
+        self.bar = Progress(*cols, console=self.console(), transient=False)
+        self.task = self.bar.add_task("convert", total=self.total, rate=0.0)
+        self.done = 0
+        self.bar.start()
+
+    def progress(self, row: dict) -> None:
+        """One row settled: advance the bar; a failed one is printed (also with -q)."""
+        import time
+
+        self.start()
+        if self.bar is not None:
+            self.done += 1
+            rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.update(self.task, advance=1, rate=rate)
+        if row["status"] == "failed":
+            from rich.text import Text
+
+            msg = row["error"] or row["source"]
+            self.console().print(Text("failed", style="red"), msg, soft_wrap=True)
+
+    def stop(self) -> None:
+        """Leave the bar's last state on the screen."""
+        if self.bar is not None:
+            self.bar.stop()
 
 
 class _Mute:

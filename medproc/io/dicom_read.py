@@ -80,9 +80,12 @@ def _decode(path: str) -> np.ndarray:
         ) from None
 
 
-def _read_native(path: str, offset: int, dtype: str, rows: int, cols: int, bits_stored: int):
+def _read_native(
+    path: str, offset: int, dtype: str, rows: int, cols: int, bits_stored: int, out=None
+):
     """Pixels of a native little-endian single-frame file, read at the offset the header scan
-    found (no second parse). None when the file needs pydicom after all."""
+    found (no second parse). None when the file needs pydicom after all. ``out``: a C-ordered
+    ``(rows, cols)`` array of that dtype to read into (no copy through a buffer)."""
     dt = np.dtype(dtype)
     want = rows * cols * dt.itemsize
     try:
@@ -103,14 +106,16 @@ def _read_native(path: str, offset: int, dtype: str, rows: int, cols: int, bits_
                     f"{dt.name}: Rows/Columns/BitsAllocated do not match the pixel data",
                     path,
                 )
-            buf = f.read(want)
+            if out is None:
+                buf = f.read(want)
+                got = len(buf)
+            else:
+                got = f.readinto(memoryview(out).cast("B"))
     except OSError as e:
         raise os_error(e, path) from None
-    if len(buf) < want:
-        raise ReadError(
-            f"truncated: the file ends {want - len(buf)} bytes into its pixel data", path
-        )
-    px = np.frombuffer(buf, dtype=dt).reshape(rows, cols)
+    if got < want:
+        raise ReadError(f"truncated: the file ends {want - got} bytes into its pixel data", path)
+    px = np.frombuffer(buf, dtype=dt).reshape(rows, cols) if out is None else out
     if dt.kind == "u" and bits_stored < dt.itemsize * 8 and px.max() >> bits_stored:
         return None  # bits above BitsStored are set: let pydicom decide what they mean
     return px
@@ -283,7 +288,12 @@ def read_series_cpu(series: DicomSeries, workers: int | None = None) -> Volume:
         px = None
         fast = fast_of(slots)
         if fast is not None:
-            px = _read_native(path, fast[0], fast[1], rows, cols, bits_stored)
+            into = None  # straight into the volume when the slot's type is known already
+            if stored is not None and stored.dtype == np.dtype(fast[1]) and spp == 1:
+                into = stored[slots[0][0]]
+            px = _read_native(path, fast[0], fast[1], rows, cols, bits_stored, into)
+            if px is not None and into is not None:
+                continue
         elif decoded is not None:
             px = next(decoded)  # in the order of ``todo``
             used_pydicom = True

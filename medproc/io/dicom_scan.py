@@ -110,6 +110,14 @@ class DicomScan:
     bad: list[tuple[str, str]]
 
 
+#: headers read per task of a pool
+CHUNK = 64
+#: fewer files than this are read in this process even when a pool is given: reading them
+#: (~0.6 ms each) is over about as soon as the pool's workers would have started, and the
+#: workers are free for other work meanwhile
+POOL_MIN_FILES = 256
+
+
 def _scan_files(files: list[str], strict: bool = False) -> list[tuple]:
     """Read the headers of ``files`` (one record per file, see ``dicom_records``)."""
     return [scan_file(p, strict) for p in files]
@@ -217,6 +225,7 @@ def scan_dicom(
     executor=None,
     exclude: Iterable[str] = (),
     skip_outputs: bool = True,
+    on_files=None,
 ) -> DicomScan:
     """Group the DICOM files under ``paths`` into volumes (see the module doc).
 
@@ -227,18 +236,25 @@ def scan_dicom(
     strict : bool
         Raise on the first unreadable file instead of listing it.
     executor : concurrent.futures.Executor, optional
-        Read headers in parallel (chunks of 64 files), e.g. the process pool of a batch run.
+        Read headers in parallel (chunks of :data:`CHUNK` files), e.g. the process pool of a
+        batch run, when there are :data:`POOL_MIN_FILES` files or more.
     exclude : iterable of str
         Folders never entered (e.g. an output folder inside an input tree).
     skip_outputs : bool
         Do not enter sub-folders holding ``medproc convert`` outputs.
+    on_files : callable, optional
+        Called with the list of files found before their headers are read; it may return an
+        executor to read them with (instead of ``executor``), e.g. a pool sized by what was
+        found.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     walk = walk_inputs(paths, exclude=exclude, skip_names=_NOT_DICOM_EXT, skip_outputs=skip_outputs)
     files = walk.files
-    if executor is not None and len(files) > 64:
-        chunks = [files[i : i + 64] for i in range(0, len(files), 64)]
+    if on_files is not None:
+        executor = on_files(files) or executor
+    if executor is not None and len(files) >= POOL_MIN_FILES:
+        chunks = [files[i : i + CHUNK] for i in range(0, len(files), CHUNK)]
         records = [
             r for part in executor.map(_scan_files, chunks, [strict] * len(chunks)) for r in part
         ]
