@@ -142,6 +142,11 @@ def whole_process(
     with open(script, "w") as f:
         f.write(SITK_SCRIPT)
     py = sys.executable
+    # byte-compiled, as an installed package is (pip compiles at install; a checkout run with
+    # PYTHONDONTWRITEBYTECODE would otherwise compile medproc in every process)
+    subprocess.run(
+        [py, "-m", "compileall", "-q", os.path.join(medproc_root, "medproc")], check=True
+    )
     out: dict = {"startup": {}, "runs": {}}
     for name, code in (
         ("python -c pass", "pass"),
