@@ -123,8 +123,10 @@ class Arena:
 
 
 def arena_bytes(gb: float | None = None) -> int:
-    """An arena's size: ``gb`` GiB, or by default 4 GiB at most and an eighth of the host's
-    memory (room for 16 workers' batches of 4 crops, or of whole CT volumes of ~30 MB)."""
+    """An arena's size: ``gb`` GiB, or by default 4 GiB at most (room for 16 workers' batches
+    of 4 crops, or of whole CT volumes of ~30 MB), an eighth of the host's memory shared by the
+    ranks on it (``LOCAL_WORLD_SIZE``), and half of the free shared memory (``/dev/shm``: a
+    container's may be small, and shared memory beyond it crashes the process)."""
     if gb is not None:
         if gb <= 0:
             raise ValueError(f"arena_gb must be > 0, got {gb}")
@@ -133,4 +135,10 @@ def arena_bytes(gb: float | None = None) -> int:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
         ram = 16 * 2**30
-    return int(min(4 * 2**30, ram // 8))
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1))
+    limit = min(4 * 2**30, ram // 8 // ranks)
+    if os.path.isdir("/dev/shm"):
+        import shutil
+
+        limit = min(limit, shutil.disk_usage("/dev/shm").free // 2)
+    return int(max(limit, 64 * 2**20))

@@ -215,10 +215,12 @@ class ProxyServer:
         How voxels reach the pipeline.
     arena_gb : float, optional
         The engine route's transfer arena: pinned shared memory that the workers write input
-        boxes into, each taking a piece of its size. Default: room for every box in flight
-        (workers x ``prefetch_factor`` + ``prefetch`` batches) up to 4 GiB and an eighth of
-        the host's memory; a box arriving when no piece of its size is free goes through a
-        shared-memory tensor instead (slower, never a wait).
+        boxes into, each taking a piece of its size (at most workers x ``prefetch_factor`` +
+        ``prefetch`` batches of pieces at once). Default 4 GiB, or less: an eighth of the host's
+        memory per local rank, half of the free ``/dev/shm``. A box arriving when no piece of
+        its size is free goes through a shared-memory tensor instead (slower, never a wait).
+        Pieces of batches a loop leaves unfinished (``break``) are not given back: a loader that
+        is broken out of every epoch slowly falls back to shared-memory tensors.
     """
 
     def __init__(
@@ -368,7 +370,7 @@ class _Streamed:
             yield jobs, self.graph, batch
 
     def __iter__(self):
-        from .pipeline.runner import stacked
+        from .pipeline import stacked
 
         for res, batch in self.engine.stream(self._items(), as_torch=True, ahead=self.ahead):
             if self.arena is not None:

@@ -365,7 +365,9 @@ def test_stacked_hands_back_a_batch_tensor_only_when_the_rows_are_exactly_its_ro
     batch.copy_(torch.arange(24.0).reshape(4, 2, 3))
     rows = list(batch.unbind(0))
     assert stacked(rows) is batch  # no copy
-    for other in (rows[::-1], rows[:2], [rows[0], rows[0], rows[2], rows[3]]):
+    reshaped = [r.view(3, 2) for r in rows]
+    retyped = [r.view(torch.int32) for r in rows]
+    for other in (rows[::-1], rows[:2], [rows[0], rows[0], rows[2], rows[3]], reshaped, retyped):
         got = stacked(other)
         assert got is not batch and torch.equal(got, torch.stack(other))
     loose = [torch.ones(2, 3), torch.zeros(2, 3)]

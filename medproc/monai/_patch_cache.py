@@ -55,9 +55,11 @@ def _decode(path, out_dir: str) -> tuple[str, np.ndarray, dict]:
 
 
 def _decode_pool(n: int):
-    """Forked decode workers (as medproc's DICOM pool and PyTorch's DataLoader workers): no
-    re-import of the user's script; the children run the readers only, never CUDA or DALI. None
-    where forking is not possible (a daemonic process, no fork)."""
+    """Forked workers (as medproc's DICOM pool and PyTorch's DataLoader workers): no re-import
+    of the user's script. They run the readers, and on the CPU route (``device="cpu"`` or
+    ``cache="host"``) DALI's CPU backend, never CUDA (the engine refuses GPU pipelines in a
+    child forked after CUDA). None where forking is not possible (a daemonic process, no
+    fork)."""
     import multiprocessing
 
     if n < 2 or multiprocessing.current_process().daemon:
@@ -149,9 +151,10 @@ def gpu_budget(where: str, device_id: int) -> float:
 class Builder:
     """Builds (or reads) the entries of a list of cases; see the module doc.
 
-    On the CPU each case is built whole (decoded, resampled, indexed, written) in a forked
-    worker and memory-mapped here. On the GPU the workers decode, and threads here move each
-    volume to the GPU once, resample it there and keep it (or place it on the host).
+    On the CPU (``device="cpu"``, or ``where="host"``: nothing of the build on the GPU) each
+    case is built whole (decoded, resampled, indexed, written) in a forked worker and
+    memory-mapped here. On the GPU the workers decode, and threads here move each volume to the
+    GPU once, resample it there and keep it (or place it on the host when over the budget).
     """
 
     def __init__(

@@ -31,6 +31,7 @@ to where its content lies in RAS mm: flips, turns, rotations and scaling are in 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import deque
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 from monai.data import MetaTensor
 
-from ..pipeline.runner import stacked
+from ..pipeline import stacked
 from ..plan import Plan
 from ..spec import Spec
 from ._patch_cache import GPU_CACHE_FRACTION, Builder, Entry
@@ -232,56 +233,27 @@ class PatchLoader:
             use_fg = True
         return e.voxel(e.fg_voxel(self.rng) if use_fg else e.bg_voxel(self.rng))
 
-    def _draw(self, e: Entry) -> Plan:
-        """One patch of ``e``: its plan (crop + augmentation + intensity) on the cached
-        volume's grid."""
+    def _draw(self, e: Entry) -> tuple[tuple[slice, slice, slice], Plan]:
+        """One patch of ``e``: the box of the cached volume it reads and its plan (crop +
+        augmentation + intensity), re-based onto that box."""
         crop = np.eye(4)
         crop[:3, 3] = crop_start(self._centre(e), e.shape, self.patch)
         plan = Plan(e.shape, e.affine, self.patch, e.affine @ crop, crop)
         plan = plan.augmented(self.augment.index_map(self.patch, self.rng))
+        region, plan = plan.input_region()
         scale, shift = self.augment.intensity(self.rng)
         lo, hi, a, b = e.intensity if e.intensity is not None else (-np.inf, np.inf, 1.0, 0.0)
         plan.intensity = (lo, hi, a * scale, b * scale + shift)
-        return plan
-
-    def _inputs(self, entries: list[Entry], plans: list[Plan]) -> tuple[list, list, list]:
-        """The image and label inputs of a batch, (i, j, k) indexed, and their plans.
-
-        A volume cached on the device with its label goes in whole (a view: no copy, and no
-        per-patch work in this thread, whose every tensor call waits for the interpreter lock
-        that a training loop holds); the others give the box the patch reads, with the plan
-        re-based onto it: views of host arrays, or copies made on the GPU (on a side stream,
-        complete when this returns)."""
-        whole = [e.on_device and e.label is not None for e in entries]
-        kinds = {str(e.image.dtype) for e, w in zip(entries, whole) if w}
-        if len(kinds) > 1:  # one dtype per batch column: converting whole volumes would cost
-            whole = [False] * len(entries)
-        imgs, labs, out_plans = [], [], []
-        for e, p, w in zip(entries, plans, whole):
-            if w:
-                imgs.append(e.image.permute(2, 1, 0))
-                labs.append(e.label.permute(2, 1, 0))
-                out_plans.append(p)
-            else:
-                region, p = p.input_region()
-                out_plans.append(p)
-                imgs.append(region)
-                labs.append(None)
-        boxes = [n for n, w in enumerate(whole) if not w]
-        if boxes:
-            bi, bl = self._boxes([entries[n] for n in boxes], [imgs[n] for n in boxes])
-            for n, a, b in zip(boxes, bi, bl):
-                imgs[n], labs[n] = a, b
-        return _one_dtype(imgs, ("float32",)), _one_dtype(labs, ("int16", "float32")), out_plans
+        return region, plan
 
     def _boxes(self, entries: list[Entry], regions: list) -> tuple[list, list]:
-        """The image and label boxes of ``regions``, (i, j, k) indexed: views of host arrays,
-        or copies made on the GPU (on a side stream, complete when this returns)."""
+        """The image and label boxes of a batch, (i, j, k) indexed: views of host arrays, or
+        copies made on the GPU (on a side stream, complete when this returns)."""
         gpu = any(e.on_gpu for e in entries)
         if gpu and self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(device=self.device_id)
         imgs, labs = [], []
-        with torch.cuda.stream(self._copy_stream) if gpu else _nothing():
+        with torch.cuda.stream(self._copy_stream) if gpu else contextlib.nullcontext():
             for e, r in zip(entries, regions):
                 if e.on_device:  # (k, j, i) tensors: copy the box, see it as (i, j, k)
                     kji = (r[2], r[1], r[0])
@@ -297,6 +269,8 @@ class PatchLoader:
                     labs.append(
                         e.label[r] if e.label is not None else np.zeros(imgs[-1].shape, np.uint8)
                     )
+            imgs = _one_dtype(imgs, ("float32",))
+            labs = _one_dtype(labs, ("int16", "float32"))
         if gpu:
             # the engine's DALI feed reads these on its own stream: finished, and kept alive
             # until DALI has copied them (two batches are in flight at most)
@@ -314,7 +288,9 @@ class PatchLoader:
         for b in range(0, len(items), self.batch_size):
             t = time.perf_counter()
             entries = [self.entries[v] for v in items[b : b + self.batch_size]]
-            imgs, labs, plans = self._inputs(entries, [self._draw(e) for e in entries])
+            drawn = [self._draw(e) for e in entries]
+            imgs, labs = self._boxes(entries, [r for r, _ in drawn])
+            plans = [p for _, p in drawn]
             jobs = [Job(img, p, (lab,)) for img, lab, p in zip(imgs, labs, plans)]
             # where each voxel's content lies (MONAI's spatial transforms update the affine so)
             affines = np.stack([p.in_affine @ p.matrix for p in plans])
@@ -335,35 +311,17 @@ class PatchLoader:
         ):
             affine = torch.from_numpy(affines)
             img = MetaTensor(
-                _stack([r[0] for r in res]),
+                stacked([r[0] for r in res]),
                 affine=affine,
                 meta={"filename_or_obj": [str(c["image"]) for c in cases]},
             )
             lab = MetaTensor(
-                _stack([r[1] for r in res]),
+                stacked([r[1] for r in res]),
                 affine=affine.clone(),
                 meta={"filename_or_obj": [str(c.get("label")) for c in cases]},
             )
             img.is_batch = lab.is_batch = True
             yield {"image": img, "label": lab, "case": cases, "lesions": lesions}
-
-
-def _stack(tensors: list) -> torch.Tensor:
-    """One batch tensor: on the GPU torch's stack; on the CPU numpy's (single-threaded: torch's
-    OpenMP threads would spin against DALI's for the same cores, 20-90 ms per batch here)."""
-    if tensors[0].is_cuda:
-        return stacked(tensors)
-    return torch.from_numpy(np.stack([t.numpy() for t in tensors]))
-
-
-class _nothing:
-    """A context that does nothing (no CUDA stream on the CPU)."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _one_dtype(arrays: list, wider: tuple[str, ...]) -> list:

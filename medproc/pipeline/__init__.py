@@ -8,6 +8,7 @@ pipelines per thread and process, fork-safe, running ahead). This package import
 from .cache import ForkError, cached_pipeline, dali_available, gpu_available
 from .engine import Engine, Job
 from .graphs import Graph
+from .runner import stacked
 
 __all__ = [
     "Engine",
@@ -17,4 +18,5 @@ __all__ = [
     "cached_pipeline",
     "dali_available",
     "gpu_available",
+    "stacked",
 ]

@@ -210,7 +210,9 @@ class Engine:
         for res, _ in self._pipelined(((b, g, None) for b, g in batches()), as_torch):
             yield res
 
-    def _pipelined(self, items: Iterable, as_torch: bool, stream=None) -> Iterator[tuple]:
+    def _pipelined(
+        self, items: Iterable, as_torch: bool, stream=None, dense: bool = False
+    ) -> Iterator[tuple]:
         """(jobs, graph, extra) -> (results, extra), with batch n + 1 fed before n is waited on."""
         it = iter(items)
         cur = next(it, None)
@@ -228,7 +230,7 @@ class Engine:
                 nrunner = self._runner(nxt[1], njobs)
                 if nrunner is not runner:
                     started = (nrunner, nrunner.start(njobs), nxt[2], nrestore)
-            res = runner.collect(n, as_torch, stream)
+            res = runner.collect(n, as_torch, stream, dense)
             if nxt is not None and started is None:
                 started = (runner, runner.start(njobs), nxt[2], nrestore)
             yield _restored(res, restore), extra
@@ -241,12 +243,21 @@ class Engine:
         advance of the caller; yields ``(results, extra)`` in order.
 
         The iterable itself is consumed in the background thread too (put the per-batch host
-        work, e.g. sampling and reading patches, in it). On the GPU the results are ready to use
-        on the caller's current CUDA stream. Errors are raised in the caller; closing the
-        iterator stops the thread.
+        work, e.g. sampling and reading patches, in it). On the GPU the thread works on a stream
+        of its own, which first waits for what the caller had queued on its current stream (CUDA
+        inputs made before the call); the results are ready to use on the caller's current
+        stream, and an output's samples may be the rows of one batch tensor
+        (:func:`~medproc.pipeline.runner.stacked` gives it back without a copy). Errors are
+        raised in the caller; closing the iterator stops the thread.
         """
         q: queue.Queue = queue.Queue(maxsize=max(1, int(ahead)))
         stop = threading.Event()
+        ready = None
+        if self.device == "gpu":
+            import torch
+
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device_id))
         end = object()
         gpu = self.device == "gpu"
 
@@ -270,7 +281,9 @@ class Engine:
                     # the default stream it would wait for the training loop's queued kernels
                     on_s = torch.cuda.stream(s)
                 with on_s:
-                    for res, extra in self._pipelined(items, as_torch, s):
+                    if ready is not None:  # CUDA inputs the caller queued before this call
+                        s.wait_event(ready)
+                    for res, extra in self._pipelined(items, as_torch, s, dense=True):
                         ev = None
                         if gpu and as_torch:
                             ev = torch.cuda.Event()

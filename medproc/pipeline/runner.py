@@ -84,10 +84,11 @@ class Runner:
 
     def _to_device(self, arrays: list, ring: dict) -> list:
         """Inputs -> CUDA tensors on this runner's side stream. Host arrays of the batch are
-        staged together in one pinned block (numpy copies) and cross in one copy: two tensor
-        calls per batch, not two per array (each tensor call of this background thread waits
-        for the interpreter lock, which a training loop holds most of the time). The block is
-        reused every third batch, when the copy that read it has finished."""
+        staged together in one pinned block (numpy copies) and cross in one copy, then are
+        viewed apart: a few tensor calls per array instead of a copy each (each tensor call of
+        the engine's background thread waits for the interpreter lock, which a training loop
+        holds most of the time). The block is reused every third batch, once the copy that
+        read it has finished."""
         import torch
 
         dev = f"cuda:{self.device_id}"
@@ -98,16 +99,17 @@ class Runner:
                 if isinstance(a, torch.Tensor) and (a.is_cuda or a.is_pinned()):
                     on = a.is_cuda and a.device.index == self.device_id
                     out[n] = a if on else a.to(dev, non_blocking=True)
-                else:
-                    h = a.numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
-                    host.append((n, h if h.dtype.isnative else h.astype(h.dtype.newbyteorder("="))))
+                else:  # in native byte order: the engine's _check converted the others
+                    host.append((n, a.numpy() if isinstance(a, torch.Tensor) else np.asarray(a)))
             if not host:
                 return out
             offsets, total = [], 0
             for _, a in host:
                 offsets.append(total)
                 total += -(-max(a.nbytes, 1) // 256) * 256  # aligned for any dtype's view
-            block = ring.get("block")
+            block, copied = ring.get("block"), ring.get("copied")
+            if copied is not None:  # the copy that last read this block (long done, normally)
+                copied.synchronize()
             if block is None or block.numel() < total:
                 block = ring["block"] = torch.empty(
                     max(total, 1 << 20), dtype=torch.uint8, pin_memory=True
@@ -116,20 +118,23 @@ class Runner:
             for (_, a), at in zip(host, offsets):
                 np.copyto(staged[at : at + a.nbytes].view(a.dtype).reshape(a.shape), a)
             on_dev = block[:total].to(dev, non_blocking=True)
+            ring["copied"] = torch.cuda.Event()
+            ring["copied"].record(self._stream)
             for (n, a), at in zip(host, offsets):
-                dt = torch.from_numpy(np.empty(0, a.dtype)).dtype
+                dt = getattr(torch, a.dtype.name)  # numpy's and torch's names agree
                 out[n] = on_dev[at : at + a.nbytes].view(dt).view(a.shape)
         return out
 
-    def collect(self, n: int, as_torch: bool, stream=None) -> list[tuple]:
-        """The outputs of the oldest scheduled batch of ``n`` samples."""
+    def collect(self, n: int, as_torch: bool, stream=None, dense: bool = False) -> list[tuple]:
+        """The outputs of the oldest scheduled batch of ``n`` samples. ``dense`` (GPU, torch):
+        the samples of an output may be the rows of one batch tensor (see :func:`stacked`)."""
         try:
             outs = self.pipe.outputs()
         except BaseException:
             self.broken = True
             raise
         self.pending -= 1
-        if self.device == "gpu" and as_torch:
+        if self.device == "gpu" and as_torch and dense:
             cols = [self._out_batch(o, n, stream) for o in outs]
         else:
             cols = [[self._out(o[i], as_torch, stream) for i in range(n)] for o in outs]
@@ -146,7 +151,7 @@ class Runner:
         else one tensor per sample."""
         shapes = [tuple(x) for x in tl.shape()]
         dense = None
-        if n > 1 and len(set(shapes)) == 1:
+        if len(set(shapes)) == 1:
             try:
                 dense = tl.as_tensor()
             except RuntimeError:  # not contiguous in memory: sample by sample
@@ -183,24 +188,32 @@ class Runner:
 
 
 def stacked(tensors: list):
-    """The tensors stacked into one ``(n, ...)`` tensor: without a copy when they are the
-    rows, in order, of one contiguous batch tensor (as a GPU batch comes out of the engine)."""
+    """The tensors stacked into one ``(n, ...)`` tensor. Without a copy when they are the rows,
+    in order, of one contiguous batch tensor (as a GPU batch comes out of
+    :meth:`Engine.stream <medproc.pipeline.engine.Engine.stream>`); on the CPU with numpy's
+    single-threaded stack (torch's OpenMP threads would spin against DALI's for the same cores:
+    20-90 ms per batch on 2 cores)."""
     import torch
 
-    base = getattr(tensors[0], "_base", None)
+    first = tensors[0]
+    base = getattr(first, "_base", None)
     if (
         base is not None
         and base.is_contiguous()
-        and base.dim() == tensors[0].dim() + 1
-        and base.shape[0] == len(tensors)
+        and base.dtype == first.dtype
+        and tuple(base.shape) == (len(tensors), *first.shape)
         and all(
             t._base is base
+            and t.dtype == base.dtype
+            and tuple(t.shape) == tuple(first.shape)
             and t.is_contiguous()
             and t.storage_offset() == base.storage_offset() + i * base.stride(0)
             for i, t in enumerate(tensors)
         )
     ):
         return base
+    if not first.is_cuda:
+        return torch.from_numpy(np.stack([t.numpy() for t in tensors]))
     return torch.stack(tensors)
 
 
