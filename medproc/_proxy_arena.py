@@ -52,14 +52,21 @@ class Arena:
     """
 
     def __init__(self, nbytes: int, entries: int, pin: bool):
+        import mmap
         import multiprocessing
 
         import torch
 
         self.nbytes = int(nbytes)
-        self.block = torch.empty(self.nbytes, dtype=torch.uint8).share_memory_()
+        gpu = pin and torch.cuda.is_available()
+        if gpu:  # page-locked whole below: committed at once anyway
+            self.block = torch.empty(self.nbytes, dtype=torch.uint8).share_memory_()
+        else:  # anonymous shared memory, inherited by the forked workers and committed page by
+            # page as pieces are first written (first fit keeps reusing the low pages)
+            self._map = mmap.mmap(-1, max(1, self.nbytes))
+            self.block = torch.frombuffer(self._map, dtype=torch.uint8)
         self.pinned = False
-        if pin and torch.cuda.is_available():
+        if gpu:
             import weakref
 
             cudart = torch.cuda.cudart()
@@ -124,9 +131,9 @@ class Arena:
 
 def arena_bytes(gb: float | None = None) -> int:
     """An arena's size: ``gb`` GiB, or by default 4 GiB at most (room for 16 workers' batches
-    of 4 crops, or of whole CT volumes of ~30 MB), an eighth of the host's memory shared by the
-    ranks on it (``LOCAL_WORLD_SIZE``), and half of the free shared memory (``/dev/shm``: a
-    container's may be small, and shared memory beyond it crashes the process)."""
+    of 4 crops, or of whole CT volumes of ~30 MB) and an eighth of the host's memory shared by
+    the ranks on it (``LOCAL_WORLD_SIZE``). On the CPU only the pages used are committed; on
+    the GPU the whole arena is page-locked."""
     if gb is not None:
         if gb <= 0:
             raise ValueError(f"arena_gb must be > 0, got {gb}")
@@ -136,9 +143,4 @@ def arena_bytes(gb: float | None = None) -> int:
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
         ram = 16 * 2**30
     ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1))
-    limit = min(4 * 2**30, ram // 8 // ranks)
-    if os.path.isdir("/dev/shm"):
-        import shutil
-
-        limit = min(limit, shutil.disk_usage("/dev/shm").free // 2)
-    return int(max(limit, 64 * 2**20))
+    return int(max(min(4 * 2**30, ram // 8 // ranks), 64 * 2**20))
