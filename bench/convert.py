@@ -56,22 +56,10 @@ def _series_dirs(root):
 
 
 def sitk_one(args):
-    src, out = args
-    import SimpleITK as sitk
+    """SimpleITK in this process: ``(series_dir, out_path)`` (bench/sitk_convert.py)."""
+    from sitk_convert import convert_one
 
-    r = sitk.ImageSeriesReader()
-    r.SetFileNames(r.GetGDCMSeriesFileNames(src))
-    img = r.Execute()
-    sp = img.GetSpacing()
-    size = [max(1, int(round(n * s / 1.5))) for n, s in zip(img.GetSize(), sp)]
-    f = sitk.ResampleImageFilter()
-    f.SetOutputOrigin(img.GetOrigin())
-    f.SetOutputDirection(img.GetDirection())
-    f.SetOutputSpacing((1.5, 1.5, 1.5))
-    f.SetSize(size)
-    f.SetInterpolator(sitk.sitkLinear)
-    f.SetOutputPixelType(sitk.sitkFloat32)
-    sitk.WriteImage(f.Execute(img), out)
+    convert_one(*args)
 
 
 def monai_one(src, outdir):
@@ -90,38 +78,7 @@ def monai_one(src, outdir):
     )(img)
 
 
-SITK_SCRIPT = """
-import os, sys
-from concurrent.futures import ProcessPoolExecutor
-import SimpleITK as sitk
-
-out, jobs = sys.argv[1], int(sys.argv[2])
-
-
-def one(n_src):
-    n, src = n_src
-    r = sitk.ImageSeriesReader()
-    r.SetFileNames(r.GetGDCMSeriesFileNames(src))
-    img = r.Execute()
-    size = [max(1, int(round(k * s / 1.5))) for k, s in zip(img.GetSize(), img.GetSpacing())]
-    f = sitk.ResampleImageFilter()
-    f.SetOutputOrigin(img.GetOrigin())
-    f.SetOutputDirection(img.GetDirection())
-    f.SetOutputSpacing((1.5, 1.5, 1.5))
-    f.SetSize(size)
-    f.SetInterpolator(sitk.sitkLinear)
-    f.SetOutputPixelType(sitk.sitkFloat32)
-    sitk.WriteImage(f.Execute(img), os.path.join(out, f"{n}.nii.gz"))
-
-
-work = list(enumerate(sys.argv[3:]))
-if jobs > 1 and len(work) > 1:  # SimpleITK at its best: one process per core
-    with ProcessPoolExecutor(min(jobs, len(work))) as ex:
-        list(ex.map(one, work))
-else:
-    for w in work:
-        one(w)
-"""
+SITK_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sitk_convert.py")
 
 
 def _timed_run(cmd, cwd, env=None) -> float:
@@ -138,9 +95,7 @@ def whole_process(
 ) -> dict:
     """Wall seconds of whole processes (start-up included): medproc convert vs a SimpleITK
     script, on the first ``n`` series for each n in ``counts``."""
-    script = os.path.join(tmp, "sitk_convert.py")
-    with open(script, "w") as f:
-        f.write(SITK_SCRIPT)
+    script = SITK_SCRIPT
     py = sys.executable
     # byte-compiled, as an installed package is (pip compiles at install; a checkout run with
     # PYTHONDONTWRITEBYTECODE would otherwise compile medproc in every process)

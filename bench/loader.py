@@ -122,6 +122,7 @@ def make_medproc(dl, a, batch_patches: int):
     """medproc's loader for the task (cold: no cache_dir)."""
     from medproc.monai.loader import Augment, PatchLoader, PosNeg
 
+    prefetch = getattr(a, "prefetch", None)  # None: PatchLoader's default
     return PatchLoader(
         dl,
         medproc_spec(),
@@ -132,7 +133,7 @@ def make_medproc(dl, a, batch_patches: int):
         device=a.device,
         cache=a.cache,
         cache_dir=a.cache_dir,
-        prefetch=getattr(a, "prefetch", 2),
+        **({} if prefetch is None else {"prefetch": prefetch}),
     )
 
 

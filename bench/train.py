@@ -177,22 +177,7 @@ def isolated(a, argv: list[str]) -> None:
         runs += [("medproc", ["--cache", c]) for c in a.cache]
     runs += [("tuned", [])] if "tuned" not in a.skip else []
     res, limit_peak = None, None
-    rest = [x for x in argv if x != "--isolate"]
-    if "--out" in rest:
-        i = rest.index("--out")
-        del rest[i : i + 2]
-    if "--skip" in rest:
-        i = rest.index("--skip")
-        j = i + 1
-        while j < len(rest) and not rest[j].startswith("--"):
-            j += 1
-        del rest[i:j]
-    if "--cache" in rest:
-        i = rest.index("--cache")
-        j = i + 1
-        while j < len(rest) and not rest[j].startswith("--"):
-            j += 1
-        del rest[i:j]
+    rest = _without(argv, "--isolate", "--out", "--skip", "--cache")
     with tempfile.TemporaryDirectory() as tmp:
         for n, (name, extra) in enumerate(runs):
             out = os.path.join(tmp, f"{n}.json")
@@ -214,6 +199,17 @@ def isolated(a, argv: list[str]) -> None:
             if k != "limit":
                 v["loader_GiB"] = v["peak_gpu_GiB"] - limit_peak
     _finish(res, limit_peak)
+
+
+def _without(argv: list[str], *options: str) -> list[str]:
+    """``argv`` less ``options`` and the values that follow each."""
+    out, drop = [], False
+    for x in argv:
+        if x.startswith("--"):
+            drop = x in options
+        if not drop:
+            out.append(x)
+    return out
 
 
 class _Fixed:
@@ -241,7 +237,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--limit-batches", type=int, default=4)
-    ap.add_argument("--prefetch", type=int, default=2, help="PatchLoader's batches ahead")
+    ap.add_argument("--prefetch", type=int, help="PatchLoader's batches ahead (its default)")
     ap.add_argument("--small", action="store_true", help="a small UNet (CPU smoke runs)")
     ap.add_argument(
         "--cache",
@@ -304,9 +300,9 @@ def main(argv=None):
         del src, it
         if CUDA:
             torch.cuda.empty_cache()
-            from nvidia.dali.backend import ReleaseUnusedMemory
+            from medproc.pipeline.cache import release_unused
 
-            ReleaseUnusedMemory()  # the limit's peak: the model and its batches only
+            release_unused()  # the limit's peak: the model and its batches only
         return _Fixed(out)
 
     if "limit" not in a.skip:

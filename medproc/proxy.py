@@ -218,8 +218,8 @@ class ProxyServer:
         boxes into, each taking a piece of its size (at most workers x ``prefetch_factor`` +
         ``prefetch`` batches of pieces at once). Default 4 GiB, or an eighth of the host's
         memory per local rank if less (committed as used on the CPU; page-locked whole on the
-        GPU). A box arriving when no piece of
-        its size is free goes through a shared-memory tensor instead (slower, never a wait).
+        GPU). A box arriving when no piece of its size is free goes through a shared-memory
+        tensor instead (slower, never a wait).
         Pieces of batches a loop leaves unfinished (``break``) are not given back: a loader that
         is broken out of every epoch slowly falls back to shared-memory tensors.
     """

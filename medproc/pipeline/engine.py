@@ -252,14 +252,14 @@ class Engine:
         """
         q: queue.Queue = queue.Queue(maxsize=max(1, int(ahead)))
         stop = threading.Event()
+        end = object()
+        gpu = self.device == "gpu"
         ready = None
-        if self.device == "gpu":
+        if gpu:
             import torch
 
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device_id))
-        end = object()
-        gpu = self.device == "gpu"
 
         def put(x) -> bool:
             while not stop.is_set():

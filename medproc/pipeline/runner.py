@@ -149,20 +149,21 @@ class Runner:
         """A GPU output column as CUDA tensors: when every sample has one shape, one copy into
         a ``(n, ...)`` tensor whose rows are the samples (views; one call instead of ``n``),
         else one tensor per sample."""
-        shapes = [tuple(x) for x in tl.shape()]
+        shapes = {tuple(x) for x in tl.shape()}
         dense = None
-        if len(set(shapes)) == 1:
+        if len(shapes) == 1:
             try:
                 dense = tl.as_tensor()
             except RuntimeError:  # not contiguous in memory: sample by sample
-                dense = None
+                pass
         if dense is None:
             return [self._out(tl[i], True, stream) for i in range(n)]
         import torch
         from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
+        (shape,) = shapes
         dst = torch.empty(
-            (n, *shapes[0]), dtype=to_torch_type[dense.dtype], device=f"cuda:{self.device_id}"
+            (n, *shape), dtype=to_torch_type[dense.dtype], device=f"cuda:{self.device_id}"
         )
         feed_ndarray(dense, dst, cuda_stream=stream or torch.cuda.current_stream(self.device_id))
         return list(dst.unbind(0))
