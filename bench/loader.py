@@ -79,6 +79,7 @@ class GpuMemory:
     def __init__(self, device: str = "gpu"):
         self.on = CUDA and device == "gpu"
         self.peak = 0
+        self.since = 0  # the peak since the last :meth:`mark`
         if not self.on:
             return
         torch.cuda.synchronize()
@@ -92,7 +93,13 @@ class GpuMemory:
         while not self._stop.is_set():
             free, total = torch.cuda.mem_get_info()
             self.peak = max(self.peak, total - free - self.base)
+            self.since = max(self.since, total - free - self.base)
             time.sleep(0.005)
+
+    def mark(self) -> float:
+        """The peak since the last mark (GiB); starts a new one."""
+        got, self.since = self.since, 0
+        return got / 2**30
 
     def stop(self) -> float:
         if not self.on:

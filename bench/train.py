@@ -114,6 +114,7 @@ def train(name: str, make_loader, a, limit_peak: float | None = None) -> dict:
     t0 = time.perf_counter()
     loader = make_loader()
     build = time.perf_counter() - t0
+    build_peak = mem.mark() if mem.on else float("nan")
     net = make_net(a.small).to(dev)
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
     loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
@@ -126,6 +127,7 @@ def train(name: str, make_loader, a, limit_peak: float | None = None) -> dict:
         if step == a.warmup:
             bench_loader.sync(a.device)
             util = GpuUtil(gpu)
+            warm_peak = mem.mark() if mem.on else float("nan")
             wait = 0.0
             t = time.perf_counter()
         w = time.perf_counter()
@@ -151,7 +153,13 @@ def train(name: str, make_loader, a, limit_peak: float | None = None) -> dict:
         "steps_per_s": a.steps / elapsed,
         "data_wait_fraction": wait / elapsed,
         "mean_gpu_util_pct": util.stop(),
+        "loop_peak_GiB": mem.mark() if mem.on else float("nan"),
+        "build_peak_GiB": build_peak,
+        "warmup_peak_GiB": warm_peak,
         "peak_gpu_GiB": mem.stop(),
+        # what of the peak PyTorch's caching allocator held (the rest: CUDA context, DALI)
+        "torch_reserved_peak_GiB": torch.cuda.max_memory_reserved() / 2**30 if gpu else 0.0,
+        "torch_allocated_peak_GiB": torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0,
         "loader_build_s": build,
         "patches_per_step": int(img.shape[0]),
         "loss_first_last": [losses[0], losses[-1]],

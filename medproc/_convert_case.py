@@ -16,6 +16,10 @@ from .spec import Spec
 
 __all__ = ["annotations_path", "sidecar_path", "plain_warning"]
 
+#: in the forked workers of a ``--device gpu`` batch: the main process's GPU service
+#: (:mod:`medproc._gpu_service`); these workers read and write on the CPU
+_SERVICE = None
+
 
 def _fmt(v) -> str:
     return "x".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in v)
@@ -36,17 +40,19 @@ def _convert_one(
 ) -> dict:
     """Load, resample, write one case (runs in a worker process). ``record``: the options to
     write into the ``<name>.json`` sidecar (none without it)."""
-    from .io import load, save
+    from .io import load
     from .io.dicom_read import read_series
     from .resample import resample_batch
 
     t = time.perf_counter()
-    lab = load(case.label, nan=nan, device=device) if case.label else None
-    # with --device gpu the voxels go to the GPU once, decoded there where it is proven
+    # with --device gpu the voxels go to the GPU once, decoded there where it is proven; in a
+    # worker of the GPU service they are read here and resampled by the main process
+    here = "cpu" if _SERVICE is not None else device
+    lab = load(case.label, nan=nan, device=here) if case.label else None
     if case.dicom is not None:
-        vol = read_series(case.dicom, workers=decode_workers, device=device)
+        vol = read_series(case.dicom, workers=decode_workers, device=here)
     else:
-        vol = load(case.source, series=case.series, nan=nan, device=device)
+        vol = load(case.source, series=case.series, nan=nan, device=here)
     if lab is not None and (
         lab.shape != vol.shape or not np.allclose(lab.affine, vol.affine, atol=1e-4)
     ):
@@ -55,13 +61,44 @@ def _convert_one(
             f"{vol.shape}, or a different affine); give a label map made on this image",
             case.source,
         )
-    (res,) = resample_batch(
-        [vol], spec, device=device, labels=None if lab is None else [lab], num_threads=dali_threads
-    )
-    out, out_lab = res if lab is not None else (res, None)
-    save(out, out_path, threads=dali_threads)  # gzip threads: this case's share of the cores
+    got = _SERVICE.resample(vol, lab) if _SERVICE is not None else None
+    if got is None:  # here (or the service's arena had no room for it)
+        (res,) = resample_batch(
+            [vol], spec, device=here, labels=None if lab is None else [lab], num_threads=dali_threads
+        )
+        out, out_lab = res if lab is not None else (res, None)
+        release = None
+    else:
+        out, out_lab, release = got
+    try:
+        n_les = _write_case(case, vol, lab, out, out_lab, out_path, label_path, record, lesions,
+                            qc_path, dali_threads)
+    finally:
+        if release is not None:  # the arena's pieces holding the outputs
+            release()
+    return {
+        "series_uid": vol.meta.get("series_uid", ""),
+        "decode": vol.meta.get("decode", ""),
+        "in_shape": _fmt(vol.shape),
+        "in_spacing": _fmt([float(x) for x in vol.spacing]),
+        "out_shape": _fmt(out.shape),
+        "out_spacing": _fmt([float(x) for x in out.spacing]),
+        "seconds": f"{time.perf_counter() - t:.3f}",
+        "worker": _worker_id(),
+        "lesions": n_les,
+        "warnings": " | ".join(str(w) for w in vol.meta.get("warnings") or []),
+    }
+
+
+def _write_case(
+    case, vol, lab, out, out_lab, out_path, label_path, record, lesions, qc_path, threads
+) -> str:
+    """Write a resampled case's files; returns the number of lesions written ("" if none)."""
+    from .io import save
+
+    save(out, out_path, threads=threads)  # gzip threads: this case's share of the cores
     if out_lab is not None:
-        save(out_lab, label_path, threads=dali_threads)
+        save(out_lab, label_path, threads=threads)
     if record is not None:
         _write_sidecar(out_path, case, vol, out, label_path, record)
     n_les = ""
@@ -81,18 +118,7 @@ def _convert_one(
             lesions=shown,
             title=os.path.basename(out_path),
         )
-    return {
-        "series_uid": vol.meta.get("series_uid", ""),
-        "decode": vol.meta.get("decode", ""),
-        "in_shape": _fmt(vol.shape),
-        "in_spacing": _fmt([float(x) for x in vol.spacing]),
-        "out_shape": _fmt(out.shape),
-        "out_spacing": _fmt([float(x) for x in out.spacing]),
-        "seconds": f"{time.perf_counter() - t:.3f}",
-        "worker": _worker_id(),
-        "lesions": n_les,
-        "warnings": " | ".join(str(w) for w in vol.meta.get("warnings") or []),
-    }
+    return n_les
 
 
 def annotations_path(out_path: str) -> str:
@@ -174,15 +200,21 @@ def _worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _init_worker(parent: int) -> None:
-    """Pool initializer: end with the parent (even on kill -9); warnings as one plain line."""
+def _init_worker(parent: int, service=None) -> None:
+    """Pool initializer: end with the parent (even on kill -9); warnings as one plain line;
+    attach to the main process's GPU service when there is one."""
     import warnings
+
+    global _SERVICE
 
     from ._procs import die_with_parent, ignore_sigint
 
     ignore_sigint()  # Ctrl-C reaches the whole process group: the main process decides
     die_with_parent(parent, pdeathsig=True)
     warnings.showwarning = plain_warning
+    if service is not None:
+        service.attach()
+        _SERVICE = service
 
 
 def _warm_up() -> None:

@@ -55,33 +55,49 @@ class Arena:
         import mmap
         import multiprocessing
 
-        import torch
-
         self.nbytes = int(nbytes)
-        gpu = pin and torch.cuda.is_available()
+        gpu = False
+        if pin:
+            import torch
+
+            gpu = torch.cuda.is_available()
         if gpu:  # page-locked whole below: committed at once anyway
-            self.block = torch.empty(self.nbytes, dtype=torch.uint8).share_memory_()
+            import torch
+
+            self._tensor = torch.empty(self.nbytes, dtype=torch.uint8).share_memory_()
+            self.bytes = self._tensor.numpy()
         else:  # anonymous shared memory, inherited by the forked workers and committed page by
-            # page as pieces are first written (first fit keeps reusing the low pages)
+            # page as pieces are first written (first fit keeps reusing the low pages); no
+            # torch needed (``medproc convert``'s forked workers never import it)
             self._map = mmap.mmap(-1, max(1, self.nbytes))
-            self.block = torch.frombuffer(self._map, dtype=torch.uint8)
+            self.bytes = np.frombuffer(self._map, dtype=np.uint8)
         self.pinned = False
         if gpu:
-            import weakref
-
-            cudart = torch.cuda.cudart()
-            ptr = self.block.data_ptr()
-            rc = cudart.cudaHostRegister(ptr, self.block.numel(), 0)
-            self.pinned = int(rc) == 0
-            if self.pinned:  # unregistered before the memory goes back (it may be reused)
-                weakref.finalize(self, _unregister, cudart, ptr, os.getpid())
-            else:  # a failed registration must not linger as CUDA's last error
-                cudart.cudaGetLastError()
+            self.pin()
         ctx = multiprocessing.get_context("fork")
         self._lock = ctx.Lock()
         # the pieces taken, shared with the workers: (offset, size); size 0 = a free entry
         self._start = ctx.RawArray("q", int(entries))
         self._size = ctx.RawArray("q", int(entries))
+
+    def pin(self) -> bool:
+        """Page-lock the block in this process (``cudaHostRegister``; the process that copies
+        to and from the GPU, after its workers forked); True when it is."""
+        if self.pinned:
+            return True
+        import weakref
+
+        import torch
+
+        cudart = torch.cuda.cudart()
+        ptr = self.bytes.ctypes.data
+        rc = cudart.cudaHostRegister(ptr, self.bytes.nbytes, 0)
+        self.pinned = int(rc) == 0
+        if self.pinned:  # unregistered before the memory goes back (it may be reused)
+            weakref.finalize(self, _unregister, cudart, ptr, os.getpid())
+        else:  # a failed registration must not linger as CUDA's last error
+            cudart.cudaGetLastError()
+        return self.pinned
 
     def _take(self, size: int) -> tuple[int, int] | None:
         """(entry, offset) of a free piece of ``size`` bytes (first fit), taken; None if none."""
@@ -101,17 +117,33 @@ class Arena:
             self._start[free], self._size[free] = at, size
             return free, at
 
+    def alloc(self, dhw_shape: tuple, dtype) -> Slot | None:
+        """Take a free piece for a C-ordered array of ``dhw_shape`` and ``dtype``; None when
+        none of its size is free right now."""
+        dtype = np.dtype(dtype)
+        got = self._take(max(1, int(np.prod(dhw_shape)) * dtype.itemsize))
+        if got is None:
+            return None
+        return Slot(got[0], got[1], tuple(int(x) for x in dhw_shape), str(dtype))
+
     def put(self, region: np.ndarray) -> Slot | None:
         """Copy an ``(i, j, k[, C])`` region into a free piece in DALI's layout (one copy, in
         a worker); None when no piece of its size is free right now."""
         dhw = region.transpose(2, 1, 0) if region.ndim == 3 else region.transpose(2, 1, 0, 3)
-        got = self._take(max(1, dhw.nbytes))
-        if got is None:
-            return None
-        n, at = got
-        view = self.block.numpy()[at : at + dhw.nbytes]
-        np.copyto(view.view(dhw.dtype).reshape(dhw.shape), dhw)
-        return Slot(n, at, tuple(dhw.shape), str(dhw.dtype))
+        slot = self.alloc(dhw.shape, dhw.dtype)
+        if slot is not None:
+            np.copyto(self._dhw(slot), dhw)
+        return slot
+
+    def _dhw(self, slot: Slot) -> np.ndarray:
+        dt = np.dtype(slot.dtype)
+        n = int(np.prod(slot.shape)) * dt.itemsize
+        return self.bytes[slot.offset : slot.offset + n].view(dt).reshape(slot.shape)
+
+    def array(self, slot: Slot) -> np.ndarray:
+        """The piece's data as an ``(i, j, k[, C])`` numpy view (no copy)."""
+        dhw = self._dhw(slot)
+        return dhw.transpose(2, 1, 0) if dhw.ndim == 3 else dhw.transpose(2, 1, 0, 3)
 
     def tensor(self, slot: Slot):
         """The piece's data as an ``(i, j, k[, C])`` tensor view (no copy; pinned when the
@@ -120,7 +152,8 @@ class Arena:
 
         dt = getattr(torch, slot.dtype)
         size = int(np.prod(slot.shape)) * torch.empty(0, dtype=dt).element_size()
-        t = self.block[slot.offset : slot.offset + size].view(dt).view(slot.shape)
+        t = torch.from_numpy(self.bytes[slot.offset : slot.offset + size])
+        t = t.view(dt).view(slot.shape)
         return t.permute(2, 1, 0) if t.ndim == 3 else t.permute(2, 1, 0, 3)
 
     def release(self, slot: Slot) -> None:

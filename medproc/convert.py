@@ -160,9 +160,9 @@ def check_options(fmt: str, nan: str, workers, device: str, name: str, spec) -> 
         raise UsageError(f"device must be 'cpu' or 'gpu', got {device!r}")
     check_template(name)
     if device == "gpu":
-        from .pipeline import gpu_available
+        from .pipeline.cache import gpu_visible
 
-        if not gpu_available():
+        if not gpu_visible():  # without importing DALI: the workers are forked after this
             raise UsageError(
                 "--device gpu: DALI sees no NVIDIA GPU here (no driver, no device, or a CPU-only "
                 "DALI build); use --device cpu, or see docs/gpu.md"
@@ -194,6 +194,7 @@ def prepare(
     is created and locked until the batch is closed, and the worker pool is started."""
     import os
 
+    from ._gpu_service import GpuService, service_wanted
     from ._procs import auto_workers, can_fork, start_pool
     from .manifest import check_outdir
 
@@ -210,9 +211,23 @@ def prepare(
         if ex is None and dask and not dry_run:
             ex, more = _dask_executor(dask, workers if workers != "auto" else os.cpu_count() or 1)
             closers = more + closers
-        fork = can_fork(device)
-        want = auto_workers(fork=fork) if workers == "auto" else workers
+        service = None
+        if service_wanted(device, ex, dask, dry_run):  # forked CPU workers + the GPU here
+            cores = auto_workers(fork=True)
+            want = max(1, cores - 1) if workers == "auto" else workers
+            service, fork = GpuService(want, spec), True
+        else:
+            fork = can_fork(device)
+            want = auto_workers(fork=fork) if workers == "auto" else workers
         pool, size, warm = None, 0, False
+
+        def fork_pool(n):  # the GPU service starts once its workers have forked
+            p = start_pool(n, _init_worker, (os.getpid(), service), "cpu" if service else device)
+            closers.insert(0, p.shutdown)
+            if service is not None:
+                closers.insert(1, service.close)
+                service.start()
+            return p
 
         def on_files(files, n_cases):  # the inputs are listed, their headers not yet read
             nonlocal pool, size, warm
@@ -220,13 +235,12 @@ def prepare(
 
             reads = len(files) >= POOL_MIN_FILES  # the workers read the headers
             guess = len({os.path.dirname(f) for f in files}) + n_cases  # a series per folder
-            size = want if reads else min(want, guess)
+            size = want if reads or service else min(want, guess)
             if size < 1:
                 return None
-            pool = start_pool(size, _init_worker, (os.getpid(),))  # forked: ms
-            closers.insert(0, pool.shutdown)
-            if not reads:  # while this process reads the headers, the workers import DALI
-                for _ in range(size):
+            pool = fork_pool(size)  # forked: ms
+            if not reads and not service:  # while this process reads the headers, the
+                for _ in range(size):  # workers import DALI
                     pool.submit(_warm_up)
                 warm = True
             return pool
@@ -243,8 +257,15 @@ def prepare(
         batch.skipped, batch.spec, batch.device, batch.nan = skipped, spec, device, nan
         batch.dry_run, batch.closers = dry_run, closers
         n = len(batch.todo)
-        batch.workers = auto_workers(n, fork=fork) if workers == "auto" else max(1, min(workers, n))
-        if ex is not None:  # a given pool or dask: as many cases in flight as it runs
+        batch.workers = max(1, min(want, n)) if service else (
+            auto_workers(n, fork=fork) if workers == "auto" else max(1, min(workers, n))
+        )
+        if service is not None and not dry_run:  # its pool (of `want` workers), any count
+            pool = pool or fork_pool(want)
+            batch.executor = pool
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+            batch.threads = max(1, cores // batch.workers)
+        elif ex is not None:  # a given pool or dask: as many cases in flight as it runs
             size = workers if workers != "auto" else getattr(ex, "_max_workers", None) or n
             batch.workers = max(1, min(size, n))
             batch.executor, batch.threads = ex, 1 if device == "cpu" else None
@@ -254,8 +275,7 @@ def prepare(
                 _drop(pool, warm)
                 pool = None
             if pool is None:  # only now that we know it is worth it
-                pool = start_pool(batch.workers, _init_worker, (os.getpid(),), device)
-                closers.insert(0, pool.shutdown)
+                pool = fork_pool(batch.workers)
             batch.executor = pool
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
             batch.threads = max(1, cores // batch.workers) if device == "cpu" else None
@@ -266,6 +286,7 @@ def prepare(
             _drop(pool, warm)
         how = getattr(batch.executor, "medproc_start_method", None)
         how = "in this process" if batch.executor is None else f"{how or 'given'} pool"
+        how += ", the GPU in this process" if service is not None else ""
         log.info("%d case(s) to convert, %d worker(s), %s", n, batch.workers, how)
         return batch
     except BaseException:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 (after .gpu-stage/install.sh): GPU tests and benchmarks, results under $OUT.
-#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [train] [convert] [decode] [cache]
+#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [train] [traindiag] [convert]
+#                           [decode] [cache]
 #   (default: the first five)
 set -uo pipefail
 export PYTHONPATH=/tmp/site:/tmp/sitk:$PWD MEDPROC_OFFLINE=1 PYTHONUNBUFFERED=1 PATH=/tmp/sitk/bin:$PATH
@@ -39,7 +40,19 @@ for k, v in r['methods'].items():
     print(k, {x: round(v[x], 3) for x in keys if x in v})
 " || tail -20 "$OUT/bench_train.log"
 fi
+if want traindiag; then
+  # where the loader's GPU memory goes in the training process: medproc (cache=host) alone,
+  # with PyTorch's and DALI's allocator settings varied
+  for envs in "X=0" "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" "DALI_USE_VMM=0" \
+              "DALI_USE_DEVICE_MEM_POOL=0"; do
+    env $envs timeout 200 python bench/train.py --isolate --cache host --skip limit tuned \
+      --out "$OUT/traindiag.json" > "$OUT/traindiag.log" 2>&1
+    echo "$envs"; grep -E "^medproc" "$OUT/traindiag.log" | cut -c1-700
+  done
+fi
 if want convert; then
+  # byte-code, as a pip install leaves it (the staged packages were installed --no-compile)
+  python -m compileall -q -j 16 /tmp/site /tmp/sitk medproc > /dev/null 2>&1
   python - <<'PY'
 import os
 from concurrent.futures import ProcessPoolExecutor

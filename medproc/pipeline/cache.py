@@ -19,6 +19,7 @@ __all__ = [
     "release_unused",
     "dali_available",
     "gpu_available",
+    "gpu_visible",
 ]
 INSTALL = "pip install nvidia-dali-cuda120"
 
@@ -53,6 +54,37 @@ def gpu_available() -> bool:
                 ok = False
         _GPU[pid] = ok
     return _GPU[pid]
+
+
+def gpu_visible() -> bool:
+    """Whether DALI is installed and an NVIDIA GPU is visible, found *without* importing DALI
+    or making a CUDA context (NVML), so that the process can still fork cheap workers
+    (``medproc convert --device gpu``). Once DALI is imported: :func:`gpu_available`."""
+    if "nvidia.dali" in sys.modules:
+        return gpu_available()
+    import importlib.util
+
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None and vis.strip() in ("", "-1"):
+        return False
+    try:
+        if importlib.util.find_spec("nvidia.dali") is None:
+            return False
+    except (ImportError, ValueError):
+        return False
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:  # no NVIDIA driver
+        return False
+    if nvml.nvmlInit_v2() != 0:
+        return False
+    try:
+        n = ctypes.c_uint(0)
+        return nvml.nvmlDeviceGetCount_v2(ctypes.byref(n)) == 0 and n.value > 0
+    finally:
+        nvml.nvmlShutdown()
 
 
 # --- the per-process, per-thread pipeline cache ---------------------------------------------

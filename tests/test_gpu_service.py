@@ -1,0 +1,152 @@
+"""``medproc convert --device gpu``'s service (:mod:`medproc._gpu_service`): forked CPU workers
+hand their volumes to the main process through the shared arena and write what comes back.
+
+On the CPU the same protocol runs with DALI's CPU backend (``device="cpu"``), so this machine
+checks the plumbing: outputs equal to converting in the worker itself (images and label maps),
+every arena piece given back, a case the arena has no room for resampled by its worker, and an
+error in the service failing only its case with the message. On the GPU (``-m gpu``) the whole
+command is compared with the CPU route against an independent reference."""
+
+import os
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from medproc import Spec
+from medproc._convert_case import _init_worker, _worker
+from medproc._gpu_service import GpuService
+from medproc._procs import start_pool
+from medproc.convert import prepare
+
+
+def _plan(sample_data, out, spec):
+    return prepare(
+        [os.path.join(sample_data, "nifti", "images"), os.path.join(sample_data, "dicom")],
+        str(out),
+        spec,
+        labels_dir=os.path.join(sample_data, "nifti", "labels"),
+        workers=1,
+    )
+
+
+def _served(sample_data, out, spacing, n=None, nbytes=None, fail_first=False):
+    """Run the planned cases through a CPU-mode service in a fresh interpreter (whose main
+    process has not imported DALI, as in ``medproc convert``); returns (source, status, error)."""
+    import json
+    import subprocess
+    import sys
+
+    args = [sample_data, str(out), str(spacing), str(n or 0), str(nbytes or 0), str(fail_first)]
+    r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _serve_main(sample_data, out, spacing, n, nbytes, fail_first):
+    import json
+    import sys
+
+    spec = Spec(spacing=float(spacing))
+    with _plan(sample_data, out, spec) as batch:
+        todo = batch.todo[: int(n)] if int(n) else batch.todo
+        service = GpuService(2, spec, nbytes=int(nbytes) or None, device="cpu")
+        if fail_first == "True":  # the first case's volume fails, alone or in a batch
+            from medproc import load
+
+            bad = load(todo[0].case.source).shape
+            real = GpuService._resample
+
+            def flaky(self, vols, labs):
+                if any(v.shape == bad for v in vols):
+                    raise ValueError("broken on purpose")
+                return real(self, vols, labs)
+
+            GpuService._resample = flaky
+        assert "nvidia.dali" not in sys.modules
+        pool = start_pool(2, _init_worker, (os.getpid(), service))
+        assert pool.medproc_start_method == "fork"
+        service.start()
+        try:
+            res = [f.result(timeout=300) for f in [pool.submit(_worker, batch._args(t)) for t in todo]]
+        finally:
+            pool.shutdown()
+            service.close()
+        assert not any(service.arena._size[:]), "arena pieces were not given back"
+    print(json.dumps([(r[0].source, r[1], r[3]) for r in res]))
+
+
+def _outputs(folder):
+    return sorted(f for f in os.listdir(folder) if f.endswith(".nii.gz"))
+
+
+def _same_files(a, b, names):
+    for f in names:
+        x, y = nib.load(os.path.join(a, f)), nib.load(os.path.join(b, f))
+        np.testing.assert_allclose(x.affine, y.affine, atol=1e-6)
+        assert x.get_data_dtype() == y.get_data_dtype()
+        np.testing.assert_array_equal(np.asarray(x.dataobj), np.asarray(y.dataobj))
+
+
+def test_service_outputs_equal_the_workers_own_and_every_piece_comes_back(sample_data, tmp_path):
+    with _plan(sample_data, tmp_path / "here", Spec(spacing=2.0)) as here:
+        assert len(here.todo) >= 4 and any(t.label_path for t in here.todo)
+        for t in here.todo:
+            assert _worker(here._args(t))[1] == "ok"
+    res = _served(sample_data, tmp_path / "served", 2.0)
+    assert [r[1] for r in res] == ["ok"] * len(here.todo), res
+    names = _outputs(tmp_path / "here")
+    assert names == _outputs(tmp_path / "served") and len(names) >= 5  # images and labels
+    _same_files(tmp_path / "here", tmp_path / "served", names)
+
+
+def test_no_room_in_the_arena_the_worker_resamples_itself(sample_data, tmp_path):
+    with _plan(sample_data, tmp_path / "here", Spec(spacing=2.5)) as here:
+        for t in here.todo[:2]:
+            _worker(here._args(t))
+        names = [os.path.basename(t.out_path) for t in here.todo[:2]]
+    res = _served(sample_data, tmp_path / "tiny", 2.5, n=2, nbytes=4096)  # no volume fits
+    assert [r[1] for r in res] == ["ok", "ok"], res
+    _same_files(tmp_path / "here", tmp_path / "tiny", names)
+
+
+def test_an_error_in_the_service_fails_only_its_case(sample_data, tmp_path):
+    res = _served(sample_data, tmp_path / "err", 2.0, fail_first=True)
+    assert res[0][1] == "failed" and "broken on purpose" in res[0][2], res[0]
+    assert res[0][0] in res[0][2]  # the message names the file
+    # (the sample NIfTI cases share one shape, so the flaky step fails them all; the DICOM
+    # series, of other shapes, sometimes in the same batch, go through)
+    dicom = [r for r in res if "dicom" in r[0]]
+    assert len(dicom) == 2 and all(r[1] == "ok" for r in dicom), res
+
+
+@pytest.mark.gpu
+def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path):
+    from medproc.convert import convert
+    from medproc.pipeline import gpu_available
+
+    if not gpu_available():
+        pytest.skip("no GPU")
+    spec = Spec(spacing=1.5)
+    inputs = [os.path.join(sample_data, "nifti", "images"), os.path.join(sample_data, "dicom")]
+    labels = os.path.join(sample_data, "nifti", "labels")
+    rows = {}
+    for dev in ("cpu", "gpu"):
+        rows[dev] = convert(inputs, str(tmp_path / dev), spec, labels_dir=labels, device=dev,
+                            workers=3)
+        assert all(r["status"] == "ok" for r in rows[dev]), rows[dev]
+    assert _outputs(tmp_path / "cpu") == _outputs(tmp_path / "gpu")
+    for f in _outputs(tmp_path / "cpu"):
+        x, y = nib.load(tmp_path / "cpu" / f), nib.load(tmp_path / "gpu" / f)
+        np.testing.assert_allclose(x.affine, y.affine, atol=1e-5)
+        a, b = np.asarray(x.dataobj), np.asarray(y.dataobj)
+        if "_label" in f:  # nearest neighbour: the same labels but at rounding ties
+            assert np.mean(a != b) < 1e-3
+        else:
+            np.testing.assert_allclose(a, b, atol=0.05 * (np.ptp(a) or 1) + 1e-3)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _serve_main(*sys.argv[1:])
