@@ -64,15 +64,30 @@ def _convert_one(
     got = _SERVICE.resample(vol, lab) if _SERVICE is not None else None
     if got is None:  # here (or the service's arena had no room for it)
         (res,) = resample_batch(
-            [vol], spec, device=here, labels=None if lab is None else [lab], num_threads=dali_threads
+            [vol],
+            spec,
+            device=here,
+            labels=None if lab is None else [lab],
+            num_threads=dali_threads,
         )
         out, out_lab = res if lab is not None else (res, None)
         release = None
     else:
         out, out_lab, release = got
     try:
-        n_les = _write_case(case, vol, lab, out, out_lab, out_path, label_path, record, lesions,
-                            qc_path, dali_threads)
+        n_les = _write_case(
+            case,
+            vol,
+            lab,
+            out,
+            out_lab,
+            out_path,
+            label_path,
+            record,
+            lesions,
+            qc_path,
+            dali_threads,
+        )
     finally:
         if release is not None:  # the arena's pieces holding the outputs
             release()

@@ -257,8 +257,10 @@ def prepare(
         batch.skipped, batch.spec, batch.device, batch.nan = skipped, spec, device, nan
         batch.dry_run, batch.closers = dry_run, closers
         n = len(batch.todo)
-        batch.workers = max(1, min(want, n)) if service else (
-            auto_workers(n, fork=fork) if workers == "auto" else max(1, min(workers, n))
+        batch.workers = (
+            max(1, min(want, n))
+            if service
+            else (auto_workers(n, fork=fork) if workers == "auto" else max(1, min(workers, n)))
         )
         if service is not None and not dry_run:  # its pool (of `want` workers), any count
             pool = pool or fork_pool(want)

@@ -68,7 +68,9 @@ def _serve_main(sample_data, out, spacing, n, nbytes, fail_first):
         assert pool.medproc_start_method == "fork"
         service.start()
         try:
-            res = [f.result(timeout=300) for f in [pool.submit(_worker, batch._args(t)) for t in todo]]
+            res = [
+                f.result(timeout=300) for f in [pool.submit(_worker, batch._args(t)) for t in todo]
+            ]
         finally:
             pool.shutdown()
             service.close()
@@ -132,8 +134,9 @@ def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path)
     labels = os.path.join(sample_data, "nifti", "labels")
     rows = {}
     for dev in ("cpu", "gpu"):
-        rows[dev] = convert(inputs, str(tmp_path / dev), spec, labels_dir=labels, device=dev,
-                            workers=3)
+        rows[dev] = convert(
+            inputs, str(tmp_path / dev), spec, labels_dir=labels, device=dev, workers=3
+        )
         assert all(r["status"] == "ok" for r in rows[dev]), rows[dev]
     assert _outputs(tmp_path / "cpu") == _outputs(tmp_path / "gpu")
     for f in _outputs(tmp_path / "cpu"):
