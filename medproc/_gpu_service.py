@@ -8,7 +8,7 @@ main process, right after forking them, imports DALI, makes the one CUDA context
 pipeline in a thread of its own while the workers scan and read. Then:
 
 1. a worker reads a case and copies its voxels into a piece of a shared arena (the proxy's
-   :class:`medproc._proxy_arena.Arena`, page-locked here), and sends a small request;
+   :class:`medproc._proxy_arena.Arena`), and sends a small request;
 2. the service thread takes every request waiting (up to ``BATCH``), copies the pieces to the
    GPU, gives them back, resamples them as one DALI batch, copies each output into a piece it
    takes, and answers each worker with a reference to its output;
@@ -22,11 +22,14 @@ service (no usable GPU after all) fails the cases with its message.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 
 import numpy as np
+
+log = logging.getLogger("medproc.convert")
 
 __all__ = ["GpuService", "BATCH", "PER_WORKER"]
 
@@ -124,9 +127,11 @@ class GpuService:
         except Exception as e:  # noqa: BLE001 - answered to every request below
             error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
         self.ready_s = time.perf_counter() - self._t0
+        served, busy = 0, 0.0
         while True:
             first = self.requests.get()
             if first is None:
+                log.info("GPU service: %d case(s), %.2f s busy", served, busy)
                 return
             batch, stop = [first], False
             while len(batch) < BATCH and not self.requests.empty():
@@ -135,6 +140,8 @@ class GpuService:
                     stop = True
                     break
                 batch.append(req)
+            t = time.perf_counter()
+            served += len(batch)
             if error is not None:
                 for idx, slots, _ in batch:
                     self._give_back(slots)
@@ -145,22 +152,28 @@ class GpuService:
                 except Exception as e:  # noqa: BLE001 - never leave a worker waiting
                     for idx, _, _ in batch:
                         self.replies[idx][1].send(f"{type(e).__name__}: {e}")
+            busy += time.perf_counter() - t
             if stop:
                 return
 
     def _warm_up(self) -> None:
-        """DALI, the CUDA context, the page-locked arena and the pipeline, before any case."""
+        """Torch, the CUDA context, DALI and the pipeline, before any case."""
         from .volume import Volume
 
+        t = [time.perf_counter()]
         tiny = Volume(np.zeros((8, 8, 8), np.int16), np.diag([2.0, 2.0, 2.0, 1.0]))
         if self.device == "gpu":
             import torch
 
+            t.append(time.perf_counter())
             torch.cuda.init()
-            self.arena.pin()
+            t.append(time.perf_counter())
             tiny = tiny.to("gpu")
         self._resample([tiny], None)
         self._sync()
+        t.append(time.perf_counter())
+        steps = np.diff(t).round(3).tolist()
+        log.info("GPU service ready: %s s (import torch, CUDA, DALI + pipeline)", steps)
 
     def _resample(self, vols, labs):
         from .resample import resample_batch

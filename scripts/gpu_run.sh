@@ -51,8 +51,11 @@ if want traindiag; then
   done
 fi
 if want convert; then
-  # byte-code, as a pip install leaves it (the staged packages were installed --no-compile)
-  python -m compileall -q -j 16 /tmp/site /tmp/sitk medproc > /dev/null 2>&1
+  # byte-code, as a pip install leaves it (the staged packages were installed --no-compile;
+  # this node's own torch has none either): every folder on sys.path, then what importing
+  # torch costs now
+  python -m compileall -q -j 16 $(python -c "import os, sys; print(' '.join(p for p in sys.path[1:] if os.path.isdir(p)))") medproc > /dev/null 2>&1
+  python -X importtime -c "import torch" 2>&1 | tail -1
   python - <<'PY'
 import os
 from concurrent.futures import ProcessPoolExecutor

@@ -393,3 +393,45 @@ def test_arguments_checked():
         PatchLoader(datalist(), SPEC, (8, 6, 8), augment=Augment(rotate90_prob=0.5))
     with pytest.raises(TypeError, match="PosNeg"):
         PatchLoader(datalist(), SPEC, (8, 8, 8), sampling={"pos": 1})
+
+
+def _engine_threads() -> int:
+    import threading
+
+    return sum(t.name == "medproc-engine" and t.is_alive() for t in threading.enumerate())
+
+
+def test_runs_ahead_across_epochs_and_keeps_each_epoch_whole(tmp_path):
+    """The engine's thread goes on into the next epoch while the loop finishes this one (no
+    refill wait at each epoch), yet every epoch is ``len(loader)`` batches with each volume
+    ``num_samples`` times; an epoch left early is dropped, not carried into the next; a
+    loader no longer used stops its thread."""
+    import gc
+    import time
+
+    dl = [
+        _synthetic(tmp_path, name=f"c{n}", shape=(12, 12, 12), fg_box=(3, 8))[0] for n in range(3)
+    ]
+    before = _engine_threads()
+    loader = PatchLoader(
+        dl, medproc.Spec(), (4, 4, 4), batch_size=2, sampling=PosNeg(num_samples=2), prefetch=2
+    )
+    assert len(loader) == 3
+    for _epoch in range(3):
+        cases = [c["image"] for b in loader for c in b["case"]]
+        assert len(cases) == 6 and all(cases.count(c["image"]) == 2 for c in dl)
+    deadline = time.monotonic() + 10
+    while loader.batches_made < 3 * 3 + 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loader.batches_made == 3 * 3 + 2  # the 4th epoch's first two, made ahead
+    first = next(iter(loader))  # left early...
+    assert len(first["case"]) == 2
+    cases = [c["image"] for b in loader for c in b["case"]]  # ...so this epoch is whole
+    assert len(cases) == 6 and all(cases.count(c["image"]) == 2 for c in dl)
+    assert _engine_threads() == before + 1
+    del loader, first
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while _engine_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _engine_threads() == before

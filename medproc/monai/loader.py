@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -209,6 +210,8 @@ class PatchLoader:
         self.host_seconds, self.batches_made = 0.0, 0
         self._copy_stream = None
         self._keep: deque = deque(maxlen=4)  # GPU boxes DALI may still be copying from
+        self._feed = None  # the engine's stream of batches, epoch after epoch (see __iter__)
+        self._left = 0  # batches of the current epoch not yet handed out
 
     def __repr__(self) -> str:
         gpu = sum(e.on_gpu for e in self.entries)
@@ -278,37 +281,52 @@ class PatchLoader:
             self._keep.append((imgs, labs))
         return imgs, labs
 
-    def _items(self) -> Iterator[tuple]:
-        """Engine items ``(jobs, graph, (affines, cases, lesions))``, one per batch of an epoch."""
-        from ..pipeline import Job
-
+    def _epoch_order(self) -> list[list[int]]:
+        """The entries of each batch of the next epoch (the shard's volumes in a random order,
+        each ``num_samples`` times in a row)."""
         n = self.sampling.num_samples
         order = self.rng.permutation(len(self.entries))[: self.per_epoch]
-        items = [v for v in order for _ in range(n)]
-        for b in range(0, len(items), self.batch_size):
-            t = time.perf_counter()
-            entries = [self.entries[v] for v in items[b : b + self.batch_size]]
-            drawn = [self._draw(e) for e in entries]
-            imgs, labs = self._boxes(entries, [r for r, _ in drawn])
-            plans = [p for _, p in drawn]
-            jobs = [Job(img, p, (lab,)) for img, lab, p in zip(imgs, labs, plans)]
-            # where each voxel's content lies (MONAI's spatial transforms update the affine so)
-            affines = np.stack([p.in_affine @ p.matrix for p in plans])
-            lesions = [
-                e.case["lesions"].on_grid(a, self.patch)
-                if e.case.get("lesions") is not None
-                else []
-                for a, e in zip(affines, entries)
-            ]
-            self.host_seconds += time.perf_counter() - t
-            self.batches_made += 1
-            yield jobs, self._graph, (affines, [e.case for e in entries], lesions)
+        items = [int(v) for v in order for _ in range(n)]
+        return [items[b : b + self.batch_size] for b in range(0, len(items), self.batch_size)]
+
+    def _item(self, indices: list[int]) -> tuple:
+        """The engine item ``(jobs, graph, (affines, cases, lesions))`` of one batch."""
+        from ..pipeline import Job
+
+        t = time.perf_counter()
+        entries = [self.entries[v] for v in indices]
+        drawn = [self._draw(e) for e in entries]
+        imgs, labs = self._boxes(entries, [r for r, _ in drawn])
+        plans = [p for _, p in drawn]
+        jobs = [Job(img, p, (lab,)) for img, lab, p in zip(imgs, labs, plans)]
+        # where each voxel's content lies (MONAI's spatial transforms update the affine so)
+        affines = np.stack([p.in_affine @ p.matrix for p in plans])
+        lesions = [
+            e.case["lesions"].on_grid(a, self.patch) if e.case.get("lesions") is not None else []
+            for a, e in zip(affines, entries)
+        ]
+        self.host_seconds += time.perf_counter() - t
+        self.batches_made += 1
+        return jobs, self._graph, (affines, [e.case for e in entries], lesions)
 
     def __iter__(self) -> Iterator[dict]:
+        """One epoch: ``len(self)`` batches.
+
+        The engine's thread runs on from one epoch into the next (``prefetch`` batches ahead
+        of the loop, across the boundary too), so a new epoch starts without a wait; the patches
+        drawn are those of epochs made one after the other. An epoch left early (``break``)
+        drops the batches made ahead for it: the next one starts afresh."""
         self.epoch += 1
-        for res, (affines, cases, lesions) in self._engine.stream(
-            self._items(), as_torch=True, ahead=self.prefetch
-        ):
+        if self._feed is not None and self._left:
+            self.close()
+        if self._feed is None:
+            self._feed = self._engine.stream(
+                _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch
+            )
+        self._left = len(self)
+        while self._left > 0:
+            res, (affines, cases, lesions) = next(self._feed)
+            self._left -= 1
             affine = torch.from_numpy(affines)
             img = MetaTensor(
                 stacked([r[0] for r in res]),
@@ -322,6 +340,32 @@ class PatchLoader:
             )
             img.is_batch = lab.is_batch = True
             yield {"image": img, "label": lab, "case": cases, "lesions": lesions}
+
+    def close(self) -> None:
+        """Stop the engine's thread (the batches it made ahead are dropped). Also done when
+        the loader is garbage-collected; iterating again starts it anew."""
+        feed, self._feed, self._left = self._feed, None, 0
+        if feed is not None:
+            feed.close()
+
+
+def _epochs(ref) -> Iterator[tuple]:
+    """Engine items of a loader's epochs, one after the other, for ever. ``ref`` is a weak
+    reference, held alone between items, so that the engine's thread never keeps a loader
+    that is no longer used alive (its feed is closed when it is collected)."""
+    while True:
+        me = ref()
+        if me is None:
+            return
+        batches = me._epoch_order()
+        del me
+        for indices in batches:
+            me = ref()
+            if me is None:
+                return
+            item = me._item(indices)
+            del me
+            yield item
 
 
 def _one_dtype(arrays: list, wider: tuple[str, ...]) -> list:
