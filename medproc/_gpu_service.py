@@ -1,23 +1,25 @@
-"""``medproc convert --device gpu``: one GPU process feeding on forked CPU workers.
+"""``medproc convert --device gpu``: one GPU service in the main process, fed by forked CPU
+workers.
 
-Why: a conversion is mostly CPU work (header scan, reading, gzip); the GPU only removes the
-resampling (0.17 s of ~0.6 s per 512x512x150 series, measured on the H200 node). Spawning GPU
-workers, each importing torch and DALI and making its own CUDA context, cost more than that.
-So the workers are forked CPU workers (milliseconds; they never import DALI or torch), and the
-main process, right after forking them, imports DALI, makes the one CUDA context and builds the
-pipeline in a thread of its own while the workers scan and read. Then:
+Why: a conversion is mostly CPU work (header scan, reading, gzip); the GPU removes the
+resampling (0.16 s of ~0.47 s per 512x512x153 series on the H200 node). Spawned GPU workers,
+each importing torch and DALI and making its own CUDA context, cost more than that (the GPU
+route was 3x slower than the CPU route). So the workers are forked CPU workers (milliseconds;
+they import neither DALI nor PyTorch), and the main process, right after forking them,
+imports DALI, makes the one CUDA context and builds the pipeline in a thread of its own while
+the workers scan and read. PyTorch is not used at all: DALI copies numpy to and from the GPU
+itself (importing torch alone took 1.8 s there, the whole CPU route 3.7 s). Then:
 
 1. a worker reads a case and copies its voxels into a piece of a shared arena (the proxy's
-   :class:`medproc._proxy_arena.Arena`), and sends a small request;
-2. the service thread takes every request waiting (up to ``BATCH``), copies the pieces to the
-   GPU, gives them back, resamples them as one DALI batch, copies each output into a piece it
-   takes, and answers each worker with a reference to its output;
+   :class:`medproc._proxy_arena.Arena`, anonymous shared memory) and sends a small request;
+2. the service thread takes every request waiting (up to ``BATCH``), resamples them as one
+   DALI batch straight from the arena, copies each output into a piece it takes, answers each
+   worker with a reference to its output, and gives the input pieces back;
 3. the worker compresses and writes the output straight from the arena, then gives it back.
 
 When the arena has no room for a case (or, after ``ROOM_WAIT_S``, for its output), its worker
-resamples it on its own CPU (DALI's CPU backend); the output is the same within float
-rounding. An error of the
-service (no usable GPU after all) fails the cases with its message.
+resamples it on its own CPU (DALI's CPU backend): the output agrees within float rounding.
+An error of the service (no usable GPU after all) fails the cases with its message.
 """
 
 from __future__ import annotations
@@ -157,71 +159,42 @@ class GpuService:
                 return
 
     def _warm_up(self) -> None:
-        """Torch, the CUDA context, DALI and the pipeline, before any case."""
+        """DALI, the CUDA context and the pipeline, before any case (no PyTorch: numpy in and
+        out, DALI copies to and from the GPU itself)."""
         from .volume import Volume
 
-        t = [time.perf_counter()]
+        t = time.perf_counter()
         tiny = Volume(np.zeros((8, 8, 8), np.int16), np.diag([2.0, 2.0, 2.0, 1.0]))
-        if self.device == "gpu":
-            import torch
-
-            t.append(time.perf_counter())
-            torch.cuda.init()
-            t.append(time.perf_counter())
-            tiny = tiny.to("gpu")
         self._resample([tiny], None)
-        self._sync()
-        t.append(time.perf_counter())
-        steps = np.diff(t).round(3).tolist()
-        log.info("GPU service ready: %s s (import torch, CUDA, DALI + pipeline)", steps)
+        log.info("GPU service ready in %.2f s (DALI, CUDA, pipeline)", time.perf_counter() - t)
 
     def _resample(self, vols, labs):
         from .resample import resample_batch
 
         return resample_batch(vols, self.spec, device=self.device, labels=labs)
 
-    def _sync(self) -> None:
-        if self.device == "gpu":
-            import torch
-
-            torch.cuda.current_stream().synchronize()
-
-    def _fetch(self, slot):
-        """A piece's voxels where the service resamples them (their own memory)."""
-        if self.device == "gpu":
-            return self.arena.tensor(slot).to("cuda", non_blocking=True)
-        return self.arena.array(slot).copy()
-
     def _give_back(self, slots) -> None:
         for s in slots:
             self.arena.release(s)
 
     def _run(self, batch) -> None:
-        """Copy a batch's pieces to the GPU and give them back; resample those with labels
-        apart from those without; answer every request."""
+        """Resample a batch's pieces in place (those with labels apart from those without),
+        answer every request, then give the pieces back."""
+        items = [(r[0], [self.arena.array(s) for s in r[1]], r[2]) for r in batch]
         try:
-            got = [[self._fetch(s) for s in r[1]] for r in batch]
-            self._sync()  # copied: the pieces can be reused
-        except Exception as e:  # noqa: BLE001 - out of GPU memory...
-            got = [f"{type(e).__name__}: {e}"] * len(batch)
-        for r in batch:
-            self._give_back(r[1])
-        items = []
-        for r, g in zip(batch, got):
-            if isinstance(g, str):
-                self.replies[r[0]][1].send(g)
-            else:
-                items.append((r[0], g, r[2]))
-        for with_label in (False, True):
-            part = [it for it in items if (len(it[1]) > 1) == with_label]
-            try:
-                self._answer(part, with_label)
-            except Exception:  # noqa: BLE001 - find the case(s) that fail, one by one
-                for it in part:
-                    try:
-                        self._answer([it], with_label)
-                    except Exception as e:  # noqa: BLE001
-                        self.replies[it[0]][1].send(f"{type(e).__name__}: {e}")
+            for with_label in (False, True):
+                part = [it for it in items if (len(it[1]) > 1) == with_label]
+                try:
+                    self._answer(part, with_label)
+                except Exception:  # noqa: BLE001 - find the case(s) that fail, one by one
+                    for it in part:
+                        try:
+                            self._answer([it], with_label)
+                        except Exception as e:  # noqa: BLE001
+                            self.replies[it[0]][1].send(f"{type(e).__name__}: {e}")
+        finally:
+            for r in batch:
+                self._give_back(r[1])
 
     def _answer(self, part, with_label: bool) -> None:
         from .volume import Volume
@@ -231,32 +204,25 @@ class GpuService:
         vols = [Volume(g[0], affine) for _, g, affine in part]
         labs = [Volume(g[1], affine) for _, g, affine in part] if with_label else None
         results = self._resample(vols, labs)
-        answers = []
         for (idx, _, _), res in zip(part, results):
             outs = res if with_label else (res,)
-            slots = [self._to_host(o.array) for o in outs]
+            slots = [self._to_host(np.asarray(o.array)) for o in outs]
             if any(s is None for s in slots):  # no room: the worker resamples it itself
                 self._give_back([s for s in slots if s is not None])
-                answers.append((idx, None))
+                self.replies[idx][1].send(None)
             else:
-                answers.append((idx, (slots, outs[0].affine)))
-        self._sync()
-        for idx, answer in answers:
-            self.replies[idx][1].send(answer)
+                self.replies[idx][1].send((slots, outs[0].affine))
 
-    def _to_host(self, t):
-        """Copy an output (CUDA tensor, or numpy on the CPU) into an arena piece (waiting a
-        while for room); None if there is none."""
+    def _to_host(self, t: np.ndarray):
+        """Copy an output into an arena piece (waiting a while for room); None if none."""
         dhw = tuple(t.shape[::-1]) if t.ndim == 3 else (*t.shape[2::-1], t.shape[3])
-        dtype = str(t.dtype).replace("torch.", "")
+        dtype = t.dtype
         deadline = time.monotonic() + ROOM_WAIT_S
         slot = self.arena.alloc(dhw, dtype)
         while slot is None and time.monotonic() < deadline:
             time.sleep(0.002)  # workers are writing and will give pieces back
             slot = self.arena.alloc(dhw, dtype)
-        if slot is not None and self.device == "gpu":
-            self.arena.tensor(slot).copy_(t, non_blocking=True)
-        elif slot is not None:
+        if slot is not None:
             np.copyto(self.arena.array(slot), t)
         return slot
 

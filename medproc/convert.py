@@ -9,6 +9,9 @@ temporaries a killed run left are removed; a failing case, or an input that yiel
 recorded in the manifest with its reason and the batch goes on. Every output has a
 ``<name>.json`` sidecar: medproc version, source, options, input and output geometry.
 
+``device="gpu"``: the workers are forked CPU workers that read and write; this process runs
+the one GPU pipeline for all of them (:mod:`medproc._gpu_service`).
+
 Start-up is part of the cost of a small batch, so: once the inputs are listed, CPU workers are
 forked on Linux (in milliseconds, see :mod:`medproc._procs`): one per core when there are many
 DICOM files (the workers read their headers), else one per folder of DICOM files or image file
@@ -90,8 +93,10 @@ def convert(
         Worker processes, at most the number of cases to do (1: no pool, all in this
         process; with more allowed, one case found in a folder of DICOM files is converted by a
         forked worker that imported DALI while the headers were read, see the module doc).
-        ``"auto"``: one forked CPU worker per core; spawned or GPU workers: 1 on 2 cores or
-        fewer or for 2 cases or fewer, else half the cores (see
+        ``"auto"``: one forked CPU worker per core; with ``device="gpu"`` one forked CPU
+        worker per core but one, and the GPU in this process (:mod:`medproc._gpu_service`);
+        spawned workers (no fork, or a process that already holds DALI or CUDA): 1 on 2 cores
+        or fewer or for 2 cases or fewer, else half the cores (see
         :func:`medproc._procs.auto_workers`).
     qc : bool
         Also write ``OUTDIR/qc/<name>.png`` (see :func:`medproc.qc.qc_figure`).

@@ -124,22 +124,27 @@ def test_an_error_in_the_service_fails_only_its_case(sample_data, tmp_path):
 
 @pytest.mark.gpu
 def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path):
-    from medproc.convert import convert
+    """The command as a user runs it (a fresh process: the service runs without PyTorch),
+    images and label maps, against the CPU route's outputs."""
+    import subprocess
+    import sys
+
     from medproc.pipeline import gpu_available
 
     if not gpu_available():
         pytest.skip("no GPU")
-    spec = Spec(spacing=1.5)
     inputs = [os.path.join(sample_data, "nifti", "images"), os.path.join(sample_data, "dicom")]
     labels = os.path.join(sample_data, "nifti", "labels")
-    rows = {}
     for dev in ("cpu", "gpu"):
-        rows[dev] = convert(
-            inputs, str(tmp_path / dev), spec, labels_dir=labels, device=dev, workers=3
-        )
-        assert all(r["status"] == "ok" for r in rows[dev]), rows[dev]
-    assert _outputs(tmp_path / "cpu") == _outputs(tmp_path / "gpu")
-    for f in _outputs(tmp_path / "cpu"):
+        cmd = [sys.executable, "-m", "medproc", "-v", "convert", *inputs, "-o"]
+        cmd += [str(tmp_path / dev), "--labels", labels, "--spacing", "1.5", "--device", dev]
+        r = subprocess.run(cmd + ["-j", "3"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        if dev == "gpu":
+            assert "the GPU in this process" in r.stderr and "GPU service ready" in r.stderr
+    names = _outputs(tmp_path / "cpu")
+    assert names == _outputs(tmp_path / "gpu") and any("_label" in f for f in names)
+    for f in names:
         x, y = nib.load(tmp_path / "cpu" / f), nib.load(tmp_path / "gpu" / f)
         np.testing.assert_allclose(x.affine, y.affine, atol=1e-5)
         a, b = np.asarray(x.dataobj), np.asarray(y.dataobj)

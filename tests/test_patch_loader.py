@@ -421,9 +421,11 @@ def test_runs_ahead_across_epochs_and_keeps_each_epoch_whole(tmp_path):
         cases = [c["image"] for b in loader for c in b["case"]]
         assert len(cases) == 6 and all(cases.count(c["image"]) == 2 for c in dl)
     deadline = time.monotonic() + 10
-    while loader.batches_made < 3 * 3 + 2 and time.monotonic() < deadline:
+    while loader.batches_made <= 3 * 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert loader.batches_made == 3 * 3 + 2  # the 4th epoch's first two, made ahead
+    time.sleep(0.2)
+    # the 4th epoch's first batches, made ahead: the queue's 2, one waiting to go in, one fed
+    assert 3 * 3 < loader.batches_made <= 3 * 3 + 2 + 2
     first = next(iter(loader))  # left early...
     assert len(first["case"]) == 2
     cases = [c["image"] for b in loader for c in b["case"]]  # ...so this epoch is whole

@@ -119,13 +119,13 @@ class Engine:
             check_gpu_here()  # before anything touches CUDA in a forked child
         if device == "gpu" and not gpu_available():
             raise RuntimeError("device='gpu' but DALI sees no NVIDIA GPU here; use device='cpu'")
-        if device == "gpu":
-            try:
-                import torch  # noqa: F401
-            except ImportError:
+        if device == "gpu":  # found, not imported: numpy in and out needs no PyTorch
+            import importlib.util
+
+            if importlib.util.find_spec("torch") is None:
                 raise ImportError(
                     "device='gpu' hands CUDA tensors to PyTorch: pip install 'medproc[torch]'"
-                ) from None
+                )
         self.device = device
         self.batch_size = max(1, int(batch_size))
         self.num_threads = int(num_threads or default_threads())
@@ -329,4 +329,5 @@ class Engine:
                 yield res, extra
         finally:
             stop.set()
-            t.join(timeout=30)
+            if t is not threading.current_thread():  # closed from its own thread: a loader
+                t.join(timeout=30)  # collected there (it sees `stop` and ends)

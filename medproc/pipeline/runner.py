@@ -6,6 +6,8 @@ per-thread cache (:mod:`.cache`).
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from ._dtypes import _astype, _dtype_name, _is_torch
@@ -54,7 +56,12 @@ class Runner:
     def _feed(self, jobs: list) -> None:
         dhwc = [[to_dhwc(j.image)] + [to_dhwc(lb) for lb in j.labels] for j in jobs]
         names = ["img"] + [f"lab{n}" for n in range(self.graph.labels)]
-        if self.device == "gpu":
+        if self.device == "gpu" and not _torch_here(dhwc):
+            # numpy in a process without PyTorch (``medproc convert --device gpu``'s service):
+            # DALI copies the host arrays to the GPU itself
+            for c, name in enumerate(names):
+                self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
+        elif self.device == "gpu":
             import torch
 
             ring = self._rings[self._ring]
@@ -134,7 +141,10 @@ class Runner:
             self.broken = True
             raise
         self.pending -= 1
-        if self.device == "gpu" and as_torch and dense:
+        if self.device == "gpu" and not as_torch and "torch" not in sys.modules:
+            outs = [o.as_cpu() for o in outs]  # numpy out: one copy per output column
+            cols = [[np.array(o[i]) for i in range(n)] for o in outs]
+        elif self.device == "gpu" and as_torch and dense:
             cols = [self._out_batch(o, n, stream) for o in outs]
         else:
             cols = [[self._out(o[i], as_torch, stream) for i in range(n)] for o in outs]
@@ -216,6 +226,12 @@ def stacked(tensors: list):
     if not first.is_cuda:
         return torch.from_numpy(np.stack([t.numpy() for t in tensors]))
     return torch.stack(tensors)
+
+
+def _torch_here(dhwc: list) -> bool:
+    """Whether the feed goes through PyTorch: some input is a tensor, or PyTorch is loaded
+    (then host inputs are staged in one pinned block, see :meth:`Runner._to_device`)."""
+    return "torch" in sys.modules or any(_is_torch(a) for row in dhwc for a in row)
 
 
 def _from_dhwc(a):
