@@ -297,6 +297,26 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             )
         qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
         todo.append(Todo(c, row, out_path, label_path, qc_path, lesions_for(c, table)))
+    # the same inputs converted by an earlier run under other names (another --format or
+    # --name) with other options: refused too, or the folder would hold both
+    here = {t.row["case"]: os.path.basename(t.out_path) for t in todo}
+    sources = {t.case.source for t in todo}
+    for nm, old in prior.items():
+        if nm in conflicts or old.get("status") not in ("ok", "skipped"):
+            continue
+        if old.get("source") not in sources:
+            continue
+        if here.get(nm) == os.path.basename(old.get("output", "")):
+            continue  # the same output: decided above
+        if not old.get("output") or not os.path.exists(old["output"]):
+            continue
+        try:
+            made_with = json.loads(old.get("options") or "null")
+        except ValueError:
+            made_with = None
+        diff = options_diff(made_with, options) if isinstance(made_with, dict) else []
+        if diff:
+            conflicts[nm] = diff
     if conflicts and not force:
         first = sorted({d for ds in conflicts.values() for d in ds})
         raise UsageError(

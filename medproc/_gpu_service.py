@@ -46,7 +46,12 @@ ROOM_WAIT_S = 10.0
 class GpuService:
     """Made in the main process *before* the workers fork (they inherit the arena, the request
     queue and one reply pipe each); :meth:`start` after they forked; :meth:`attach` in each
-    worker (pool initializer); :meth:`resample` in a worker; :meth:`close` at the end."""
+    worker (pool initializer); :meth:`resample` in a worker; :meth:`close` at the end.
+
+    Every request carries a number its reply repeats: a worker takes only the reply to its own
+    last request (a stale one is dropped, its pieces given back). A worker waiting for a reply
+    looks every second whether the service thread is still alive, and fails its case with a
+    clear error if it is not, instead of waiting for ever."""
 
     def __init__(self, workers: int, spec, nbytes: int | None = None, device: str = "gpu"):
         import multiprocessing
@@ -60,9 +65,12 @@ class GpuService:
         self.requests = ctx.SimpleQueue()
         self.replies = [ctx.Pipe(duplex=False) for _ in range(workers)]
         self._claimed = ctx.Value("i", 0)
+        self._alive = ctx.Value("b", 1, lock=False)  # 0 once the service thread has ended
         self._thread: threading.Thread | None = None
         self.index: int | None = None  # in a worker: which reply pipe is its own
-        self.ready_s: float | None = None  # seconds until the GPU was ready (main process)
+        self._seq = 0  # in a worker: the number of its last request
+        #: (main process) cases answered with an output, and told to resample themselves
+        self.served, self.no_room = 0, 0
 
     # --- in a worker -------------------------------------------------------------------------
     def attach(self) -> None:
@@ -74,7 +82,8 @@ class GpuService:
             raise RuntimeError("more workers than the GPU service has reply pipes")
 
     def resample(self, vol, lab=None):
-        """Resample ``vol`` (and its label map ``lab``) with the service's spec on the GPU.
+        """Resample ``vol`` (and its label map ``lab``) with the service's spec, on the
+        service's device.
 
         Returns ``(out, out_lab, release)``: volumes whose voxels are views of the arena, and
         the function that gives them back (call it once they are written); or None when the
@@ -86,32 +95,55 @@ class GpuService:
         for a in arrays:
             s = self.arena.put(a)
             if s is None:
-                for t in slots:
-                    self.arena.release(t)
+                self._give_back(slots)
                 return None
             slots.append(s)
-        self.requests.put((self.index, slots, np.asarray(vol.affine)))
-        reply = self.replies[self.index][0].recv()
+        self._seq += 1
+        self.requests.put((self.index, self._seq, slots, np.asarray(vol.affine)))
+        reply = self._reply(vol.meta.get("source", ""), slots)
         if reply is None:  # no room for the output: resample here
             return None
         if isinstance(reply, str):
             raise MedprocError(reply, vol.meta.get("source", ""))
         kept, affine = reply
-        views = [self.arena.array(s) for s in kept]
-        meta = {"resampled_from": vol.meta.get("source"), "device": "gpu"}
-        out = vol.with_array(views[0], affine, **meta)
-        out_lab = lab.with_array(views[1], affine, **meta) if lab is not None else None
+        try:
+            views = [self.arena.array(s) for s in kept]
+            meta = {"resampled_from": vol.meta.get("source"), "device": self.device}
+            out = vol.with_array(views[0], affine, **meta)
+            out_lab = lab.with_array(views[1], affine, **meta) if lab is not None else None
+        except BaseException:
+            self._give_back(kept)
+            raise
+        return out, out_lab, lambda: self._give_back(kept)
 
-        def release() -> None:
-            while kept:
-                self.arena.release(kept.pop())
+    def _reply(self, source: str, inputs: list):
+        """The reply to this worker's last request (stale ones dropped). If the service has
+        ended without answering, the request's ``inputs`` pieces were never read: given back."""
+        from .errors import MedprocError
 
-        return out, out_lab, release
+        pipe = self.replies[self.index][0]
+        while True:
+            while not pipe.poll(1.0):
+                if not self._alive.value and not pipe.poll(0):
+                    self._give_back(inputs)
+                    raise MedprocError(
+                        "the GPU service stopped; run the same command again "
+                        "to convert the cases it did not",
+                        source,
+                    )
+            seq, reply = pipe.recv()
+            if seq == self._seq:
+                return reply
+            if isinstance(reply, tuple):  # a reply to an earlier request: never used
+                self._give_back(reply[0])
+
+    def _give_back(self, slots) -> None:
+        for s in slots:
+            self.arena.release(s)
 
     # --- in the main process -----------------------------------------------------------------
     def start(self) -> None:
         """Start the service thread (after the workers forked: it imports DALI and CUDA)."""
-        self._t0 = time.perf_counter()
         self._thread = threading.Thread(target=self._serve, name="medproc-gpu", daemon=True)
         self._thread.start()
 
@@ -121,19 +153,28 @@ class GpuService:
             self.requests.put(None)
             self._thread.join(timeout=30)
         self._thread = None
+        self._alive.value = 0
+
+    def _send(self, req, reply) -> None:
+        self.replies[req[0]][1].send((req[1], reply))
 
     def _serve(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._alive.value = 0  # waiting workers fail their case instead of hanging
+
+    def _loop(self) -> None:
         error = None
         try:
             self._warm_up()
         except Exception as e:  # noqa: BLE001 - answered to every request below
             error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
-        self.ready_s = time.perf_counter() - self._t0
-        served, busy = 0, 0.0
+        busy = 0.0
         while True:
             first = self.requests.get()
             if first is None:
-                log.info("GPU service: %d case(s), %.2f s busy", served, busy)
+                log.info("GPU service: %d case(s), %.2f s busy", self.served, busy)
                 return
             batch, stop = [first], False
             while len(batch) < BATCH and not self.requests.empty():
@@ -143,17 +184,12 @@ class GpuService:
                     break
                 batch.append(req)
             t = time.perf_counter()
-            served += len(batch)
             if error is not None:
-                for idx, slots, _ in batch:
-                    self._give_back(slots)
-                    self.replies[idx][1].send(error)
+                for req in batch:
+                    self._give_back(req[2])
+                    self._send(req, error)
             else:
-                try:
-                    self._run(batch)
-                except Exception as e:  # noqa: BLE001 - never leave a worker waiting
-                    for idx, _, _ in batch:
-                        self.replies[idx][1].send(f"{type(e).__name__}: {e}")
+                self._run(batch)
             busy += time.perf_counter() - t
             if stop:
                 return
@@ -173,57 +209,64 @@ class GpuService:
 
         return resample_batch(vols, self.spec, device=self.device, labels=labs)
 
-    def _give_back(self, slots) -> None:
-        for s in slots:
-            self.arena.release(s)
-
     def _run(self, batch) -> None:
         """Resample a batch's pieces in place (those with labels apart from those without),
-        answer every request, then give the pieces back."""
-        items = [(r[0], [self.arena.array(s) for s in r[1]], r[2]) for r in batch]
+        answer every request exactly once, then give the input pieces back."""
+        answered: set[int] = set()
         try:
             for with_label in (False, True):
-                part = [it for it in items if (len(it[1]) > 1) == with_label]
+                part = [r for r in batch if (len(r[2]) > 1) == with_label]
                 try:
-                    self._answer(part, with_label)
+                    self._answer(part, with_label, answered)
                 except Exception:  # noqa: BLE001 - find the case(s) that fail, one by one
-                    for it in part:
+                    for r in part:
+                        if id(r) in answered:
+                            continue
                         try:
-                            self._answer([it], with_label)
+                            self._answer([r], with_label, answered)
                         except Exception as e:  # noqa: BLE001
-                            self.replies[it[0]][1].send(f"{type(e).__name__}: {e}")
+                            self._send(r, f"{type(e).__name__}: {e}")
+                            answered.add(id(r))
+        except BaseException as e:
+            for r in batch:  # never leave a worker waiting
+                if id(r) not in answered:
+                    self._send(r, f"{type(e).__name__}: {e}")
+            raise
         finally:
             for r in batch:
-                self._give_back(r[1])
+                self._give_back(r[2])
 
-    def _answer(self, part, with_label: bool) -> None:
+    def _answer(self, part, with_label: bool, answered: set) -> None:
         from .volume import Volume
 
         if not part:
             return
-        vols = [Volume(g[0], affine) for _, g, affine in part]
-        labs = [Volume(g[1], affine) for _, g, affine in part] if with_label else None
+        vols, labs = [], [] if with_label else None
+        for r in part:
+            arrays = [self.arena.array(s) for s in r[2]]
+            vols.append(Volume(arrays[0], r[3]))
+            if with_label:
+                labs.append(Volume(arrays[1], r[3]))
         results = self._resample(vols, labs)
-        for (idx, _, _), res in zip(part, results):
+        for r, res in zip(part, results):
             outs = res if with_label else (res,)
             slots = [self._to_host(np.asarray(o.array)) for o in outs]
             if any(s is None for s in slots):  # no room: the worker resamples it itself
                 self._give_back([s for s in slots if s is not None])
-                self.replies[idx][1].send(None)
+                self._send(r, None)
+                self.no_room += 1
             else:
-                self.replies[idx][1].send((slots, outs[0].affine))
+                self._send(r, (slots, outs[0].affine))
+                self.served += 1
+            answered.add(id(r))
 
     def _to_host(self, t: np.ndarray):
         """Copy an output into an arena piece (waiting a while for room); None if none."""
-        dhw = tuple(t.shape[::-1]) if t.ndim == 3 else (*t.shape[2::-1], t.shape[3])
-        dtype = t.dtype
         deadline = time.monotonic() + ROOM_WAIT_S
-        slot = self.arena.alloc(dhw, dtype)
+        slot = self.arena.put(t)
         while slot is None and time.monotonic() < deadline:
             time.sleep(0.002)  # workers are writing and will give pieces back
-            slot = self.arena.alloc(dhw, dtype)
-        if slot is not None:
-            np.copyto(self.arena.array(slot), t)
+            slot = self.arena.put(t)
         return slot
 
 

@@ -73,16 +73,16 @@ class Arena:
             self.bytes = np.frombuffer(self._map, dtype=np.uint8)
         self.pinned = False
         if gpu:
-            self.pin()
+            self._pin()
         ctx = multiprocessing.get_context("fork")
         self._lock = ctx.Lock()
         # the pieces taken, shared with the workers: (offset, size); size 0 = a free entry
         self._start = ctx.RawArray("q", int(entries))
         self._size = ctx.RawArray("q", int(entries))
 
-    def pin(self) -> bool:
-        """Page-lock the block in this process (``cudaHostRegister``; the process that copies
-        to and from the GPU, after its workers forked); True when it is."""
+    def _pin(self) -> bool:
+        """Page-lock the block (``cudaHostRegister``) for this process's copies to the GPU;
+        True when it is."""
         if self.pinned:
             return True
         import weakref
@@ -117,7 +117,7 @@ class Arena:
             self._start[free], self._size[free] = at, size
             return free, at
 
-    def alloc(self, dhw_shape: tuple, dtype) -> Slot | None:
+    def _alloc(self, dhw_shape: tuple, dtype) -> Slot | None:
         """Take a free piece for a C-ordered array of ``dhw_shape`` and ``dtype``; None when
         none of its size is free right now."""
         dtype = np.dtype(dtype)
@@ -130,7 +130,7 @@ class Arena:
         """Copy an ``(i, j, k[, C])`` region into a free piece in DALI's layout (one copy, in
         a worker); None when no piece of its size is free right now."""
         dhw = region.transpose(2, 1, 0) if region.ndim == 3 else region.transpose(2, 1, 0, 3)
-        slot = self.alloc(dhw.shape, dhw.dtype)
+        slot = self._alloc(dhw.shape, dhw.dtype)
         if slot is not None:
             np.copyto(self._dhw(slot), dhw)
         return slot

@@ -230,7 +230,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def _show(v) -> str:
     if isinstance(v, list):
-        return " x ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
+        return " x ".join(f"{x:.15g}" if isinstance(x, float) else str(x) for x in v)
     return "none" if v is None else str(v)
 
 

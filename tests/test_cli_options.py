@@ -61,6 +61,23 @@ def test_options_are_recorded_and_a_rerun_with_other_options_refuses(sample_data
         assert medproc.load(r["output"]).orientation == "RAS"
 
 
+def test_another_format_or_name_template_is_refused_too(sample_data, tmp_path, capsys):
+    """Outputs under other names (another --format, another --name) made with other options
+    are refused like those under the same names: the folder would mix two option sets."""
+    out = tmp_path / "out"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "2"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args[:-1] + ["3", "--format", "nii"]) == 2
+    err = capsys.readouterr().err
+    assert "format: nii.gz before, nii now" in err and "spacing: 2 x 2 x 2 before" in err
+    assert main(args[:-1] + ["3", "--name", "x_{name}"]) == 2
+    assert main(args[:-1] + ["2.0000001"]) == 2
+    assert "2 x 2 x 2 before, 2.0000001 x 2.0000001 x 2.0000001 now" in capsys.readouterr().err
+    assert not [f for f in os.listdir(out) if f.endswith(".nii") or f.startswith("x_")]
+    assert main(args[:-1] + ["3", "--format", "nii", "--force"]) == 0
+
+
 def test_npy_sidecar_keeps_the_cache_fields(sample_data, tmp_path):
     out = tmp_path / "o"
     image = os.path.join(_images(sample_data), "case001.nii.gz")

@@ -30,30 +30,38 @@ def _plan(sample_data, out, spec):
     )
 
 
-def _served(sample_data, out, spacing, n=None, nbytes=None, fail_first=False):
+def _served(sample_data, out, spacing, n=None, nbytes=None, mode="plain"):
     """Run the planned cases through a CPU-mode service in a fresh interpreter (whose main
-    process has not imported DALI, as in ``medproc convert``); returns (source, status, error)."""
+    process has not imported DALI, as in ``medproc convert``); returns (source, status, error)
+    per case and the service's counters."""
     import json
     import subprocess
     import sys
 
-    args = [sample_data, str(out), str(spacing), str(n or 0), str(nbytes or 0), str(fail_first)]
-    r = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    args = [sample_data, str(out), str(spacing), str(n or 0), str(nbytes or 0), mode]
+    r = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _serve_main(sample_data, out, spacing, n, nbytes, fail_first):
+def _serve_main(sample_data, out, spacing, n, nbytes, mode):
     import json
     import sys
 
+    from medproc import _gpu_service, load
+
     spec = Spec(spacing=float(spacing))
     with _plan(sample_data, out, spec) as batch:
-        todo = batch.todo[: int(n)] if int(n) else batch.todo
+        todo = batch.todo
+        if mode == "outputs-no-room":  # inputs fit one at a time, their outputs never
+            todo = [t for t in todo if not t.label_path]
+            nbytes = max(load(t.case.source).array.nbytes for t in todo) + 8192
+            _gpu_service.ROOM_WAIT_S = 0.3
+        todo = todo[: int(n)] if int(n) else todo
         service = GpuService(2, spec, nbytes=int(nbytes) or None, device="cpu")
-        if fail_first == "True":  # the first case's volume fails, alone or in a batch
-            from medproc import load
-
+        if mode == "fail-first":  # the first case's volume fails, alone or in a batch
             bad = load(todo[0].case.source).shape
             real = GpuService._resample
 
@@ -63,19 +71,28 @@ def _serve_main(sample_data, out, spacing, n, nbytes, fail_first):
                 return real(self, vols, labs)
 
             GpuService._resample = flaky
+        if mode == "dies":  # the service thread ends on its first batch
+
+            class Gone(BaseException):
+                pass
+
+            def dies(self, part, with_label, answered):
+                raise Gone("the service thread ended")
+
+            GpuService._answer = dies
         assert "nvidia.dali" not in sys.modules
         pool = start_pool(2, _init_worker, (os.getpid(), service))
         assert pool.medproc_start_method == "fork"
         service.start()
         try:
-            res = [
-                f.result(timeout=300) for f in [pool.submit(_worker, batch._args(t)) for t in todo]
-            ]
+            futs = [pool.submit(_worker, batch._args(t)) for t in todo]
+            res = [f.result(timeout=300) for f in futs]
         finally:
             pool.shutdown()
             service.close()
         assert not any(service.arena._size[:]), "arena pieces were not given back"
-    print(json.dumps([(r[0].source, r[1], r[3]) for r in res]))
+    rows = [(r[0].source, r[1], r[3]) for r in res]
+    print(json.dumps({"rows": rows, "served": service.served, "no_room": service.no_room}))
 
 
 def _outputs(folder):
@@ -95,8 +112,10 @@ def test_service_outputs_equal_the_workers_own_and_every_piece_comes_back(sample
         assert len(here.todo) >= 4 and any(t.label_path for t in here.todo)
         for t in here.todo:
             assert _worker(here._args(t))[1] == "ok"
-    res = _served(sample_data, tmp_path / "served", 2.0)
+    got = _served(sample_data, tmp_path / "served", 2.0)
+    res = got["rows"]
     assert [r[1] for r in res] == ["ok"] * len(here.todo), res
+    assert got["served"] == len(here.todo) and got["no_room"] == 0  # all by the service
     names = _outputs(tmp_path / "here")
     assert names == _outputs(tmp_path / "served") and len(names) >= 5  # images and labels
     _same_files(tmp_path / "here", tmp_path / "served", names)
@@ -107,13 +126,34 @@ def test_no_room_in_the_arena_the_worker_resamples_itself(sample_data, tmp_path)
         for t in here.todo[:2]:
             _worker(here._args(t))
         names = [os.path.basename(t.out_path) for t in here.todo[:2]]
-    res = _served(sample_data, tmp_path / "tiny", 2.5, n=2, nbytes=4096)  # no volume fits
-    assert [r[1] for r in res] == ["ok", "ok"], res
+    got = _served(sample_data, tmp_path / "tiny", 2.5, n=2, nbytes=4096)  # no volume fits
+    assert [r[1] for r in got["rows"]] == ["ok", "ok"], got
+    assert got["served"] == 0
     _same_files(tmp_path / "here", tmp_path / "tiny", names)
 
 
-def test_an_error_in_the_service_fails_only_its_case(sample_data, tmp_path):
-    res = _served(sample_data, tmp_path / "err", 2.0, fail_first=True)
+def test_no_room_for_an_output_the_worker_is_told_to_resample_itself(sample_data, tmp_path):
+    with _plan(sample_data, tmp_path / "here", Spec(spacing=2.0)) as here:
+        todo = [t for t in here.todo if not t.label_path]
+        for t in todo:
+            _worker(here._args(t))
+        names = [os.path.basename(t.out_path) for t in todo]
+    got = _served(sample_data, tmp_path / "full", 2.0, mode="outputs-no-room")
+    assert [r[1] for r in got["rows"]] == ["ok"] * len(todo), got
+    assert got["no_room"] >= 1 and got["served"] == 0
+    _same_files(tmp_path / "here", tmp_path / "full", names)
+
+
+def test_a_dead_service_fails_the_cases_instead_of_hanging(sample_data, tmp_path):
+    rows = _served(sample_data, tmp_path / "dead", 2.0, mode="dies")["rows"]
+    assert rows and all(r[1] == "failed" for r in rows), rows
+    assert any("the GPU service stopped" in r[2] for r in rows[1:]) or all(
+        "Gone" in r[2] for r in rows
+    ), rows
+
+
+def test_an_error_in_the_service_fails_the_cases_it_hits_only(sample_data, tmp_path):
+    res = _served(sample_data, tmp_path / "err", 2.0, mode="fail-first")["rows"]
     assert res[0][1] == "failed" and "broken on purpose" in res[0][2], res[0]
     assert res[0][0] in res[0][2]  # the message names the file
     # (the sample NIfTI cases share one shape, so the flaky step fails them all; the DICOM

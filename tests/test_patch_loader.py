@@ -426,12 +426,31 @@ def test_runs_ahead_across_epochs_and_keeps_each_epoch_whole(tmp_path):
     time.sleep(0.2)
     # the 4th epoch's first batches, made ahead: the queue's 2, one waiting to go in, one fed
     assert 3 * 3 < loader.batches_made <= 3 * 3 + 2 + 2
-    first = next(iter(loader))  # left early...
+    orders = []  # each epoch's drawn order, as the engine's thread draws it
+    real = loader._epoch_order
+    loader._epoch_order = lambda real=real: orders.append(real()) or orders[-1]
+    stale = iter(loader)
+    first = next(stale)  # left early...
     assert len(first["case"]) == 2
-    cases = [c["image"] for b in loader for c in b["case"]]  # ...so this epoch is whole
+    drawn = len(orders)
+    cases = [c["image"] for b in loader for c in b["case"]]  # ...so this epoch is afresh:
+    fresh = [loader.entries[v].case["image"] for batch in orders[drawn] for v in batch]
+    assert cases == fresh  # the order drawn after the break, none of the left one
     assert len(cases) == 6 and all(cases.count(c["image"]) == 2 for c in dl)
+    with pytest.raises(RuntimeError, match="newer one"):
+        next(stale)
+    done = iter(loader)  # an iterator at the end of its epoch takes nothing from the next
+    assert len([next(done) for _ in range(len(loader))]) == 3
+    assert sum(1 for _ in loader) == 3
+    with pytest.raises(RuntimeError, match="newer one"):
+        next(done)
     assert _engine_threads() == before + 1
-    del loader, first
+    for i, _batch in enumerate(loader):  # close() in the loop ends the epoch quietly
+        if i == 0:
+            loader.close()
+    assert i == 0 and _engine_threads() == before  # close() stopped the thread
+    assert sum(1 for _ in loader) == 3  # and iterating again starts it anew
+    del loader, first, real, stale, done, _batch  # (real: a bound method of the loader)
     gc.collect()
     deadline = time.monotonic() + 10
     while _engine_threads() > before and time.monotonic() < deadline:

@@ -315,7 +315,9 @@ class PatchLoader:
         The engine's thread runs on from one epoch into the next (``prefetch`` batches ahead
         of the loop, across the boundary too), so a new epoch starts without a wait; the patches
         drawn are those of epochs made one after the other. An epoch left early (``break``)
-        drops the batches made ahead for it: the next one starts afresh."""
+        drops the batches made ahead for it: the next one starts afresh (with a seed, how many
+        draws the dropped batches took depends on timing, so runs that break early are not
+        reproducible draw for draw). One epoch's iterator at a time: an older one raises."""
         self.epoch += 1
         if self._feed is not None and self._left:
             self.close()
@@ -324,8 +326,16 @@ class PatchLoader:
                 _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch
             )
         self._left = len(self)
-        while self._left > 0:
-            res, (affines, cases, lesions) = next(self._feed)
+        feed, epoch = self._feed, self.epoch
+        while True:
+            if self.epoch != epoch:
+                raise RuntimeError(
+                    "PatchLoader: this epoch's iterator was left for a newer one (a loader "
+                    "runs one epoch at a time); iterate the loader again"
+                )
+            if self._feed is not feed or self._left <= 0:  # closed, or the epoch is done
+                return
+            res, (affines, cases, lesions) = next(feed)
             self._left -= 1
             affine = torch.from_numpy(affines)
             img = MetaTensor(
