@@ -40,7 +40,13 @@ def plain_console(stderr: bool = False, width: int | None = None):
     path like ``case[1].nii.gz`` or a message with ``[red]`` prints as it is."""
     from rich.console import Console
 
-    return Console(stderr=stderr, width=width, markup=False, emoji=False, highlight=False)
+    console = Console(stderr=stderr, width=width, markup=False, emoji=False, highlight=False)
+    console.on_broken_pipe = _broken_pipe  # rich's own exits 1: ours gives the documented 141
+    return console
+
+
+def _broken_pipe() -> None:
+    raise BrokenPipeError("the reader of the output went away")
 
 
 def _styled(text: str, style: str):

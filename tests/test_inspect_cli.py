@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from medproc.cli import main
 
@@ -98,3 +99,17 @@ def test_inspect_exits_1_when_anything_is_in_error_and_lists_it(sample_data, tmp
     out = capsys.readouterr().out
     assert "1 volume(s) found, 1 in error" in out and f"{bad}:" in out
     assert f"{tmp_path / 'notes.txt'}: not a DICOM or image file" in out
+
+
+@pytest.mark.parametrize("extra", [[], ["--json"]])
+def test_a_reader_that_went_away_gives_141(sample_data, extra):
+    """``medproc inspect ... | head``: the documented 141, for the table (rich's console would
+    exit 1 itself) and for JSON."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "medproc", "inspect", sample_data, *extra]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # no reader from the start: the first write meets a closed pipe
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 141, err.decode()[-2000:]
