@@ -260,9 +260,11 @@ def _cmd_convert(a) -> int:
             if not quiet:
                 line = _summary_line(a, batch, s, time.perf_counter() - t0)
                 ui.console().print(line, soft_wrap=True)
-            if interrupted:
-                ok = {r["case"] for r in rows if r["status"] == "ok"}
-                left = sum(t.row["case"] not in ok for t in batch.todo)
+            ok = {r["case"] for r in rows if r["status"] == "ok"}
+            left = sum(t.row["case"] not in ok for t in batch.todo)
+            if interrupted and left == 0:  # Ctrl-C after the last case: nothing to redo
+                print("medproc convert: interrupted after every case was done", file=sys.stderr)
+            elif interrupted:
                 print(
                     f"medproc convert: interrupted; {left} case(s) not converted: run the same "
                     "command again to continue",

@@ -127,3 +127,24 @@ def test_a_second_ctrl_c_stops_the_running_cases_at_once(data, tmp_path):
     assert len(after) == 6 and {r["status"] for r in after.values()} <= {"ok", "skipped"}
     for r in rows:  # the interrupted cases are redone
         assert after[r["case"]]["status"] == ("ok" if r["status"] == "failed" else "skipped")
+
+
+def test_ctrl_c_after_the_last_case_is_not_an_interruption(
+    sample_data, tmp_path, monkeypatch, capsys
+):
+    """Every case done when the Ctrl-C came: nothing to rerun, so the status is the batch's
+    (0 here), not 130, and no "run again"."""
+    from medproc import convert_cli
+    from medproc.cli import main
+
+    real = convert_cli._run
+
+    def late(batch, quiet, t0):  # the batch ran to its end, then the Ctrl-C was noted
+        rows, _, ui = real(batch, quiet, t0)
+        return rows, True, ui
+
+    monkeypatch.setattr(convert_cli, "_run", late)
+    images = os.path.join(sample_data, "nifti", "images")
+    rc = main(["convert", images, "-o", str(tmp_path / "o"), "--spacing", "3", "-j", "1"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "interrupted after every case was done" in err and "again" not in err

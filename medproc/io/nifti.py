@@ -45,8 +45,9 @@ def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
     bad = int(finite.size - finite.sum())
     if nan == "error":
         raise ReadError(
-            f"contains {bad} NaN/inf voxel(s); clean the file, or load it with "
-            f"nan='zero' (convert: --nan zero) to set them to 0",
+            f"contains {bad} NaN/inf voxel(s); clean the file, or set them to 0: "
+            f"medproc.load(..., nan='zero'), or `medproc convert --nan zero` first (what a "
+            f"PatchLoader or a MONAI pipeline then reads)",
             path,
         )
     return np.where(finite, array, 0).astype(array.dtype)
