@@ -213,6 +213,15 @@ def make_dataset(
         origin = (-fov / 2 + spacing_xy / 2, -fov / 2 + spacing_xy / 2 + 20, -nz * slice_mm / 2)
         aff = grid_affine((size, size, nz), sp, origin)
         les = _lesions_for(aff, (size, size, nz), rng, lesions)
+        if lesions and len(les) < lesions:
+            import warnings
+
+            warnings.warn(
+                f"sample case {c}: {len(les)} of {lesions} lesion(s) fit inside its lungs and "
+                f"grid ({size} voxels in-plane are too few to hold the lungs); its label map "
+                "holds only those. Use a size of 192 or more",
+                stacklevel=2,
+            )
         img, lab = ct_phantom((size, size, nz), aff, les, seed=seed + c)
         vol = Volume(img, aff)
         uid = _uid(rng)

@@ -63,6 +63,10 @@ def test_loadvolumed_writes_the_metadata_loadimaged_writes(sample_data):
         assert np.isnan(m["original_channel_dim"]) and np.isnan(r["original_channel_dim"])
         assert m["space"] == r["space"] == "RAS"
         assert mine[key].applied_operations == []
+        np.testing.assert_allclose(m["pixdim"][1:4], r["pixdim"][1:4], atol=1e-6)  # spacing
+    out = Resampled(["image", "label"], medproc.Spec(spacing=(2.5, 2.0, 3.0)))(mine)
+    for key in ("image", "label"):
+        np.testing.assert_allclose(out[key].meta["pixdim"][1:4], (2.5, 2.0, 3.0), atol=1e-6)
 
 
 def test_compose_mixes_monai_and_medproc(sample_data):

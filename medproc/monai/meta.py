@@ -2,7 +2,7 @@
 
 A MetaTensor here is what ``LoadImaged(ensure_channel_first=True)`` gives: ``(C, i, j, k)``
 voxels, ``affine`` (float64 tensor, index -> RAS mm), and in ``meta`` ``original_affine``,
-``spatial_shape``, ``original_channel_dim``, ``filename_or_obj`` and ``space`` (what
+``spatial_shape``, ``pixdim``, ``original_channel_dim``, ``filename_or_obj`` and ``space`` (what
 ``SaveImage``/``SaveImaged`` read to name a file and to put it back in its source geometry).
 """
 
@@ -30,6 +30,9 @@ def source_meta(vol: Volume) -> dict:
         "filename_or_obj": str(vol.meta.get("source", "")),
         "original_affine": np.array(vol.affine, dtype=np.float64),
         "spatial_shape": np.array(vol.shape[:3], dtype=np.int64),
+        # NIfTI's pixdim (voxel sizes in [1:4]), which MONAI code reads for spacing-aware
+        # metrics; Resampled keeps it current
+        "pixdim": np.array([1.0, *spacing_of(np.asarray(vol.affine)), 1.0, 1.0, 1.0, 1.0]),
         # LoadImaged's marks: NaN = the file had no channel axis, else where it was
         "original_channel_dim": float("nan") if len(vol.shape) == 3 else -1,
         "space": "RAS",
