@@ -66,6 +66,9 @@ class GpuService:
         self.replies = [ctx.Pipe(duplex=False) for _ in range(workers)]
         self._claimed = ctx.Value("i", 0)
         self._alive = ctx.Value("b", 1, lock=False)  # 0 once the service thread has ended
+        # per worker: the number of its last request the service took off the queue (from
+        # then on the service owns that request's input pieces and gives them back)
+        self._taken = ctx.RawArray("q", workers)
         self._thread: threading.Thread | None = None
         self.index: int | None = None  # in a worker: which reply pipe is its own
         self._seq = 0  # in a worker: the number of its last request
@@ -90,6 +93,8 @@ class GpuService:
         arena has no room now (resample here instead)."""
         from .errors import MedprocError
 
+        if not self._alive.value:  # the service has ended (its log says why): resample here
+            return None
         arrays = [np.asarray(vol.array)] + ([np.asarray(lab.array)] if lab is not None else [])
         slots = []
         for a in arrays:
@@ -114,18 +119,25 @@ class GpuService:
         except BaseException:
             self._give_back(kept)
             raise
-        return out, out_lab, lambda: self._give_back(kept)
+
+        def release() -> None:  # once, however often it is called
+            while kept:
+                self.arena.release(kept.pop())
+
+        return out, out_lab, release
 
     def _reply(self, source: str, inputs: list):
         """The reply to this worker's last request (stale ones dropped). If the service has
-        ended without answering, the request's ``inputs`` pieces were never read: given back."""
+        ended without taking the request, its ``inputs`` pieces are given back here (a request
+        it took, it gave back itself)."""
         from .errors import MedprocError
 
         pipe = self.replies[self.index][0]
         while True:
             while not pipe.poll(1.0):
                 if not self._alive.value and not pipe.poll(0):
-                    self._give_back(inputs)
+                    if self._taken[self.index] != self._seq:
+                        self._give_back(inputs)
                     raise MedprocError(
                         "the GPU service stopped; run the same command again "
                         "to convert the cases it did not",
@@ -152,8 +164,9 @@ class GpuService:
         if self._thread is not None and self._thread.is_alive():
             self.requests.put(None)
             self._thread.join(timeout=30)
-        self._thread = None
-        self._alive.value = 0
+        if self._thread is None or not self._thread.is_alive():
+            self._alive.value = 0  # (a thread still running owns its pieces: left as it is)
+            self._thread = None
 
     def _send(self, req, reply) -> None:
         self.replies[req[0]][1].send((req[1], reply))
@@ -161,6 +174,8 @@ class GpuService:
     def _serve(self) -> None:
         try:
             self._loop()
+        except BaseException:  # noqa: BLE001 - said here; the workers resample themselves
+            log.exception("GPU service stopped; the workers resample on their CPUs from now")
         finally:
             self._alive.value = 0  # waiting workers fail their case instead of hanging
 
@@ -176,12 +191,14 @@ class GpuService:
             if first is None:
                 log.info("GPU service: %d case(s), %.2f s busy", self.served, busy)
                 return
+            self._taken[first[0]] = first[1]
             batch, stop = [first], False
             while len(batch) < BATCH and not self.requests.empty():
                 req = self.requests.get()
                 if req is None:
                     stop = True
                     break
+                self._taken[req[0]] = req[1]
                 batch.append(req)
             t = time.perf_counter()
             if error is not None:
@@ -213,14 +230,19 @@ class GpuService:
         """Resample a batch's pieces in place (those with labels apart from those without),
         answer every request exactly once, then give the input pieces back."""
         answered: set[int] = set()
+        self._given: set[int] = set()  # requests whose inputs are back already
         try:
             for with_label in (False, True):
                 part = [r for r in batch if (len(r[2]) > 1) == with_label]
                 try:
                     self._answer(part, with_label, answered)
-                except Exception:  # noqa: BLE001 - find the case(s) that fail, one by one
+                except Exception as e:  # noqa: BLE001 - find the case(s) that fail, one by one
                     for r in part:
                         if id(r) in answered:
+                            continue
+                        if id(r) in self._given:  # its input is gone: cannot be tried alone
+                            self._send(r, f"{type(e).__name__}: {e}")
+                            answered.add(id(r))
                             continue
                         try:
                             self._answer([r], with_label, answered)
@@ -234,7 +256,8 @@ class GpuService:
             raise
         finally:
             for r in batch:
-                self._give_back(r[2])
+                if id(r) not in self._given:
+                    self._give_back(r[2])
 
     def _answer(self, part, with_label: bool, answered: set) -> None:
         from .volume import Volume
@@ -248,6 +271,12 @@ class GpuService:
             if with_label:
                 labs.append(Volume(arrays[1], r[3]))
         results = self._resample(vols, labs)
+        del vols, labs
+        for r in part:  # read: their room goes to the outputs
+            self._give_back(r[2])
+            self._given.add(id(r))
+        if len(results) != len(part):
+            raise RuntimeError(f"{len(part)} volumes resampled into {len(results)}")
         for r, res in zip(part, results):
             outs = res if with_label else (res,)
             slots = [self._to_host(np.asarray(o.array)) for o in outs]

@@ -212,6 +212,7 @@ class PatchLoader:
         self._keep: deque = deque(maxlen=4)  # GPU boxes DALI may still be copying from
         self._feed = None  # the engine's stream of batches, epoch after epoch (see __iter__)
         self._left = 0  # batches of the current epoch not yet handed out
+        self._token = 0  # which iterator is the current epoch's (older ones raise)
 
     def __repr__(self) -> str:
         gpu = sum(e.on_gpu for e in self.entries)
@@ -326,16 +327,20 @@ class PatchLoader:
                 _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch
             )
         self._left = len(self)
-        feed, epoch = self._feed, self.epoch
+        self._token += 1
+        feed, token = self._feed, self._token
         while True:
-            if self.epoch != epoch:
+            if self._token != token:
                 raise RuntimeError(
                     "PatchLoader: this epoch's iterator was left for a newer one (a loader "
                     "runs one epoch at a time); iterate the loader again"
                 )
             if self._feed is not feed or self._left <= 0:  # closed, or the epoch is done
                 return
-            res, (affines, cases, lesions) = next(feed)
+            try:
+                res, (affines, cases, lesions) = next(feed)
+            except StopIteration:  # closed meanwhile
+                return
             self._left -= 1
             affine = torch.from_numpy(affines)
             img = MetaTensor(
@@ -353,7 +358,8 @@ class PatchLoader:
 
     def close(self) -> None:
         """Stop the engine's thread (the batches it made ahead are dropped). Also done when
-        the loader is garbage-collected; iterating again starts it anew."""
+        the loader is garbage-collected; iterating again starts it anew. Call it from the
+        thread that iterates (in the loop, or after it)."""
         feed, self._feed, self._left = self._feed, None, 0
         if feed is not None:
             feed.close()
