@@ -401,7 +401,7 @@ def _engine_threads() -> int:
     return sum(t.name == "medproc-engine" and t.is_alive() for t in threading.enumerate())
 
 
-def test_runs_ahead_across_epochs_and_keeps_each_epoch_whole(tmp_path):
+def test_runs_ahead_across_epochs_and_keeps_each_epoch_whole(tmp_path, monkeypatch):
     """The engine's thread goes on into the next epoch while the loop finishes this one (no
     refill wait at each epoch), yet every epoch is ``len(loader)`` batches with each volume
     ``num_samples`` times; an epoch left early is dropped, not carried into the next; a
@@ -427,8 +427,13 @@ def test_runs_ahead_across_epochs_and_keeps_each_epoch_whole(tmp_path):
     # the 4th epoch's first batches, made ahead: the queue's 2, one waiting to go in, one fed
     assert 3 * 3 < loader.batches_made <= 3 * 3 + 2 + 2
     orders = []  # each epoch's drawn order, as the engine's thread draws it
-    real = loader._epoch_order
-    loader._epoch_order = lambda real=real: orders.append(real()) or orders[-1]
+    real = PatchLoader._epoch_order
+
+    def spy(self):
+        orders.append(real(self))
+        return orders[-1]
+
+    monkeypatch.setattr(PatchLoader, "_epoch_order", spy)  # on the class: no cycle
     stale = iter(loader)
     first = next(stale)  # left early...
     assert len(first["case"]) == 2
@@ -450,7 +455,7 @@ def test_runs_ahead_across_epochs_and_keeps_each_epoch_whole(tmp_path):
             loader.close()
     assert i == 0 and _engine_threads() == before  # close() stopped the thread
     assert sum(1 for _ in loader) == 3  # and iterating again starts it anew
-    del loader, first, real, stale, done, _batch  # (real: a bound method of the loader)
+    del loader, first, stale, done, _batch
     gc.collect()
     deadline = time.monotonic() + 10
     while _engine_threads() > before and time.monotonic() < deadline:
