@@ -240,6 +240,10 @@ def _options_json(options: dict) -> str:
     return json.dumps(options, sort_keys=True, separators=(",", ":"))
 
 
+def _same_file(a: str, b: str) -> bool:
+    return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
+
+
 def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) -> Batch:
     """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
     made with other options and ``force`` is not set."""
@@ -267,9 +271,11 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             decided.append({**row, "status": "failed", "error": err})
             continue
         old = prior.get(nm, {})
-        recorded = old.get("status") in ("ok", "skipped") and os.path.basename(
-            old.get("output", "")
-        ) == os.path.basename(out_path)
+        recorded = (
+            old.get("status") in ("ok", "skipped")
+            and os.path.basename(old.get("output", "")) == os.path.basename(out_path)
+            and _same_file(old.get("source", ""), c.source)
+        )
         done = (
             os.path.exists(out_path)
             and (label_path is None or os.path.exists(label_path))
@@ -298,13 +304,15 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
         todo.append(Todo(c, row, out_path, label_path, qc_path, lesions_for(c, table)))
     # the same inputs converted by an earlier run under other names (another --format or
-    # --name) with other options: refused too, or the folder would hold both
+    # --name) with other options: refused too, or the folder would hold both unsaid; with
+    # --force those rows are marked superseded (their files stay), so a rerun resumes
     here = {t.row["case"]: os.path.basename(t.out_path) for t in todo}
-    sources = {t.case.source for t in todo}
+    sources = {os.path.realpath(t.case.source) for t in todo}
+    elsewhere: dict[str, list[str]] = {}
     for nm, old in prior.items():
         if nm in conflicts or old.get("status") not in ("ok", "skipped"):
             continue
-        if old.get("source") not in sources:
+        if not old.get("source") or os.path.realpath(old["source"]) not in sources:
             continue
         if here.get(nm) == os.path.basename(old.get("output", "")):
             continue  # the same output: decided above
@@ -316,7 +324,7 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             made_with = None
         diff = options_diff(made_with, options) if isinstance(made_with, dict) else []
         if diff:
-            conflicts[nm] = diff
+            elsewhere[nm] = diff
     if conflicts and not force:
         first = sorted({d for ds in conflicts.values() for d in ds})
         raise UsageError(
@@ -325,6 +333,23 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             "add --force to redo them with these, or choose another -o",
             outdir,
         )
+    if elsewhere and not force:
+        first = sorted({d for ds in elsewhere.values() for d in ds})
+        files = ", ".join(sorted(os.path.basename(prior[n]["output"]) for n in elsewhere)[:3])
+        raise UsageError(
+            f"holds {len(elsewhere)} output(s) of these inputs under other names ({files}"
+            f"{', ...' if len(elsewhere) > 3 else ''}) made with other options "
+            f"({'; '.join(first)}). Add --force to convert them with these options as well "
+            "(the manifest then marks the older ones superseded; their files stay), or choose "
+            "another -o",
+            outdir,
+        )
+    for nm in elsewhere:
+        prior[nm] = {
+            **prior[nm],
+            "status": "superseded",
+            "error": "made with other options; this input was converted again with --force",
+        }
     this_run = {r["case"] for r in decided} | {t.row["case"] for t in todo}
     kept = [r for c, r in prior.items() if c not in this_run]  # earlier runs' cases stay listed
     return Batch(outdir, options, todo, decided, kept, [])

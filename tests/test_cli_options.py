@@ -71,11 +71,34 @@ def test_another_format_or_name_template_is_refused_too(sample_data, tmp_path, c
     assert main(args[:-1] + ["3", "--format", "nii"]) == 2
     err = capsys.readouterr().err
     assert "format: nii.gz before, nii now" in err and "spacing: 2 x 2 x 2 before" in err
+    assert "under other names (case001.nii.gz" in err
     assert main(args[:-1] + ["3", "--name", "x_{name}"]) == 2
     assert main(args[:-1] + ["2.0000001"]) == 2
     assert "2 x 2 x 2 before, 2.0000001 x 2.0000001 x 2.0000001 now" in capsys.readouterr().err
     assert not [f for f in os.listdir(out) if f.endswith(".nii") or f.startswith("x_")]
     assert main(args[:-1] + ["3", "--format", "nii", "--force"]) == 0
+    m = _manifest(out)  # the same case names: their rows are this run's
+    assert {(r["status"], r["output"][-4:]) for r in m.values()} == {("ok", ".nii")}
+
+
+def test_a_forced_run_under_other_names_resumes_without_force(sample_data, tmp_path):
+    """After ``--force`` converted the inputs again under other names, an interrupted run of
+    that same command continues without --force (the older outputs are marked superseded)."""
+    out = tmp_path / "out"
+    base = ["convert", _images(sample_data), "-o", str(out)]
+    assert main(base + ["--spacing", "3"]) == 0
+    again = base + ["--spacing", "4", "--name", "b_{name}"]
+    assert main(again + ["--force"]) == 0
+    redo = sorted(f for f in os.listdir(out) if f.startswith("b_") and f.endswith(".nii.gz"))[0]
+    os.unlink(out / redo)  # as if the run had been interrupted before this case
+    assert main(again) == 0  # resumes: no refusal, nothing else redone
+    m = _manifest(out)
+    assert (out / redo).exists()
+    assert sorted(r["status"] for r in m.values() if r["case"].startswith("b_")) == [
+        "ok",
+        "skipped",
+    ]
+    assert {r["status"] for r in m.values() if not r["case"].startswith("b_")} == {"superseded"}
 
 
 def test_npy_sidecar_keeps_the_cache_fields(sample_data, tmp_path):
