@@ -218,8 +218,8 @@ def make_dataset(
 
             warnings.warn(
                 f"sample case {c}: {len(les)} of {lesions} lesion(s) fit inside its lungs and "
-                f"grid ({size} voxels in-plane are too few to hold the lungs); its label map "
-                "holds only those. Use a size of 192 or more",
+                f"its field of view ({size} voxels in-plane, {nz} slices); its label map holds "
+                "only those. A larger size (192 or more) or more slices make room",
                 stacklevel=2,
             )
         img, lab = ct_phantom((size, size, nz), aff, les, seed=seed + c)
