@@ -392,10 +392,7 @@ def _one_dtype(arrays: list, wider: tuple[str, ...]) -> list:
         return arrays
     small = {"uint8", "int16"}
     target = wider[0] if names <= small | {wider[0]} and wider[0] in small else "float32"
-    out = []
-    for a in arrays:
-        if isinstance(a, np.ndarray):
-            out.append(a.astype(target))
-        else:
-            out.append(a.to(getattr(torch, target)))
-    return out
+    return [
+        a.astype(target) if isinstance(a, np.ndarray) else a.to(getattr(torch, target))
+        for a in arrays
+    ]
