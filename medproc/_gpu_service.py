@@ -20,6 +20,8 @@ itself (importing torch alone took 1.8 s there, the whole CPU route 3.7 s). Then
 When the arena has no room for a case (or, after ``ROOM_WAIT_S``, for its output), its worker
 resamples it on its own CPU (DALI's CPU backend): the output agrees within float rounding.
 An error of the service (no usable GPU after all) fails the cases with its message.
+``MEDPROC_GPU_SERVICE=0`` turns the service off: spawned GPU workers, each with its own CUDA
+context (the route before this one, kept for comparison).
 """
 
 from __future__ import annotations

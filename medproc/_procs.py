@@ -4,8 +4,11 @@
   on 2 cores, or for 2 cases or fewer, one process is fastest (no pool is started at all).
 - :func:`start_pool`: on Linux, for CPU work, workers are *forked* from a main process that has
   not imported DALI: they start in milliseconds with medproc, pydicom and nibabel already
-  imported (a spawned worker pays ~0.5 s of interpreter start and imports). GPU work (CUDA
-  does not survive ``fork()``) and a main process that already holds DALI get spawned workers.
+  imported (a spawned worker pays ~0.5 s of interpreter start and imports). ``convert
+  --device gpu`` forks CPU workers too and keeps the GPU in the main process
+  (:mod:`medproc._gpu_service`). GPU work in the workers themselves (CUDA does not survive
+  ``fork()``; ``MEDPROC_GPU_SERVICE=0``) and a main process that already holds DALI or CUDA
+  get spawned workers.
 - Ctrl-C: the terminal sends SIGINT to the whole process group. Workers ignore it (SIGINT is
   blocked while they start, so none is lost in between); the main process decides: finish the
   running cases, start no new one (:func:`kill_pool` on a second Ctrl-C).
