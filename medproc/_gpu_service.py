@@ -72,6 +72,7 @@ class GpuService:
         # then on the service owns that request's input pieces and gives them back)
         self._taken = ctx.RawArray("q", workers)
         self._thread: threading.Thread | None = None
+        self._ready = threading.Event()  # the warm-up is over (done or failed)
         self.index: int | None = None  # in a worker: which reply pipe is its own
         self._seq = 0  # in a worker: the number of its last request
         #: (main process) cases answered with an output, and told to resample themselves
@@ -162,10 +163,13 @@ class GpuService:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the service thread (every case is settled)."""
+        """Stop the service thread (every case is settled). A thread still warming up (no
+        case reached it: e.g. a rerun with nothing to do) is not waited for: it ends when its
+        warm-up does (the ``medproc`` program exits without waiting for it)."""
         if self._thread is not None and self._thread.is_alive():
             self.requests.put(None)
-            self._thread.join(timeout=30)
+            if self._ready.is_set():
+                self._thread.join(timeout=30)
         if self._thread is None or not self._thread.is_alive():
             self._alive.value = 0  # (a thread still running owns its pieces: left as it is)
             self._thread = None
@@ -187,6 +191,7 @@ class GpuService:
             self._warm_up()
         except Exception as e:  # noqa: BLE001 - answered to every request below
             error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
+        self._ready.set()
         busy = 0.0
         while True:
             first = self.requests.get()

@@ -166,6 +166,22 @@ def test_an_error_in_the_service_fails_the_cases_it_hits_only(sample_data, tmp_p
     assert len(dicom) == 2 and all(r[1] == "ok" for r in dicom), res
 
 
+def test_close_does_not_wait_for_a_warm_up_no_case_needed(monkeypatch):
+    """A rerun with nothing to do closes the service at once, not after DALI's import and the
+    CUDA context (the thread ends by itself when its warm-up does)."""
+    import time
+
+    monkeypatch.setattr(GpuService, "_warm_up", lambda self: time.sleep(1.5))
+    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu")
+    service.start()
+    thread = service._thread
+    t = time.perf_counter()
+    service.close()
+    assert time.perf_counter() - t < 0.5
+    thread.join(timeout=10)
+    assert not thread.is_alive()  # it saw the stop request once warm
+
+
 @pytest.mark.gpu
 def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path):
     """The command as a user runs it (a fresh process: the service runs without PyTorch),
