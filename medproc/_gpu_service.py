@@ -8,7 +8,7 @@ route was 3x slower than the CPU route). So the workers are forked CPU workers (
 they import neither DALI nor PyTorch), and the main process, right after forking them,
 imports DALI, makes the one CUDA context and builds the pipeline in a thread of its own while
 the workers scan and read. PyTorch is not used at all: DALI copies numpy to and from the GPU
-itself (importing torch alone took 1.8 s there, the whole CPU route 3.7 s). Then:
+itself (importing torch alone took 1.8-2.5 s there, the whole CPU route 3.7 s). Then:
 
 1. a worker reads a case and copies its voxels into a piece of a shared arena (the proxy's
    :class:`medproc._proxy_arena.Arena`, anonymous shared memory) and sends a small request;
@@ -236,23 +236,23 @@ class GpuService:
     def _run(self, batch) -> None:
         """Resample a batch's pieces in place (those with labels apart from those without),
         answer every request exactly once, then give the input pieces back."""
-        answered: set[int] = set()
-        self._given: set[int] = set()  # requests whose inputs are back already
+        answered: set[int] = set()  # requests replied to
+        given: set[int] = set()  # requests whose input pieces are back already
         try:
             for with_label in (False, True):
                 part = [r for r in batch if (len(r[2]) > 1) == with_label]
                 try:
-                    self._answer(part, with_label, answered)
+                    self._answer(part, with_label, answered, given)
                 except Exception as e:  # noqa: BLE001 - find the case(s) that fail, one by one
                     for r in part:
                         if id(r) in answered:
                             continue
-                        if id(r) in self._given:  # its input is gone: cannot be tried alone
+                        if id(r) in given:  # its input is gone: cannot be tried alone
                             self._send(r, f"{type(e).__name__}: {e}")
                             answered.add(id(r))
                             continue
                         try:
-                            self._answer([r], with_label, answered)
+                            self._answer([r], with_label, answered, given)
                         except Exception as e:  # noqa: BLE001
                             self._send(r, f"{type(e).__name__}: {e}")
                             answered.add(id(r))
@@ -263,10 +263,10 @@ class GpuService:
             raise
         finally:
             for r in batch:
-                if id(r) not in self._given:
+                if id(r) not in given:
                     self._give_back(r[2])
 
-    def _answer(self, part, with_label: bool, answered: set) -> None:
+    def _answer(self, part, with_label: bool, answered: set, given: set) -> None:
         from .volume import Volume
 
         if not part:
@@ -281,7 +281,7 @@ class GpuService:
         del vols, labs
         for r in part:  # read: their room goes to the outputs
             self._give_back(r[2])
-            self._given.add(id(r))
+            given.add(id(r))
         if len(results) != len(part):
             raise RuntimeError(f"{len(part)} volumes resampled into {len(results)}")
         for r, res in zip(part, results):

@@ -56,14 +56,11 @@ class Arena:
         import multiprocessing
 
         self.nbytes = int(nbytes)
-        gpu = False
         if pin:
             import torch
 
-            gpu = torch.cuda.is_available()
-        if gpu:  # page-locked whole below: committed at once anyway
-            import torch
-
+            pin = torch.cuda.is_available()
+        if pin:  # page-locked whole below: committed at once anyway
             self._tensor = torch.empty(self.nbytes, dtype=torch.uint8).share_memory_()
             self.bytes = self._tensor.numpy()
         else:  # anonymous shared memory, inherited by the forked workers and committed page by
@@ -71,9 +68,7 @@ class Arena:
             # torch needed (``medproc convert``'s forked workers never import it)
             self._map = mmap.mmap(-1, max(1, self.nbytes))
             self.bytes = np.frombuffer(self._map, dtype=np.uint8)
-        self.pinned = False
-        if gpu:
-            self._pin()
+        self.pinned = pin and self._pin()
         ctx = multiprocessing.get_context("fork")
         self._lock = ctx.Lock()
         # the pieces taken, shared with the workers: (offset, size); size 0 = a free entry
@@ -83,21 +78,18 @@ class Arena:
     def _pin(self) -> bool:
         """Page-lock the block (``cudaHostRegister``) for this process's copies to the GPU;
         True when it is."""
-        if self.pinned:
-            return True
         import weakref
 
         import torch
 
         cudart = torch.cuda.cudart()
         ptr = self.bytes.ctypes.data
-        rc = cudart.cudaHostRegister(ptr, self.bytes.nbytes, 0)
-        self.pinned = int(rc) == 0
-        if self.pinned:  # unregistered before the memory goes back (it may be reused)
+        pinned = int(cudart.cudaHostRegister(ptr, self.bytes.nbytes, 0)) == 0
+        if pinned:  # unregistered before the memory goes back (it may be reused)
             weakref.finalize(self, _unregister, cudart, ptr, os.getpid())
         else:  # a failed registration must not linger as CUDA's last error
             cudart.cudaGetLastError()
-        return self.pinned
+        return pinned
 
     def _take(self, size: int) -> tuple[int, int] | None:
         """(entry, offset) of a free piece of ``size`` bytes (first fit), taken; None if none."""

@@ -200,7 +200,7 @@ def prepare(
     import os
 
     from ._gpu_service import GpuService, service_wanted
-    from ._procs import auto_workers, can_fork, start_pool
+    from ._procs import _cores, auto_workers, can_fork, start_pool
     from .manifest import check_outdir
 
     single = isinstance(inputs, (str, os.PathLike))
@@ -267,11 +267,10 @@ def prepare(
             if service
             else (auto_workers(n, fork=fork) if workers == "auto" else max(1, min(workers, n)))
         )
-        if service is not None and not dry_run:  # its pool (of `want` workers), any count
+        if service is not None:  # its pool (of `want` workers), any count (never a dry run)
             pool = pool or fork_pool(want)
             batch.executor = pool
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-            batch.threads = max(1, cores // batch.workers)
+            batch.threads = max(1, _cores() // batch.workers)
         elif ex is not None:  # a given pool or dask: as many cases in flight as it runs
             size = workers if workers != "auto" else getattr(ex, "_max_workers", None) or n
             batch.workers = max(1, min(size, n))
@@ -284,8 +283,7 @@ def prepare(
             if pool is None:  # only now that we know it is worth it
                 pool = fork_pool(batch.workers)
             batch.executor = pool
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-            batch.threads = max(1, cores // batch.workers) if device == "cpu" else None
+            batch.threads = max(1, _cores() // batch.workers) if device == "cpu" else None
         elif pool is not None and warm and _in_worker(batch.todo):
             batch.executor = pool  # one case, to a worker that imported DALI meanwhile
         elif pool is not None:  # one worker is enough: no pool

@@ -76,7 +76,7 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             class Gone(BaseException):
                 pass
 
-            def dies(self, part, with_label, answered):
+            def dies(self, part, with_label, answered, given):
                 raise Gone("the service thread ended")
 
             GpuService._answer = dies
