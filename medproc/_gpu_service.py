@@ -77,6 +77,9 @@ class GpuService:
         self._seq = 0  # in a worker: the number of its last request
         #: (main process) cases answered with an output, and told to resample themselves
         self.served, self.no_room = 0, 0
+        #: seconds of the service's busy time spent resampling (host -> device, DALI, device
+        #: -> host) and copying outputs into the arena (``-v`` reports them)
+        self.seconds = {"resample": 0.0, "out": 0.0}
 
     # --- in a worker -------------------------------------------------------------------------
     def attach(self) -> None:
@@ -196,7 +199,13 @@ class GpuService:
         while True:
             first = self.requests.get()
             if first is None:
-                log.info("GPU service: %d case(s), %.2f s busy", self.served, busy)
+                log.info(
+                    "GPU service: %d case(s), %.2f s busy (%.2f resampling, %.2f copying out)",
+                    self.served,
+                    busy,
+                    self.seconds["resample"],
+                    self.seconds["out"],
+                )
                 return
             self._taken[first[0]] = first[1]
             batch, stop = [first], False
@@ -277,8 +286,11 @@ class GpuService:
             vols.append(Volume(arrays[0], r[3]))
             if with_label:
                 labs.append(Volume(arrays[1], r[3]))
+        t = time.perf_counter()
         results = self._resample(vols, labs)
+        self.seconds["resample"] += time.perf_counter() - t
         del vols, labs
+        t = time.perf_counter()
         for r in part:  # read: their room goes to the outputs
             self._give_back(r[2])
             given.add(id(r))
@@ -295,6 +307,7 @@ class GpuService:
                 self._send(r, (slots, outs[0].affine))
                 self.served += 1
             answered.add(id(r))
+        self.seconds["out"] += time.perf_counter() - t
 
     def _to_host(self, t: np.ndarray):
         """Copy an output into an arena piece (waiting a while for room); None if none."""
