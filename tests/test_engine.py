@@ -372,3 +372,37 @@ def test_stacked_hands_back_a_batch_tensor_only_when_the_rows_are_exactly_its_ro
         assert got is not batch and torch.equal(got, torch.stack(other))
     loose = [torch.ones(2, 3), torch.zeros(2, 3)]
     assert torch.equal(stacked(loose), torch.stack(loose))
+
+
+def test_a_column_of_back_to_back_rows_is_fed_as_one_batch():
+    """The engine feeds DALI a column in one piece when its samples are the rows of one block
+    (PatchLoader's gathered boxes, staged host boxes), else sample by sample."""
+    import torch
+
+    from medproc.monai.loader import _gathered
+    from medproc.pipeline.runner import _dense
+
+    block = torch.arange(4 * 5 * 6 * 7, dtype=torch.int16).reshape(4, 5, 6, 7)
+    rows = list(block.unbind(0))
+    dense = _dense(rows)
+    assert dense.shape == (4, 5, 6, 7) and dense.data_ptr() == block.data_ptr()
+    assert torch.equal(dense, block)
+    assert _dense(rows[1:]).data_ptr() == rows[1].data_ptr()  # a block's tail is one too
+    # rows out of order, of separate memory, or of other shapes stay a list
+    for col in ([rows[1], rows[0]], [r.clone() for r in rows], [rows[0], rows[1][:, :3]]):
+        assert isinstance(_dense(col), list)
+    flat = torch.arange(2 * 60, dtype=torch.uint8)  # a staged block, viewed apart
+    col = [flat[n * 60 : (n + 1) * 60].view(3, 4, 5) for n in range(2)]
+    assert torch.equal(_dense(col), flat.view(2, 3, 4, 5))
+
+    # boxes of cached (k, j, i) volumes: copied into one batch, rows seen as (i, j, k)
+    vols = [torch.randn(9, 8, 7) for _ in range(3)]
+    boxes = [v[1:5, 2:6, 0:3] for v in vols]
+    got = _gathered(boxes)
+    assert isinstance(_dense([g.permute(2, 1, 0) for g in got]), torch.Tensor)
+    for g, b in zip(got, boxes):
+        assert torch.equal(g, b.permute(2, 1, 0))
+    uneven = _gathered([vols[0][1:5], vols[1][1:4]])  # other shapes: one by one
+    assert [tuple(g.shape) for g in uneven] == [(7, 8, 4), (7, 8, 3)]
+    host = [np.zeros((2, 2, 2))]
+    assert _gathered(host) is host

@@ -96,6 +96,18 @@ class Entry:
     def host_label(self) -> np.ndarray | None:
         return None if self.label is None else _ijk_host(self.label)
 
+    def prefault(self) -> None:
+        """Map a memory-mapped entry's pages now (``MADV_POPULATE_READ``, Linux 5.14+; a no-op
+        elsewhere), for entries held in memory (``/dev/shm``): the first read of each page
+        otherwise faults in the loader's thread, batch after batch (a host-cached box read
+        took ~1.4 ms on first touch against ~0.5 ms mapped)."""
+        for a in (self.image, self.label):
+            mm = getattr(a, "_mmap", None)
+            try:
+                mm.madvise(22)  # MADV_POPULATE_READ
+            except (AttributeError, OSError, ValueError):
+                pass
+
     def on_host(self) -> Entry:
         """This entry with (i, j, k) host arrays."""
         if not self.on_device:

@@ -317,6 +317,7 @@ class Builder:
                         )
                     if self.cache_dir is None:
                         _unlink(base)  # memory-mapped: the memory goes when the loader does
+                        e.prefault()
                     found[n] = e
                 return [self._place(found[n]) for n in range(len(cases))]
             futures = {}

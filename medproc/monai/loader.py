@@ -43,10 +43,9 @@ import torch
 from monai.data import MetaTensor
 
 from ..pipeline import stacked
-from ..plan import Plan
 from ..spec import Spec
 from ._patch_cache import GPU_CACHE_FRACTION, Builder, Entry
-from .patches import Augment, PosNeg, crop_start
+from .patches import Augment, PosNeg, draw_patches
 
 __all__ = ["PatchLoader", "PosNeg", "Augment", "GPU_CACHE_FRACTION"]
 
@@ -226,30 +225,6 @@ class PatchLoader:
         """Batches per epoch."""
         return -(-self.per_epoch * self.sampling.num_samples // self.batch_size)
 
-    # sampling ------------------------------------------------------------------------------
-    def _centre(self, e: Entry) -> np.ndarray:
-        """A patch centre as RandCropByPosNegLabeld draws it: foreground with probability
-        pos / (pos + neg), else background; the other kind when one is empty."""
-        use_fg = self.rng.random() < self.sampling.pos_ratio
-        if use_fg and e.fg.size == 0:
-            use_fg = False
-        elif not use_fg and e.n_bg == 0:
-            use_fg = True
-        return e.voxel(e.fg_voxel(self.rng) if use_fg else e.bg_voxel(self.rng))
-
-    def _draw(self, e: Entry) -> tuple[tuple[slice, slice, slice], Plan]:
-        """One patch of ``e``: the box of the cached volume it reads and its plan (crop +
-        augmentation + intensity), re-based onto that box."""
-        crop = np.eye(4)
-        crop[:3, 3] = crop_start(self._centre(e), e.shape, self.patch)
-        plan = Plan(e.shape, e.affine, self.patch, e.affine @ crop, crop)
-        plan = plan.augmented(self.augment.index_map(self.patch, self.rng))
-        region, plan = plan.input_region()
-        scale, shift = self.augment.intensity(self.rng)
-        lo, hi, a, b = e.intensity if e.intensity is not None else (-np.inf, np.inf, 1.0, 0.0)
-        plan.intensity = (lo, hi, a * scale, b * scale + shift)
-        return region, plan
-
     def _boxes(self, entries: list[Entry], regions: list) -> tuple[list, list]:
         """The image and label boxes of a batch, (i, j, k) indexed: views of host arrays, or
         copies made on the GPU (on a side stream, complete when this returns)."""
@@ -259,22 +234,21 @@ class PatchLoader:
         imgs, labs = [], []
         with torch.cuda.stream(self._copy_stream) if gpu else contextlib.nullcontext():
             for e, r in zip(entries, regions):
-                if e.on_device:  # (k, j, i) tensors: copy the box, see it as (i, j, k)
+                if e.on_device:  # (k, j, i) tensors: the box (copied below), seen as (i, j, k)
                     kji = (r[2], r[1], r[0])
-                    imgs.append(e.image[kji].contiguous().permute(2, 1, 0))
+                    imgs.append(e.image[kji])
                     if e.label is not None:
-                        labs.append(e.label[kji].contiguous().permute(2, 1, 0))
+                        labs.append(e.label[kji])
                     else:
                         shape = tuple(s.stop - s.start for s in kji)
-                        zeros = torch.zeros(shape, dtype=torch.uint8, device=e.image.device)
-                        labs.append(zeros.permute(2, 1, 0))
+                        labs.append(torch.zeros(shape, dtype=torch.uint8, device=e.image.device))
                 else:
                     imgs.append(e.image[r])
                     labs.append(
                         e.label[r] if e.label is not None else np.zeros(imgs[-1].shape, np.uint8)
                     )
-            imgs = _one_dtype(imgs, ("float32",))
-            labs = _one_dtype(labs, ("int16", "float32"))
+            imgs = _gathered(_one_dtype(imgs, ("float32",)))
+            labs = _gathered(_one_dtype(labs, ("int16", "float32")))
         if gpu:
             # the engine's DALI feed reads these on its own stream: finished, and kept alive
             # until DALI has copied them (two batches are in flight at most)
@@ -296,12 +270,11 @@ class PatchLoader:
 
         t = time.perf_counter()
         entries = [self.entries[v] for v in indices]
-        drawn = [self._draw(e) for e in entries]
-        imgs, labs = self._boxes(entries, [r for r, _ in drawn])
-        plans = [p for _, p in drawn]
+        regions, plans, affines = draw_patches(
+            entries, self.patch, self.sampling, self.augment, self.rng
+        )
+        imgs, labs = self._boxes(entries, regions)
         jobs = [Job(img, p, (lab,)) for img, lab, p in zip(imgs, labs, plans)]
-        # where each voxel's content lies (MONAI's spatial transforms update the affine so)
-        affines = np.stack([p.in_affine @ p.matrix for p in plans])
         lesions = [
             e.case["lesions"].on_grid(a, self.patch) if e.case.get("lesions") is not None else []
             for a, e in zip(affines, entries)
@@ -382,6 +355,19 @@ def _epochs(ref) -> Iterator[tuple]:
             item = me._item(indices)
             del me
             yield item
+
+
+def _gathered(boxes: list) -> list:
+    """GPU boxes ``(k, j, i)`` (views of the cached volumes) copied out and seen as ``(i, j, k)``:
+    when they agree in shape and dtype, as the rows of one batch tensor (one copy; the engine
+    then feeds DALI the batch in one piece), else one by one. Host boxes are left as they are."""
+    on_gpu = [torch.is_tensor(b) for b in boxes]
+    if not any(on_gpu):
+        return boxes
+    first = boxes[0]
+    if all(on_gpu) and all(b.shape == first.shape and b.dtype == first.dtype for b in boxes):
+        return [b.permute(2, 1, 0) for b in torch.stack(boxes).unbind(0)]
+    return [b.contiguous().permute(2, 1, 0) if t else b for b, t in zip(boxes, on_gpu)]
 
 
 def _one_dtype(arrays: list, wider: tuple[str, ...]) -> list:

@@ -20,9 +20,9 @@ from functools import cached_property
 
 import numpy as np
 
-from ..plan import flip_map
+from ..plan import Plan, flip_map
 
-__all__ = ["PosNeg", "Augment", "crop_start", "rotation_map", "rot90_map"]
+__all__ = ["PosNeg", "Augment", "crop_start", "rotation_map", "rot90_map", "draw_patches"]
 
 
 def _range(value, name: str) -> tuple[float, float]:
@@ -263,3 +263,72 @@ def crop_start(centre, shape, patch) -> np.ndarray:
     c, n, p = (np.asarray(x, dtype=np.int64) for x in (centre, shape, patch))
     start = np.clip(c - p // 2, 0, np.maximum(n - p, 0))
     return np.where(n < p, (n - p) // 2, start)
+
+
+def draw_patches(entries, patch, sampling: PosNeg, augment: Augment, rng, margin: int = 1):
+    """One batch of patches of cached volumes (``entries``, one patch each): where each reads
+    the volume and its plan (crop + augmentation + intensity), re-based onto that box.
+
+    Per sample, the random draws are made in a fixed order (centre: foreground or background,
+    then the voxel; the augmentation's index map; the intensity scale and shift); the geometry
+    of the whole batch is then computed at once in numpy, ``(B, 4, 4)`` at a time (this runs in
+    the loader's background thread, and every interpreter-held millisecond there is one the
+    training loop may wait for). Returns ``(regions, plans, affines)``: the ``(i, j, k)`` slices
+    of each volume to read, the plans, and where each patch voxel's content lies (``(B, 4, 4)``,
+    the affine of the augmented patch, as MONAI's spatial transforms leave it)."""
+    n = len(entries)
+    size = np.asarray(patch, dtype=np.int64)
+    flat, maps, inten = np.empty(n, np.int64), np.empty((n, 4, 4)), []
+    for b, e in enumerate(entries):
+        use_fg = rng.random() < sampling.pos_ratio
+        if use_fg and e.fg.size == 0:
+            use_fg = False
+        elif not use_fg and e.n_bg == 0:
+            use_fg = True
+        flat[b] = e.fg_voxel(rng) if use_fg else e.bg_voxel(rng)
+        maps[b] = augment.index_map(patch, rng)
+        inten.append(augment.intensity(rng))
+    shapes = np.array([e.shape for e in entries], dtype=np.int64)
+    # the centres' (i, j, k) (flat indices, i fastest), each patch moved inside its volume
+    centre = np.stack(
+        [
+            flat % shapes[:, 0],
+            flat // shapes[:, 0] % shapes[:, 1],
+            flat // (shapes[:, 0] * shapes[:, 1]),
+        ],
+        axis=1,
+    )
+    starts = crop_start(centre, shapes, size)
+    vol_aff = np.stack([e.affine for e in entries]).astype(np.float64)
+    crop = np.broadcast_to(np.eye(4), (n, 4, 4)).copy()
+    crop[:, :3, 3] = starts
+    matrix = crop @ maps  # patch index -> volume index
+    # the box each patch reads: its corners through the matrix, a margin for interpolation
+    o = size - 1
+    corners = np.array([[a, b, c] for a in (0, o[0]) for b in (0, o[1]) for c in (0, o[2])])
+    src = np.einsum("bij,cj->bci", matrix[:, :3, :3], corners) + matrix[:, None, :3, 3]
+    lo = np.clip(np.floor(src.min(1)).astype(np.int64) - margin, 0, shapes - 1)
+    hi = np.clip(np.ceil(src.max(1)).astype(np.int64) + margin + 1, lo + 1, shapes)
+    rebased = matrix.copy()
+    rebased[:, :3, 3] -= lo
+    box_aff = vol_aff.copy()
+    box_aff[:, :3, 3] += np.einsum("bij,bj->bi", vol_aff[:, :3, :3], lo)
+    out_aff = vol_aff @ crop
+    motion = out_aff @ np.linalg.inv(maps) @ np.linalg.inv(out_aff)
+    regions, plans = [], []
+    for b, e in enumerate(entries):
+        regions.append(tuple(slice(int(x), int(y)) for x, y in zip(lo[b], hi[b])))
+        scale, shift = inten[b]
+        lo_, hi_, a, c = e.intensity if e.intensity is not None else (-np.inf, np.inf, 1.0, 0.0)
+        plans.append(
+            Plan(
+                tuple(int(x) for x in hi[b] - lo[b]),
+                box_aff[b],
+                tuple(int(x) for x in size),
+                out_aff[b],
+                rebased[b],
+                (lo_, hi_, a * scale, c * scale + shift),
+                motion[b],
+            )
+        )
+    return regions, plans, vol_aff @ matrix

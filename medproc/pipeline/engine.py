@@ -323,9 +323,10 @@ class Engine:
 
                     cur = torch.cuda.current_stream(self.device_id)
                     cur.wait_event(ev)
-                    for row in res:
-                        for x in row:
-                            x.record_stream(cur)
+                    # once per memory block (a batch's samples are often the rows of one)
+                    blocks = {x.untyped_storage().data_ptr(): x for row in res for x in row}
+                    for x in blocks.values():
+                        x.record_stream(cur)
                 yield res, extra
         finally:
             stop.set()
