@@ -62,7 +62,8 @@ def _convert_one(
             case.source,
         )
     got = _SERVICE.resample(vol, lab) if _SERVICE is not None else None
-    if got is None:  # here (or the service's arena had no room for it)
+    if got is None:  # here (or the service's arena had no room, or it would be later)
+        t_here = time.perf_counter()
         (res,) = resample_batch(
             [vol],
             spec,
@@ -70,6 +71,8 @@ def _convert_one(
             labels=None if lab is None else [lab],
             num_threads=dali_threads,
         )
+        if _SERVICE is not None:
+            _SERVICE.resampled_here(time.perf_counter() - t_here)
         out, out_lab = res if lab is not None else (res, None)
         release = None
     else:

@@ -17,8 +17,13 @@ itself (importing torch alone took 1.8-2.5 s there, the whole CPU route 3.7 s). 
    worker with a reference to its output, and gives the input pieces back;
 3. the worker compresses and writes the output straight from the arena, then gives it back.
 
-When the arena has no room for a case (or, after ``ROOM_WAIT_S``, for its output), its worker
-resamples it on its own CPU (DALI's CPU backend): the output agrees within float rounding.
+The work is shared: a worker resamples its case on its own CPU (DALI's CPU backend; the output
+agrees within float rounding) while the service is still warming up (~1 s: DALI, CUDA), when
+the service's backlog would keep it waiting longer than resampling takes it (the service
+publishes its seconds per case, each worker times its own resampling), and when the arena has
+no room for the case (or, after ``ROOM_WAIT_S``, for its output). So the GPU route is never
+held up by the GPU: it takes what it can, the cores do the rest (``MEDPROC_GPU_SHARE=0``: every
+case to the GPU, to measure the GPU alone).
 An error of the service (no usable GPU after all) fails the cases with its message.
 ``MEDPROC_GPU_SERVICE=0`` turns the service off: spawned GPU workers, each with its own CUDA
 context (the route before this one, kept for comparison).
@@ -55,7 +60,14 @@ class GpuService:
     looks every second whether the service thread is still alive, and fails its case with a
     clear error if it is not, instead of waiting for ever."""
 
-    def __init__(self, workers: int, spec, nbytes: int | None = None, device: str = "gpu"):
+    def __init__(
+        self,
+        workers: int,
+        spec,
+        nbytes: int | None = None,
+        device: str = "gpu",
+        share: bool | None = None,
+    ):
         import multiprocessing
 
         from ._proxy_arena import Arena, arena_bytes
@@ -73,6 +85,13 @@ class GpuService:
         self._taken = ctx.RawArray("q", workers)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()  # the warm-up is over (done or failed)
+        #: whether workers resample on their CPUs when that is sooner (see the module doc)
+        self.share = os.environ.get("MEDPROC_GPU_SHARE", "1") != "0" if share is None else share
+        self._warm = ctx.Value("b", 0, lock=False)  # 1 once the warm-up is over (as _ready)
+        self._pending = ctx.Value("i", 0)  # requests sent and not yet answered
+        self._per_case = ctx.Value("d", 0.0, lock=False)  # the service's seconds per case
+        self._here = ctx.Value("i", 0)  # cases the workers chose to resample themselves
+        self.local_s: float | None = None  # in a worker: its last resampling's seconds
         self.index: int | None = None  # in a worker: which reply pipe is its own
         self._seq = 0  # in a worker: the number of its last request
         #: (main process) cases answered with an output, and told to resample themselves
@@ -101,6 +120,10 @@ class GpuService:
 
         if not self._alive.value:  # the service has ended (its log says why): resample here
             return None
+        if self.share and not self._worth_waiting():
+            with self._here.get_lock():
+                self._here.value += 1
+            return None
         arrays = [np.asarray(vol.array)] + ([np.asarray(lab.array)] if lab is not None else [])
         slots = []
         for a in arrays:
@@ -110,6 +133,8 @@ class GpuService:
                 return None
             slots.append(s)
         self._seq += 1
+        with self._pending.get_lock():
+            self._pending.value += 1
         self.requests.put((self.index, self._seq, slots, np.asarray(vol.affine)))
         reply = self._reply(vol.meta.get("source", ""), slots)
         if reply is None:  # no room for the output: resample here
@@ -131,6 +156,20 @@ class GpuService:
                 self.arena.release(kept.pop())
 
         return out, out_lab, release
+
+    def _worth_waiting(self) -> bool:
+        """Whether the service would answer sooner than this worker resamples on its own: it
+        is warm, and the requests ahead of this one take less than this worker's last
+        resampling took (before any, yes)."""
+        if not self._warm.value:
+            return False
+        if self.local_s is None:
+            return True
+        return (self._pending.value + 1) * self._per_case.value < self.local_s
+
+    def resampled_here(self, seconds: float) -> None:
+        """A worker resampled a case itself in ``seconds`` (what waiting is compared with)."""
+        self.local_s = seconds if self.local_s is None else 0.5 * (self.local_s + seconds)
 
     def _reply(self, source: str, inputs: list):
         """The reply to this worker's last request (stale ones dropped). If the service has
@@ -178,6 +217,8 @@ class GpuService:
             self._thread = None
 
     def _send(self, req, reply) -> None:
+        with self._pending.get_lock():
+            self._pending.value -= 1
         self.replies[req[0]][1].send((req[1], reply))
 
     def _serve(self) -> None:
@@ -195,16 +236,19 @@ class GpuService:
         except Exception as e:  # noqa: BLE001 - answered to every request below
             error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
         self._ready.set()
+        self._warm.value = 1  # (after a failed warm-up too: requests are answered its error)
         busy = 0.0
         while True:
             first = self.requests.get()
             if first is None:
                 log.info(
-                    "GPU service: %d case(s), %.2f s busy (%.2f resampling, %.2f copying out)",
+                    "GPU service: %d case(s), %.2f s busy (%.2f resampling, %.2f copying out); "
+                    "%d case(s) resampled by the workers meanwhile",
                     self.served,
                     busy,
                     self.seconds["resample"],
                     self.seconds["out"],
+                    self._here.value + self.no_room,
                 )
                 return
             self._taken[first[0]] = first[1]
@@ -223,7 +267,11 @@ class GpuService:
                     self._send(req, error)
             else:
                 self._run(batch)
-            busy += time.perf_counter() - t
+            took = time.perf_counter() - t
+            busy += took
+            per = took / len(batch)
+            old = self._per_case.value
+            self._per_case.value = per if old == 0 else 0.5 * (old + per)
             if stop:
                 return
 

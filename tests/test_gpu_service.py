@@ -60,7 +60,16 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             nbytes = max(load(t.case.source).array.nbytes for t in todo) + 8192
             _gpu_service.ROOM_WAIT_S = 0.3
         todo = todo[: int(n)] if int(n) else todo
-        service = GpuService(2, spec, nbytes=int(nbytes) or None, device="cpu")
+        # every case through the service, except in "share" mode (its warm-up then takes a
+        # while: the workers resample the cases meanwhile, and the service the later ones)
+        service = GpuService(
+            2, spec, nbytes=int(nbytes) or None, device="cpu", share=mode == "share"
+        )
+        if mode == "share":
+            import time
+
+            warm = GpuService._warm_up
+            GpuService._warm_up = lambda self: (time.sleep(2.0), warm(self))[1]
         if mode == "fail-first":  # the first case's volume fails, alone or in a batch
             bad = load(todo[0].case.source).shape
             real = GpuService._resample
@@ -92,7 +101,8 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             service.close()
         assert not any(service.arena._size[:]), "arena pieces were not given back"
     rows = [(r[0].source, r[1], r[3]) for r in res]
-    print(json.dumps({"rows": rows, "served": service.served, "no_room": service.no_room}))
+    counts = {"served": service.served, "no_room": service.no_room, "here": service._here.value}
+    print(json.dumps({"rows": rows, **counts}))
 
 
 def _outputs(folder):
@@ -119,6 +129,36 @@ def test_service_outputs_equal_the_workers_own_and_every_piece_comes_back(sample
     names = _outputs(tmp_path / "here")
     assert names == _outputs(tmp_path / "served") and len(names) >= 5  # images and labels
     _same_files(tmp_path / "here", tmp_path / "served", names)
+
+
+def test_the_workers_resample_while_the_service_warms_up(sample_data, tmp_path):
+    """The GPU route shares the work: while the service warms up, the workers resample the
+    cases themselves. Every case is done once, by one or the other, and the outputs are those
+    of converting in the worker."""
+    with _plan(sample_data, tmp_path / "here", Spec(spacing=2.0)) as here:
+        for t in here.todo:
+            assert _worker(here._args(t))[1] == "ok"
+    got = _served(sample_data, tmp_path / "shared", 2.0, mode="share")
+    assert [r[1] for r in got["rows"]] == ["ok"] * len(here.todo), got
+    assert got["here"] >= 2  # the first case of each worker, at least, came before warm-up
+    assert got["served"] + got["here"] == len(here.todo) and got["no_room"] == 0
+    names = _outputs(tmp_path / "here")
+    _same_files(tmp_path / "here", tmp_path / "shared", names)
+
+
+def test_a_worker_waits_for_the_service_only_when_that_is_sooner():
+    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", share=True)
+    assert not service._worth_waiting()  # warming up
+    service._warm.value = 1
+    assert service._worth_waiting()  # warm, and nothing known about resampling here
+    service.resampled_here(0.2)
+    service._per_case.value = 0.04
+    service._pending.value = 3  # 4 x 0.04 s ahead of it < 0.2 s here
+    assert service._worth_waiting()
+    service._pending.value = 5  # 6 x 0.04 s > 0.2 s
+    assert not service._worth_waiting()
+    service.resampled_here(0.4)  # resampling here got slower (0.3 s on average)
+    assert service._worth_waiting()
 
 
 def test_no_room_in_the_arena_the_worker_resamples_itself(sample_data, tmp_path):
