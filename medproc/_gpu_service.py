@@ -160,11 +160,14 @@ class GpuService:
     def _worth_waiting(self) -> bool:
         """Whether the service would answer sooner than this worker resamples on its own: it
         is warm, and the requests ahead of this one take less than this worker's last
-        resampling took (before any, yes)."""
+        resampling took. A worker that has not resampled yet waits only for an idle service
+        (else it resamples this case, and so learns what its own resampling costs: on the H200
+        node the service was warm before the first request, and workers without a time of
+        their own all queued for it)."""
         if not self._warm.value:
             return False
         if self.local_s is None:
-            return True
+            return self._pending.value == 0
         return (self._pending.value + 1) * self._per_case.value < self.local_s
 
     def resampled_here(self, seconds: float) -> None:

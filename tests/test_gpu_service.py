@@ -150,7 +150,9 @@ def test_a_worker_waits_for_the_service_only_when_that_is_sooner():
     service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", share=True)
     assert not service._worth_waiting()  # warming up
     service._warm.value = 1
-    assert service._worth_waiting()  # warm, and nothing known about resampling here
+    assert service._worth_waiting()  # warm and idle: yes, before any resampling here
+    service._pending.value = 1
+    assert not service._worth_waiting()  # busy, and nothing known about resampling here
     service.resampled_here(0.2)
     service._per_case.value = 0.04
     service._pending.value = 3  # 4 x 0.04 s ahead of it < 0.2 s here
