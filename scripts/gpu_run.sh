@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 (after .gpu-stage/install.sh): GPU tests and benchmarks, results under $OUT.
-#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [train] [traindiag] [convert]
+#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [train] [trainprofile] [traindiag]
+#                           [convert]
 #                           [decode] [cache]
 #   (default: the first five)
 set -uo pipefail
@@ -39,6 +40,14 @@ for k, v in r['methods'].items():
     keys = ('steps_per_s', 'pct_of_limit', 'data_wait_fraction', 'peak_gpu_GiB', 'gpu_memory_vs_tuned')
     print(k, {x: round(v[x], 3) for x in keys if x in v})
 " || tail -20 "$OUT/bench_train.log"
+fi
+if want trainprofile; then
+  # where the engine thread's and the loop's time goes (per-call wall and CPU time)
+  for c in auto host; do
+    timeout 300 python bench/train_profile.py --skip limit tuned --steps 150 --cache $c \
+      --out "$OUT/train_profile_$c.json" > "$OUT/train_profile_$c.log" 2>&1
+    echo "cache=$c"; grep -E "^medproc |wall" "$OUT/train_profile_$c.log" | cut -c1-300
+  done
 fi
 if want traindiag; then
   # where the loader's GPU memory goes in the training process: medproc (cache=host) alone,
