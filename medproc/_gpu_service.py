@@ -21,9 +21,9 @@ The work is shared: a worker resamples its case on its own CPU (DALI's CPU backe
 agrees within float rounding) while the service is still warming up (~1 s: DALI, CUDA), when
 the service's backlog would keep it waiting longer than resampling takes it (the service
 publishes its seconds per case, each worker times its own resampling), and when the arena has
-no room for the case (or, after ``ROOM_WAIT_S``, for its output). So the GPU route is never
-held up by the GPU: it takes what it can, the cores do the rest (``MEDPROC_GPU_SHARE=0``: every
-case to the GPU, to measure the GPU alone).
+no room for the case (or, after ``ROOM_WAIT_S``, for its output): the GPU takes what it can,
+the cores do the rest (a heuristic: ``MEDPROC_GPU_SHARE=0`` sends every case to the GPU, to
+measure the GPU alone).
 An error of the service (no usable GPU after all) fails the cases with its message.
 ``MEDPROC_GPU_SERVICE=0`` turns the service off: spawned GPU workers, each with its own CUDA
 context (the route before this one, kept for comparison).
@@ -88,9 +88,9 @@ class GpuService:
         #: whether workers resample on their CPUs when that is sooner (see the module doc)
         self.share = os.environ.get("MEDPROC_GPU_SHARE", "1") != "0" if share is None else share
         self._warm = ctx.Value("b", 0, lock=False)  # 1 once the warm-up is over (as _ready)
-        self._pending = ctx.Value("i", 0)  # requests sent and not yet answered
+        self._pending = ctx.Value("i", 0)  # requests queued and not yet done by the service
         self._per_case = ctx.Value("d", 0.0, lock=False)  # the service's seconds per case
-        self._here = ctx.Value("i", 0)  # cases the workers chose to resample themselves
+        self._here = ctx.Value("i", 0)  # cases the workers resampled themselves
         self.local_s: float | None = None  # in a worker: its last resampling's seconds
         self.index: int | None = None  # in a worker: which reply pipe is its own
         self._seq = 0  # in a worker: the number of its last request
@@ -114,30 +114,29 @@ class GpuService:
         service's device.
 
         Returns ``(out, out_lab, release)``: volumes whose voxels are views of the arena, and
-        the function that gives them back (call it once they are written); or None when the
-        arena has no room now (resample here instead)."""
+        the function that gives them back (call it once they are written); or None: resample
+        it here (the service has ended, is warming up or would answer later than this worker
+        resamples, or the arena has no room for the case or its output)."""
         from .errors import MedprocError
 
-        if not self._alive.value:  # the service has ended (its log says why): resample here
-            return None
+        if not self._alive.value:  # the service has ended (its log says why)
+            return self._here_instead()
         if self.share and not self._worth_waiting():
-            with self._here.get_lock():
-                self._here.value += 1
-            return None
+            return self._here_instead()
         arrays = [np.asarray(vol.array)] + ([np.asarray(lab.array)] if lab is not None else [])
         slots = []
         for a in arrays:
             s = self.arena.put(a)
             if s is None:
                 self._give_back(slots)
-                return None
+                return self._here_instead()
             slots.append(s)
         self._seq += 1
-        with self._pending.get_lock():
-            self._pending.value += 1
         self.requests.put((self.index, self._seq, slots, np.asarray(vol.affine)))
+        with self._pending.get_lock():  # (taken off again by the service, batch by batch)
+            self._pending.value += 1
         reply = self._reply(vol.meta.get("source", ""), slots)
-        if reply is None:  # no room for the output: resample here
+        if reply is None:  # no room for the output (counted by the service)
             return None
         if isinstance(reply, str):
             raise MedprocError(reply, vol.meta.get("source", ""))
@@ -157,16 +156,21 @@ class GpuService:
 
         return out, out_lab, release
 
+    def _here_instead(self) -> None:
+        with self._here.get_lock():
+            self._here.value += 1
+
     def _worth_waiting(self) -> bool:
         """Whether the service would answer sooner than this worker resamples on its own: it
         is warm, and the requests ahead of this one take less than this worker's last
         resampling took. A worker that has not resampled yet waits only for an idle service
         (else it resamples this case, and so learns what its own resampling costs: on the H200
         node the service was warm before the first request, and workers without a time of
-        their own all queued for it)."""
+        their own all queued for it). Before the service's first batch its time per case is
+        not known either: the same."""
         if not self._warm.value:
             return False
-        if self.local_s is None:
+        if self.local_s is None or not self._per_case.value:
             return self._pending.value == 0
         return (self._pending.value + 1) * self._per_case.value < self.local_s
 
@@ -220,8 +224,6 @@ class GpuService:
             self._thread = None
 
     def _send(self, req, reply) -> None:
-        with self._pending.get_lock():
-            self._pending.value -= 1
         self.replies[req[0]][1].send((req[1], reply))
 
     def _serve(self) -> None:
@@ -246,7 +248,7 @@ class GpuService:
             if first is None:
                 log.info(
                     "GPU service: %d case(s), %.2f s busy (%.2f resampling, %.2f copying out); "
-                    "%d case(s) resampled by the workers meanwhile",
+                    "%d case(s) resampled by the workers",
                     self.served,
                     busy,
                     self.seconds["resample"],
@@ -264,12 +266,16 @@ class GpuService:
                 self._taken[req[0]] = req[1]
                 batch.append(req)
             t = time.perf_counter()
-            if error is not None:
-                for req in batch:
-                    self._give_back(req[2])
-                    self._send(req, error)
-            else:
-                self._run(batch)
+            try:
+                if error is not None:
+                    for req in batch:
+                        self._give_back(req[2])
+                        self._send(req, error)
+                else:
+                    self._run(batch)
+            finally:
+                with self._pending.get_lock():
+                    self._pending.value -= len(batch)
             took = time.perf_counter() - t
             busy += took
             per = took / len(batch)

@@ -15,7 +15,16 @@ from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 from .geometry import apply_affine, is_orthogonal, spacing_of
 from .spec import Spec
 
-__all__ = ["Plan", "make_plan", "intensity_params", "flip_map", "affine_map", "monai_grid"]
+__all__ = [
+    "Plan",
+    "make_plan",
+    "intensity_params",
+    "flip_map",
+    "affine_map",
+    "monai_grid",
+    "input_boxes",
+    "content_motion",
+]
 
 
 def flip_map(shape, axes) -> np.ndarray:
@@ -60,6 +69,33 @@ def affine_map(
     return np.linalg.inv(to_mm) @ np.linalg.inv(fwd) @ to_mm
 
 
+def input_boxes(matrix, out_shape, in_shape, margin: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The box ``[lo, hi)`` of input indices that outputs of ``out_shape`` read through
+    ``matrix`` (output index -> input index): the output grid's corners mapped, ``margin``
+    voxels around them for interpolation, clipped to ``in_shape``. Batched: ``matrix``
+    ``(..., 4, 4)`` and ``in_shape`` ``(..., 3)`` give ``lo``, ``hi`` ``(..., 3)``.
+
+    >>> lo, hi = input_boxes(np.eye(4), (4, 4, 4), (10, 10, 10))
+    >>> lo.tolist(), hi.tolist()
+    ([0, 0, 0], [5, 5, 5])
+    """
+    m = np.asarray(matrix, dtype=np.float64)
+    o = np.asarray(out_shape, dtype=np.float64) - 1
+    corners = np.array([[a, b, c] for a in (0, o[0]) for b in (0, o[1]) for c in (0, o[2])])
+    src = np.einsum("...ij,cj->...ci", m[..., :3, :3], corners) + m[..., None, :3, 3]
+    n = np.asarray(in_shape, dtype=np.int64)
+    lo = np.clip(np.floor(src.min(-2)).astype(np.int64) - margin, 0, n - 1)
+    hi = np.clip(np.ceil(src.max(-2)).astype(np.int64) + margin + 1, lo + 1, n)
+    return lo, hi
+
+
+def content_motion(out_affine, index_map) -> np.ndarray:
+    """The world (RAS mm) motion of the content that an augmentation ``index_map`` on a grid of
+    ``out_affine`` makes (see :meth:`Plan.augmented`); batched over leading axes."""
+    a = np.asarray(out_affine, dtype=np.float64)
+    return a @ np.linalg.inv(np.asarray(index_map, dtype=np.float64)) @ np.linalg.inv(a)
+
+
 @dataclass
 class Plan:
     """A per-volume plan: where the output grid lies and where each output voxel samples the input.
@@ -87,7 +123,7 @@ class Plan:
         the content's world motion so that annotations follow it.
         """
         t = np.asarray(index_map, dtype=np.float64)
-        world = self.out_affine @ np.linalg.inv(t) @ np.linalg.inv(self.out_affine)
+        world = content_motion(self.out_affine, t)
         return replace(self, matrix=self.matrix @ t, motion=world @ self.motion)
 
     def input_region(self, margin: int = 1) -> tuple[tuple[slice, slice, slice], Plan]:
@@ -97,14 +133,7 @@ class Plan:
         the input; slicing the input to ``region`` and executing the returned plan gives the same
         output. ``margin`` voxels are kept around the box for interpolation.
         """
-        o = np.array(self.out_shape, dtype=np.float64) - 1
-        corners = np.array(
-            [[a, b, c, 1.0] for a in (0, o[0]) for b in (0, o[1]) for c in (0, o[2])]
-        )
-        src = (self.matrix @ corners.T).T[:, :3]
-        n = np.array(self.in_shape)
-        lo = np.clip(np.floor(src.min(0)).astype(int) - margin, 0, n - 1)
-        hi = np.clip(np.ceil(src.max(0)).astype(int) + margin + 1, lo + 1, n)
+        lo, hi = input_boxes(self.matrix, self.out_shape, self.in_shape, margin)
         shift = np.eye(4)
         shift[:3, 3] = -lo
         region_affine = self.in_affine @ np.linalg.inv(shift)

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [train] [trainprofile] [traindiag]
 #                           [convert]
 #                           [decode] [cache]
-#   (default: the first five)
+#   (default: tests resample proxy loader convert)
 set -uo pipefail
 export PYTHONPATH=/tmp/site:/tmp/sitk:$PWD MEDPROC_OFFLINE=1 PYTHONUNBUFFERED=1 PATH=/tmp/sitk/bin:$PATH
 # compressed files of pydicom-data, copied to .gpu-data (the package is not installed there)

@@ -380,7 +380,7 @@ def test_a_column_of_back_to_back_rows_is_fed_as_one_batch():
     import torch
 
     from medproc.monai.loader import _gathered
-    from medproc.pipeline.runner import _dense
+    from medproc.pipeline.runner import _dense, _stage_offsets
 
     block = torch.arange(4 * 5 * 6 * 7, dtype=torch.int16).reshape(4, 5, 6, 7)
     rows = list(block.unbind(0))
@@ -391,9 +391,22 @@ def test_a_column_of_back_to_back_rows_is_fed_as_one_batch():
     # rows out of order, of separate memory, or of other shapes stay a list
     for col in ([rows[1], rows[0]], [r.clone() for r in rows], [rows[0], rows[1][:, :3]]):
         assert isinstance(_dense(col), list)
-    flat = torch.arange(2 * 60, dtype=torch.uint8)  # a staged block, viewed apart
-    col = [flat[n * 60 : (n + 1) * 60].view(3, 4, 5) for n in range(2)]
-    assert torch.equal(_dense(col), flat.view(2, 3, 4, 5))
+    # host boxes staged as the engine stages them (images, then labels; sizes that are not
+    # multiples of 256 bytes): each column is one batch
+    imgs = [np.full((5, 6, 7, 1), n, np.int16) for n in range(3)]
+    labs = [np.full((5, 6, 7, 1), n, np.uint8) for n in range(3)]
+    offsets, total = _stage_offsets(imgs + labs)
+    block = torch.zeros(total, dtype=torch.uint8)
+    views = []
+    for a, at in zip(imgs + labs, offsets):
+        v = block[at : at + a.nbytes].view(getattr(torch, a.dtype.name)).view(a.shape)
+        v.copy_(torch.from_numpy(a))
+        views.append(v)
+    for col, src in ((views[:3], imgs), (views[3:], labs)):
+        dense = _dense(col)
+        assert isinstance(dense, torch.Tensor) and dense.shape == (3, 5, 6, 7, 1)
+        assert torch.equal(dense, torch.from_numpy(np.stack(src)))
+    assert offsets[3] % 256 == 0  # a new column starts aligned
 
     # boxes of cached (k, j, i) volumes: copied into one batch, rows seen as (i, j, k)
     vols = [torch.randn(9, 8, 7) for _ in range(3)]

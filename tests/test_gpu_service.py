@@ -65,11 +65,30 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
         service = GpuService(
             2, spec, nbytes=int(nbytes) or None, device="cpu", share=mode == "share"
         )
-        if mode == "share":
+        if mode == "share":  # warm once the workers have resampled two cases themselves
             import time
 
             warm = GpuService._warm_up
-            GpuService._warm_up = lambda self: (time.sleep(2.0), warm(self))[1]
+
+            def slow_warm_up(self):
+                deadline = time.monotonic() + 60
+                while self._here.value < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                warm(self)
+
+            GpuService._warm_up = slow_warm_up
+            import importlib
+
+            resample_mod = importlib.import_module("medproc.resample")  # (the module)
+
+            real_batch, main_pid = resample_mod.resample_batch, os.getpid()
+
+            def slow_in_workers(*a, **k):  # a worker resampling by itself takes a while:
+                if os.getpid() != main_pid:  # the service is warm before it is done
+                    time.sleep(1.0)
+                return real_batch(*a, **k)
+
+            resample_mod.resample_batch = slow_in_workers
         if mode == "fail-first":  # the first case's volume fails, alone or in a batch
             bad = load(todo[0].case.source).shape
             real = GpuService._resample
@@ -100,6 +119,8 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             pool.shutdown()
             service.close()
         assert not any(service.arena._size[:]), "arena pieces were not given back"
+        if mode != "dies":  # (a dead service leaves the requests it never took counted)
+            assert service._pending.value == 0, "the backlog count drifted"
     rows = [(r[0].source, r[1], r[3]) for r in res]
     counts = {"served": service.served, "no_room": service.no_room, "here": service._here.value}
     print(json.dumps({"rows": rows, **counts}))
@@ -131,16 +152,17 @@ def test_service_outputs_equal_the_workers_own_and_every_piece_comes_back(sample
     _same_files(tmp_path / "here", tmp_path / "served", names)
 
 
-def test_the_workers_resample_while_the_service_warms_up(sample_data, tmp_path):
+def test_the_workers_resample_while_the_service_warms_up_then_hand_over(sample_data, tmp_path):
     """The GPU route shares the work: while the service warms up, the workers resample the
-    cases themselves. Every case is done once, by one or the other, and the outputs are those
-    of converting in the worker."""
+    cases themselves, then hand them over. Every case is done once, by one or the other, and
+    the outputs are those of converting in the worker."""
     with _plan(sample_data, tmp_path / "here", Spec(spacing=2.0)) as here:
         for t in here.todo:
             assert _worker(here._args(t))[1] == "ok"
     got = _served(sample_data, tmp_path / "shared", 2.0, mode="share")
     assert [r[1] for r in got["rows"]] == ["ok"] * len(here.todo), got
-    assert got["here"] >= 2  # the first case of each worker, at least, came before warm-up
+    assert got["here"] >= 2  # resampled by the workers while the service warmed up...
+    assert got["served"] >= 1  # ...and handed over once it was warm (and idle)
     assert got["served"] + got["here"] == len(here.todo) and got["no_room"] == 0
     names = _outputs(tmp_path / "here")
     _same_files(tmp_path / "here", tmp_path / "shared", names)
@@ -154,6 +176,7 @@ def test_a_worker_waits_for_the_service_only_when_that_is_sooner():
     service._pending.value = 1
     assert not service._worth_waiting()  # busy, and nothing known about resampling here
     service.resampled_here(0.2)
+    assert not service._worth_waiting()  # busy, and the service's time not known yet
     service._per_case.value = 0.04
     service._pending.value = 3  # 4 x 0.04 s ahead of it < 0.2 s here
     assert service._worth_waiting()

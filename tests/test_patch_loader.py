@@ -127,6 +127,59 @@ def _centres(loader, epochs=1):
     return np.array(labs), np.array(imgs)
 
 
+def test_batched_draw_equals_the_plan_chain_per_patch():
+    """``draw_patches`` computes a batch's geometry at once; each patch must be what composing
+    medproc.plan's steps gives for the same draws: crop plan -> ``augmented`` (the index map)
+    -> ``input_region``, plus the intensity line (flips, turns, rotations, scaling, patches
+    larger than the volume on an axis)."""
+    from medproc.monai.patches import crop_start, draw_patches
+    from medproc.plan import Plan
+
+    loader = PatchLoader(datalist(), SPEC, (20, 20, 12), batch_size=4, prefetch=1)
+    loader.close()
+    augs = [
+        Augment(flip_prob=0.5),
+        Augment(
+            flip_prob=0.5,
+            rotate90_prob=0.5,
+            affine_prob=0.9,
+            range_x=0.4,
+            range_z=0.3,
+            scale_range=0.2,
+            intensity_factors=0.1,
+            intensity_offsets=0.1,
+            scale_intensity_prob=0.5,
+            shift_intensity_prob=0.5,
+        ),
+    ]
+    for patch in ((20, 20, 12), (64, 64, 80)):  # the second is larger than the volumes in k
+        for aug in augs:
+            for seed in range(6):
+                entries = [loader.entries[(seed + n) % len(loader.entries)] for n in range(5)]
+                regions, plans, affines = draw_patches(
+                    entries, patch, loader.sampling, aug, np.random.default_rng(seed)
+                )
+                rng = np.random.default_rng(seed)  # the same draws, one patch at a time
+                for e, region, plan, affine in zip(entries, regions, plans, affines):
+                    use_fg = rng.random() < loader.sampling.pos_ratio
+                    use_fg = (use_fg and e.fg.size > 0) or (not use_fg and e.n_bg == 0)
+                    centre = e.voxel(e.fg_voxel(rng) if use_fg else e.bg_voxel(rng))
+                    crop = np.eye(4)
+                    crop[:3, 3] = crop_start(centre, e.shape, patch)
+                    ref = Plan(e.shape, e.affine, patch, e.affine @ crop, crop)
+                    ref = ref.augmented(aug.index_map(patch, rng))
+                    ref_region, ref = ref.input_region()
+                    scale, shift = aug.intensity(rng)
+                    lo, hi, a, b = e.intensity
+                    assert region == ref_region and plan.in_shape == ref.in_shape
+                    for f in ("in_affine", "out_affine", "matrix", "motion"):
+                        np.testing.assert_allclose(getattr(plan, f), getattr(ref, f), atol=1e-9)
+                    np.testing.assert_allclose(
+                        plan.intensity, (lo, hi, a * scale, b * scale + shift)
+                    )
+                    np.testing.assert_allclose(affine, ref.in_affine @ ref.matrix, atol=1e-9)
+
+
 def test_pos_neg_ratio_and_background_only_negatives(tmp_path):
     """Centres as MONAI's RandCropByPosNegLabeld draws them: foreground with probability
     pos / (pos + neg) (checked against MONAI's own sampler), negatives on label 0 only: the

@@ -317,7 +317,8 @@ class Builder:
                         )
                     if self.cache_dir is None:
                         _unlink(base)  # memory-mapped: the memory goes when the loader does
-                        e.prefault()
+                        if base.startswith("/dev/shm/"):  # in memory: map its pages now
+                            e.prefault()
                     found[n] = e
                 return [self._place(found[n]) for n in range(len(cases))]
             futures = {}

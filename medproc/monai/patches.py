@@ -15,12 +15,13 @@ matrix the engine executes; intensity augmentations fold into the plan's ``a * c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
-from ..plan import Plan, flip_map
+from ..plan import Plan, content_motion, flip_map, input_boxes
 
 __all__ = ["PosNeg", "Augment", "crop_start", "rotation_map", "rot90_map", "draw_patches"]
 
@@ -265,17 +266,49 @@ def crop_start(centre, shape, patch) -> np.ndarray:
     return np.where(n < p, (n - p) // 2, start)
 
 
-def draw_patches(entries, patch, sampling: PosNeg, augment: Augment, rng, margin: int = 1):
-    """One batch of patches of cached volumes (``entries``, one patch each): where each reads
-    the volume and its plan (crop + augmentation + intensity), re-based onto that box.
+def draw_patches(
+    entries: Sequence,
+    patch: Sequence[int],
+    sampling: PosNeg,
+    augment: Augment,
+    rng: np.random.Generator,
+    margin: int = 1,
+) -> tuple[list[tuple[slice, slice, slice]], list[Plan], np.ndarray]:
+    """One batch of patches of cached volumes, one patch per entry: where each reads its volume
+    and its plan (crop + augmentation + intensity), re-based onto that box.
 
-    Per sample, the random draws are made in a fixed order (centre: foreground or background,
-    then the voxel; the augmentation's index map; the intensity scale and shift); the geometry
-    of the whole batch is then computed at once in numpy, ``(B, 4, 4)`` at a time (this runs in
-    the loader's background thread, and every interpreter-held millisecond there is one the
-    training loop may wait for). Returns ``(regions, plans, affines)``: the ``(i, j, k)`` slices
-    of each volume to read, the plans, and where each patch voxel's content lies (``(B, 4, 4)``,
-    the affine of the augmented patch, as MONAI's spatial transforms leave it)."""
+    Per sample the random draws are made in a fixed order (foreground or background, the
+    centre voxel, the augmentation's index map, the intensity scale and shift); the geometry
+    of the whole batch is then computed at once, ``(B, 4, 4)`` at a time, with the functions
+    :meth:`Plan.input_region <medproc.plan.Plan.input_region>` and
+    :meth:`Plan.augmented <medproc.plan.Plan.augmented>` use (this runs in the loader's
+    background thread, where every interpreter-held millisecond is one the training loop may
+    wait for).
+
+    Parameters
+    ----------
+    entries : sequence of cache entries
+        :class:`~medproc.monai._cache_entry.Entry` objects (their ``shape``, ``affine``,
+        ``intensity`` and foreground / background indices).
+    patch : (i, j, k)
+        The patch size.
+    sampling, augment : PosNeg, Augment
+        How centres and augmentations are drawn.
+    rng : numpy.random.Generator
+        The loader's generator.
+    margin : int
+        Voxels kept around each box for interpolation.
+
+    Returns
+    -------
+    regions : list of (slice, slice, slice)
+        The ``(i, j, k)`` box of each volume its patch reads.
+    plans : list of Plan
+        Each patch's plan on its box.
+    affines : ndarray (B, 4, 4)
+        Where each patch voxel's content lies (the augmented patch's affine, as MONAI's
+        spatial transforms leave it).
+    """
     n = len(entries)
     size = np.asarray(patch, dtype=np.int64)
     flat, maps, inten = np.empty(n, np.int64), np.empty((n, 4, 4)), []
@@ -303,18 +336,13 @@ def draw_patches(entries, patch, sampling: PosNeg, augment: Augment, rng, margin
     crop = np.broadcast_to(np.eye(4), (n, 4, 4)).copy()
     crop[:, :3, 3] = starts
     matrix = crop @ maps  # patch index -> volume index
-    # the box each patch reads: its corners through the matrix, a margin for interpolation
-    o = size - 1
-    corners = np.array([[a, b, c] for a in (0, o[0]) for b in (0, o[1]) for c in (0, o[2])])
-    src = np.einsum("bij,cj->bci", matrix[:, :3, :3], corners) + matrix[:, None, :3, 3]
-    lo = np.clip(np.floor(src.min(1)).astype(np.int64) - margin, 0, shapes - 1)
-    hi = np.clip(np.ceil(src.max(1)).astype(np.int64) + margin + 1, lo + 1, shapes)
+    lo, hi = input_boxes(matrix, size, shapes, margin)  # as Plan.input_region, batched
     rebased = matrix.copy()
     rebased[:, :3, 3] -= lo
     box_aff = vol_aff.copy()
     box_aff[:, :3, 3] += np.einsum("bij,bj->bi", vol_aff[:, :3, :3], lo)
     out_aff = vol_aff @ crop
-    motion = out_aff @ np.linalg.inv(maps) @ np.linalg.inv(out_aff)
+    motion = content_motion(out_aff, maps)  # as Plan.augmented, batched
     regions, plans = [], []
     for b, e in enumerate(entries):
         regions.append(tuple(slice(int(x), int(y)) for x, y in zip(lo[b], hi[b])))

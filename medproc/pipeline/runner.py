@@ -118,10 +118,7 @@ class Runner:
                     host.append((n, a.numpy() if isinstance(a, torch.Tensor) else np.asarray(a)))
             if not host:
                 return out
-            offsets, total = [], 0
-            for _, a in host:
-                offsets.append(total)
-                total += -(-max(a.nbytes, 1) // 256) * 256  # aligned for any dtype's view
+            offsets, total = _stage_offsets([a for _, a in host])
             block, copied = ring.get("block"), ring.get("copied")
             if copied is not None:  # the copy that last read this block (long done, normally)
                 copied.synchronize()
@@ -204,6 +201,24 @@ class Runner:
             return dst
         s.synchronize()
         return dst.cpu().numpy()
+
+
+def _stage_offsets(arrays: list) -> tuple[list[int], int]:
+    """Byte offsets of host arrays in one staging block, and the block's size: a run of arrays
+    of one shape and dtype lies back to back (the rows of one batch tensor, which
+    :func:`_dense` feeds to DALI in one piece), each run from a 256-byte boundary.
+
+    >>> _stage_offsets([np.zeros(3, np.int16)] * 2 + [np.zeros(2, np.float32)])
+    ([0, 6, 256], 264)
+    """
+    offsets, total, run = [], 0, None
+    for a in arrays:
+        if (a.shape, a.dtype) != run:
+            run = (a.shape, a.dtype)
+            total = -(-total // 256) * 256
+        offsets.append(total)
+        total += max(a.nbytes, 1)
+    return offsets, total
 
 
 def _dense(tensors: list):
