@@ -395,7 +395,7 @@ def test_a_column_of_back_to_back_rows_is_fed_as_one_batch():
     # multiples of 256 bytes): each column is one batch
     imgs = [np.full((5, 6, 7, 1), n, np.int16) for n in range(3)]
     labs = [np.full((5, 6, 7, 1), n, np.uint8) for n in range(3)]
-    offsets, total = _stage_offsets(imgs + labs)
+    offsets, total = _stage_offsets(imgs + labs, [0, 0, 0, 1, 1, 1])
     block = torch.zeros(total, dtype=torch.uint8)
     views = []
     for a, at in zip(imgs + labs, offsets):
@@ -407,6 +407,8 @@ def test_a_column_of_back_to_back_rows_is_fed_as_one_batch():
         assert isinstance(dense, torch.Tensor) and dense.shape == (3, 5, 6, 7, 1)
         assert torch.equal(dense, torch.from_numpy(np.stack(src)))
     assert offsets[3] % 256 == 0  # a new column starts aligned
+    uneven = [np.zeros((5, 6, 7), np.int16), np.zeros((5, 6, 6), np.int16)]
+    assert all(at % 256 == 0 for at in _stage_offsets(uneven, [0, 0])[0])  # sample by sample
 
     # boxes of cached (k, j, i) volumes: copied into one batch, rows seen as (i, j, k)
     vols = [torch.randn(9, 8, 7) for _ in range(3)]

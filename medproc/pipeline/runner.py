@@ -80,7 +80,9 @@ class Runner:
                     if isinstance(a, torch.Tensor) and a.is_cuda:
                         a.record_stream(self._stream)
             # column by column: a column's host arrays of one size lie back to back when staged
-            flat = self._to_device([row[c] for c in range(len(names)) for row in dhwc], ring)
+            flat = self._to_device(
+                [row[c] for c in range(len(names)) for row in dhwc], ring, len(dhwc)
+            )
             b = len(dhwc)
             for c, name in enumerate(names):
                 self.pipe.feed_input(
@@ -97,7 +99,7 @@ class Runner:
         ).items():
             self.pipe.feed_input(name, np.stack(vals))  # one (B, ...) array: one conversion
 
-    def _to_device(self, arrays: list, ring: dict) -> list:
+    def _to_device(self, arrays: list, ring: dict, column: int | None = None) -> list:
         """Inputs -> CUDA tensors on this runner's side stream. Host arrays of the batch are
         staged together in one pinned block (numpy copies) and cross in one copy, then are
         viewed apart: a few tensor calls per array instead of a copy each (each tensor call of
@@ -116,9 +118,10 @@ class Runner:
                     out[n] = a if on else a.to(dev, non_blocking=True)
                 else:  # in native byte order: the engine's _check converted the others
                     host.append((n, a.numpy() if isinstance(a, torch.Tensor) else np.asarray(a)))
+            columns = [n // column if column else n for n, _ in host]
             if not host:
                 return out
-            offsets, total = _stage_offsets([a for _, a in host])
+            offsets, total = _stage_offsets([a for _, a in host], columns)
             block, copied = ring.get("block"), ring.get("copied")
             if copied is not None:  # the copy that last read this block (long done, normally)
                 copied.synchronize()
@@ -203,19 +206,25 @@ class Runner:
         return dst.cpu().numpy()
 
 
-def _stage_offsets(arrays: list) -> tuple[list[int], int]:
-    """Byte offsets of host arrays in one staging block, and the block's size: a run of arrays
-    of one shape and dtype lies back to back (the rows of one batch tensor, which
-    :func:`_dense` feeds to DALI in one piece), each run from a 256-byte boundary.
+def _stage_offsets(arrays: list, columns: list) -> tuple[list[int], int]:
+    """Byte offsets of host arrays in one staging block, and the block's size. The arrays of a
+    column (``columns[n]`` names each one's) lie back to back when they all share one shape and
+    dtype (the rows of one batch tensor, which :func:`_dense` feeds to DALI in one piece), the
+    column from a 256-byte boundary; otherwise every array starts on one.
 
-    >>> _stage_offsets([np.zeros(3, np.int16)] * 2 + [np.zeros(2, np.float32)])
+    >>> _stage_offsets([np.zeros(3, np.int16)] * 2 + [np.zeros(2, np.float32)], [0, 0, 1])
     ([0, 6, 256], 264)
+    >>> _stage_offsets([np.zeros(3, np.int16), np.zeros(2, np.int16)], [0, 0])
+    ([0, 256], 260)
     """
-    offsets, total, run = [], 0, None
-    for a in arrays:
-        if (a.shape, a.dtype) != run:
-            run = (a.shape, a.dtype)
+    kinds: dict = {}
+    for a, c in zip(arrays, columns):
+        kinds.setdefault(c, set()).add((a.shape, a.dtype))
+    offsets, total, prev = [], 0, None
+    for a, c in zip(arrays, columns):
+        if c != prev or len(kinds[c]) > 1:
             total = -(-total // 256) * 256
+        prev = c
         offsets.append(total)
         total += max(a.nbytes, 1)
     return offsets, total
