@@ -185,21 +185,23 @@ def isolated(a, argv: list[str]) -> None:
         runs += [("medproc", ["--cache", c]) for c in a.cache]
     runs += [("tuned", [])] if "tuned" not in a.skip else []
     res, limit_peak = None, None
-    rest = _without(argv, "--isolate", "--out", "--skip", "--cache")
+    rest = _without(argv, "--isolate", "--out", "--skip", "--cache", "--repeats")
+    every: dict = {}  # method -> its results, one per repeat
     with tempfile.TemporaryDirectory() as tmp:
-        for n, (name, extra) in enumerate(runs):
-            out = os.path.join(tmp, f"{n}.json")
-            others = [k for k in ("limit", "medproc", "tuned") if k != name]
-            cmd = [sys.executable, os.path.abspath(__file__), *rest, *extra, "--skip", *others]
-            subprocess.run([*cmd, "--out", out], check=True)
-            with open(out) as f:
-                one = json.load(f)
-            if name == "medproc" and extra[1] != a.cache[0]:
-                one["methods"] = {f"medproc (cache={extra[1]})": one["methods"]["medproc"]}
-            if res is None:
-                res = one
-            else:
-                res["methods"].update(one["methods"])
+        for r in range(a.repeats):  # interleaved: a slow spell of the machine hits every method
+            for n, (name, extra) in enumerate(runs):
+                out = os.path.join(tmp, f"{r}_{n}.json")
+                others = [k for k in ("limit", "medproc", "tuned") if k != name]
+                cmd = [sys.executable, os.path.abspath(__file__), *rest, *extra, "--skip", *others]
+                subprocess.run([*cmd, "--out", out], check=True)
+                with open(out) as f:
+                    one = json.load(f)
+                if name == "medproc" and extra[1] != a.cache[0]:
+                    one["methods"] = {f"medproc (cache={extra[1]})": one["methods"]["medproc"]}
+                for k, v in one["methods"].items():
+                    every.setdefault(k, []).append(v)
+                res = res or one
+    res["methods"] = {k: _median_run(v) for k, v in every.items()}
     res["args"] = {**vars(a), "isolate": True}
     if "limit" in res["methods"]:
         limit_peak = res["methods"]["limit"]["peak_gpu_GiB"]
@@ -207,6 +209,19 @@ def isolated(a, argv: list[str]) -> None:
             if k != "limit":
                 v["loader_GiB"] = v["peak_gpu_GiB"] - limit_peak
     _finish(res, limit_peak)
+
+
+def _median_run(results: list[dict]) -> dict:
+    """One method's repeats as one result: the median of every number, and each run's
+    steps/s (``steps_per_s_runs``) to show the spread."""
+    import statistics
+
+    out = dict(results[0])
+    for k, v in results[0].items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[k] = statistics.median(x[k] for x in results)
+    out["steps_per_s_runs"] = [x["steps_per_s"] for x in results]
+    return out
 
 
 def _without(argv: list[str], *options: str) -> list[str]:
@@ -260,6 +275,13 @@ def main(argv=None):
         "--isolate",
         action="store_true",
         help="each method in a process of its own (memory peaks not shared between methods)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="with --isolate: run every method this many times, interleaved, and report "
+        "medians (one run varies by a few points of the limit on the H200)",
     )
     ap.add_argument("--out")
     a = ap.parse_args(argv)

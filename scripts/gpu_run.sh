@@ -32,7 +32,9 @@ if want loader; then
 fi
 if want train; then
   # the real loop: each method in a process of its own (GPU memory peaks not shared)
-  timeout 560 python bench/train.py --isolate --cache auto host --out "$OUT/train_h200.json" > "$OUT/bench_train.log" 2>&1
+  # (TRAIN_REPEATS=3: each method three times, interleaved, medians; ~8 minutes)
+  timeout 590 python bench/train.py --isolate --cache auto host --repeats "${TRAIN_REPEATS:-1}" \
+    --out "$OUT/train_h200.json" > "$OUT/bench_train.log" 2>&1
   python3 -c "
 import json
 r = json.load(open('$OUT/train_h200.json'))
