@@ -1,6 +1,6 @@
 """Where the time goes in bench/train.py's loop: per-call wall and CPU time of the loader's
 engine thread (drawing patches, slicing boxes, feeding DALI, collecting outputs) and of the
-training loop (``next(loader)``, ``Tensor.item``), with the same arguments as bench/train.py.
+training loop (``next(loader)``, its ``Queue.get`` of a batch made ahead, ``Tensor.item``), with the same arguments as bench/train.py.
 
     python bench/train_profile.py --skip limit tuned --steps 150 [--cache host] [--out F.json]
     MEDPROC_SWITCH_INTERVAL=0.0005 python bench/train_profile.py ...   # sys.setswitchinterval
@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import queue
 import sys
 import threading
 import time
@@ -92,6 +93,8 @@ def main(argv: list[str]) -> None:
         _timed(owner, name)
     _timed(_loader, "draw_patches", "draw_patches")  # (the loader module's own name for it)
     _timed(torch.Tensor, "item", "Tensor.item")
+    # the loop's wait for a batch the engine made ahead, apart from the rest of next(loader)
+    _timed(queue.Queue, "get", "Queue.get")
     _timed_forever()
     train.main(argv)
     rows = []
