@@ -285,6 +285,8 @@ def main(argv=None):
     )
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    if a.repeats < 1 or (a.repeats > 1 and not a.isolate):
+        ap.error("--repeats needs --isolate and must be >= 1")
     if a.batch % a.num_samples:
         ap.error("--batch must be a multiple of --num-samples (MONAI batches whole volumes)")
     dl = bench_loader.dataset(a.data, a.cases, a.size, a.slices)

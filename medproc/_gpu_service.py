@@ -256,23 +256,26 @@ class GpuService:
                     self._here.value + self.no_room,
                 )
                 return
-            self._taken[first[0]] = first[1]
-            batch, stop = [first], False
-            while len(batch) < BATCH and not self.requests.empty():
-                req = self.requests.get()
-                if req is None:
-                    stop = True
-                    break
-                self._taken[req[0]] = req[1]
-                batch.append(req)
+            batch, stop, ran = [first], False, False
             t = time.perf_counter()
             try:
+                self._taken[first[0]] = first[1]
+                while len(batch) < BATCH and not self.requests.empty():
+                    req = self.requests.get()
+                    if req is None:
+                        stop = True
+                        break
+                    self._taken[req[0]] = req[1]
+                    batch.append(req)
+                ran = True
                 if error is not None:
-                    for req in batch:
-                        self._give_back(req[2])
-                        self._send(req, error)
+                    self._refuse(batch, error)
                 else:
-                    self._run(batch)
+                    self._run(batch)  # (answers its batch whatever happens)
+            except BaseException as e:
+                if not ran:  # taken off the queue, not yet answered
+                    self._refuse(batch, f"{type(e).__name__}: {e}")
+                raise
             finally:
                 with self._pending.get_lock():
                     self._pending.value -= len(batch)
@@ -283,6 +286,16 @@ class GpuService:
             self._per_case.value = per if old == 0 else 0.5 * (old + per)
             if stop:
                 return
+
+    def _refuse(self, batch, message: str) -> None:
+        """Answer every request of ``batch`` with an error, their pieces given back first."""
+        for r in batch:
+            self._give_back(r[2])
+        for r in batch:
+            try:
+                self._send(r, message)
+            except OSError:  # that worker is gone
+                pass
 
     def _warm_up(self) -> None:
         """DALI, the CUDA context and the pipeline, before any case (no PyTorch: numpy in and

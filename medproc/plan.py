@@ -83,6 +83,7 @@ def input_boxes(matrix, out_shape, in_shape, margin: int = 1) -> tuple[np.ndarra
     o = np.asarray(out_shape, dtype=np.float64) - 1
     corners = np.array([[a, b, c] for a in (0, o[0]) for b in (0, o[1]) for c in (0, o[2])])
     src = np.einsum("...ij,cj->...ci", m[..., :3, :3], corners) + m[..., None, :3, 3]
+    src = np.round(src, 9)  # 3 - 1e-16 is 3: floor and ceil not moved by rounding noise
     n = np.asarray(in_shape, dtype=np.int64)
     lo = np.clip(np.floor(src.min(-2)).astype(np.int64) - margin, 0, n - 1)
     hi = np.clip(np.ceil(src.max(-2)).astype(np.int64) + margin + 1, lo + 1, n)

@@ -65,7 +65,7 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
         service = GpuService(
             2, spec, nbytes=int(nbytes) or None, device="cpu", share=mode == "share"
         )
-        if mode == "share":  # warm once the workers have resampled two cases themselves
+        if mode == "share":  # warm once the workers took two cases to resample themselves
             import time
 
             warm = GpuService._warm_up
@@ -83,9 +83,11 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
 
             real_batch, main_pid = resample_mod.resample_batch, os.getpid()
 
-            def slow_in_workers(*a, **k):  # a worker resampling by itself takes a while:
-                if os.getpid() != main_pid:  # the service is warm before it is done
-                    time.sleep(1.0)
+            def slow_in_workers(*a, **k):  # a worker resampling by itself finishes only
+                if os.getpid() != main_pid:  # once the service is warm
+                    deadline = time.monotonic() + 60
+                    while not service._warm.value and time.monotonic() < deadline:
+                        time.sleep(0.01)
                 return real_batch(*a, **k)
 
             resample_mod.resample_batch = slow_in_workers

@@ -226,7 +226,7 @@ def _stage_offsets(arrays: list, columns: list) -> tuple[list[int], int]:
             total = -(-total // 256) * 256
         prev = c
         offsets.append(total)
-        total += max(a.nbytes, 1)
+        total += a.nbytes
     return offsets, total
 
 
