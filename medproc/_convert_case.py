@@ -72,7 +72,7 @@ def _convert_one(
             num_threads=dali_threads,
         )
         if _SERVICE is not None:
-            _SERVICE.resampled_here(time.perf_counter() - t_here)
+            _SERVICE.policy.resampled_here(time.perf_counter() - t_here)
         out, out_lab = res if lab is not None else (res, None)
         release = None
     else:

@@ -17,13 +17,10 @@ itself (importing torch alone took 1.8-2.5 s there, the whole CPU route 3.7 s). 
    worker with a reference to its output, and gives the input pieces back;
 3. the worker compresses and writes the output straight from the arena, then gives it back.
 
-The work is shared: a worker resamples its case on its own CPU (DALI's CPU backend; the output
-agrees within float rounding) while the service is still warming up (~1 s: DALI, CUDA), when
-the service's backlog would keep it waiting longer than resampling takes it (the service
-publishes its seconds per case, each worker times its own resampling), and when the arena has
-no room for the case (or, after ``ROOM_WAIT_S``, for its output): the GPU takes what it can,
-the cores do the rest (a heuristic: ``MEDPROC_GPU_SHARE=0`` sends every case to the GPU, to
-measure the GPU alone).
+The work is shared (:mod:`medproc._gpu_share`): a worker resamples a case on its own CPU (DALI's
+CPU backend; the output agrees within float rounding) while the service warms up, when the
+service's backlog would keep it waiting longer than its own resampling takes, and when the
+arena has no room for the case (or, after ``ROOM_WAIT_S``, for its output).
 An error of the service (no usable GPU after all) fails the cases with its message.
 ``MEDPROC_GPU_SERVICE=0`` turns the service off: spawned GPU workers, each with its own CUDA
 context (the route before this one, kept for comparison).
@@ -37,6 +34,8 @@ import threading
 import time
 
 import numpy as np
+
+from ._gpu_share import SharePolicy
 
 log = logging.getLogger("medproc.convert")
 
@@ -85,13 +84,8 @@ class GpuService:
         self._taken = ctx.RawArray("q", workers)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()  # the warm-up is over (done or failed)
-        #: whether workers resample on their CPUs when that is sooner (see the module doc)
-        self.share = os.environ.get("MEDPROC_GPU_SHARE", "1") != "0" if share is None else share
-        self._warm = ctx.Value("b", 0, lock=False)  # 1 once the warm-up is over (as _ready)
-        self._pending = ctx.Value("i", 0)  # requests queued and not yet done by the service
-        self._per_case = ctx.Value("d", 0.0, lock=False)  # the service's seconds per case
-        self._here = ctx.Value("i", 0)  # cases the workers resampled themselves
-        self.local_s: float | None = None  # in a worker: its last resampling's seconds
+        #: who resamples what: the service or the worker (:mod:`medproc._gpu_share`)
+        self.policy = SharePolicy(ctx, share)
         self.index: int | None = None  # in a worker: which reply pipe is its own
         self._seq = 0  # in a worker: the number of its last request
         #: (main process) cases answered with an output, and told to resample themselves
@@ -120,21 +114,20 @@ class GpuService:
         from .errors import MedprocError
 
         if not self._alive.value:  # the service has ended (its log says why)
-            return self._here_instead()
-        if self.share and not self._worth_waiting():
-            return self._here_instead()
+            return self.policy.here_instead()
+        if not self.policy.worth_waiting():
+            return self.policy.here_instead()
         arrays = [np.asarray(vol.array)] + ([np.asarray(lab.array)] if lab is not None else [])
         slots = []
         for a in arrays:
             s = self.arena.put(a)
             if s is None:
                 self._give_back(slots)
-                return self._here_instead()
+                return self.policy.here_instead()
             slots.append(s)
         self._seq += 1
         self.requests.put((self.index, self._seq, slots, np.asarray(vol.affine)))
-        with self._pending.get_lock():  # (taken off again by the service, batch by batch)
-            self._pending.value += 1
+        self.policy.sent()  # (taken off again by the service, batch by batch)
         reply = self._reply(vol.meta.get("source", ""), slots)
         if reply is None:  # no room for the output (counted by the service)
             return None
@@ -155,28 +148,6 @@ class GpuService:
                 self.arena.release(kept.pop())
 
         return out, out_lab, release
-
-    def _here_instead(self) -> None:
-        with self._here.get_lock():
-            self._here.value += 1
-
-    def _worth_waiting(self) -> bool:
-        """Whether the service would answer sooner than this worker resamples on its own: it
-        is warm, and the requests ahead of this one take less than this worker's last
-        resampling took. A worker that has not resampled yet waits only for an idle service
-        (else it resamples this case, and so learns what its own resampling costs: on the H200
-        node the service was warm before the first request, and workers without a time of
-        their own all queued for it). Before the service's first batch its time per case is
-        not known either: the same."""
-        if not self._warm.value:
-            return False
-        if self.local_s is None or not self._per_case.value:
-            return self._pending.value == 0
-        return (self._pending.value + 1) * self._per_case.value < self.local_s
-
-    def resampled_here(self, seconds: float) -> None:
-        """A worker resampled a case itself in ``seconds`` (what waiting is compared with)."""
-        self.local_s = seconds if self.local_s is None else 0.5 * (self.local_s + seconds)
 
     def _reply(self, source: str, inputs: list):
         """The reply to this worker's last request (stale ones dropped). If the service has
@@ -241,7 +212,7 @@ class GpuService:
         except Exception as e:  # noqa: BLE001 - answered to every request below
             error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
         self._ready.set()
-        self._warm.value = 1  # (after a failed warm-up too: requests are answered its error)
+        self.policy.warm.value = 1  # (after a failed warm-up too: answered its error)
         busy = 0.0
         while True:
             first = self.requests.get()
@@ -253,7 +224,7 @@ class GpuService:
                     busy,
                     self.seconds["resample"],
                     self.seconds["out"],
-                    self._here.value + self.no_room,
+                    self.policy.here.value + self.no_room,
                 )
                 return
             batch, stop, ran = [first], False, False
@@ -277,13 +248,9 @@ class GpuService:
                     self._refuse(batch, f"{type(e).__name__}: {e}")
                 raise
             finally:
-                with self._pending.get_lock():
-                    self._pending.value -= len(batch)
-            took = time.perf_counter() - t
+                took = time.perf_counter() - t
+                self.policy.done(len(batch), took)
             busy += took
-            per = took / len(batch)
-            old = self._per_case.value
-            self._per_case.value = per if old == 0 else 0.5 * (old + per)
             if stop:
                 return
 

@@ -72,7 +72,7 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
 
             def slow_warm_up(self):
                 deadline = time.monotonic() + 60
-                while self._here.value < 2 and time.monotonic() < deadline:
+                while self.policy.here.value < 2 and time.monotonic() < deadline:
                     time.sleep(0.01)
                 warm(self)
 
@@ -86,7 +86,7 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             def slow_in_workers(*a, **k):  # a worker resampling by itself finishes only
                 if os.getpid() != main_pid:  # once the service is warm
                     deadline = time.monotonic() + 60
-                    while not service._warm.value and time.monotonic() < deadline:
+                    while not service.policy.warm.value and time.monotonic() < deadline:
                         time.sleep(0.01)
                 return real_batch(*a, **k)
 
@@ -122,9 +122,13 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             service.close()
         assert not any(service.arena._size[:]), "arena pieces were not given back"
         if mode != "dies":  # (a dead service leaves the requests it never took counted)
-            assert service._pending.value == 0, "the backlog count drifted"
+            assert service.policy.pending.value == 0, "the backlog count drifted"
     rows = [(r[0].source, r[1], r[3]) for r in res]
-    counts = {"served": service.served, "no_room": service.no_room, "here": service._here.value}
+    counts = {
+        "served": service.served,
+        "no_room": service.no_room,
+        "here": service.policy.here.value,
+    }
     print(json.dumps({"rows": rows, **counts}))
 
 
@@ -172,20 +176,20 @@ def test_the_workers_resample_while_the_service_warms_up_then_hand_over(sample_d
 
 def test_a_worker_waits_for_the_service_only_when_that_is_sooner():
     service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", share=True)
-    assert not service._worth_waiting()  # warming up
-    service._warm.value = 1
-    assert service._worth_waiting()  # warm and idle: yes, before any resampling here
-    service._pending.value = 1
-    assert not service._worth_waiting()  # busy, and nothing known about resampling here
-    service.resampled_here(0.2)
-    assert not service._worth_waiting()  # busy, and the service's time not known yet
-    service._per_case.value = 0.04
-    service._pending.value = 3  # 4 x 0.04 s ahead of it < 0.2 s here
-    assert service._worth_waiting()
-    service._pending.value = 5  # 6 x 0.04 s > 0.2 s
-    assert not service._worth_waiting()
-    service.resampled_here(0.4)  # resampling here got slower (0.3 s on average)
-    assert service._worth_waiting()
+    assert not service.policy.worth_waiting()  # warming up
+    service.policy.warm.value = 1
+    assert service.policy.worth_waiting()  # warm and idle: yes, before any resampling here
+    service.policy.pending.value = 1
+    assert not service.policy.worth_waiting()  # busy, and nothing known about resampling here
+    service.policy.resampled_here(0.2)
+    assert not service.policy.worth_waiting()  # busy, and the service's time not known yet
+    service.policy.per_case.value = 0.04
+    service.policy.pending.value = 3  # 4 x 0.04 s ahead of it < 0.2 s here
+    assert service.policy.worth_waiting()
+    service.policy.pending.value = 5  # 6 x 0.04 s > 0.2 s
+    assert not service.policy.worth_waiting()
+    service.policy.resampled_here(0.4)  # resampling here got slower (0.3 s on average)
+    assert service.policy.worth_waiting()
 
 
 def test_no_room_in_the_arena_the_worker_resamples_itself(sample_data, tmp_path):
