@@ -135,14 +135,17 @@ def _reads_inside(plan: Plan) -> bool:
     )
 
 
-def to_dhwc(a):
-    """An ``(i, j, k[, C])`` array or tensor as DALI's DHWC: the transposed view, contiguous
-    (no copy when i is fastest in memory, as readers return it)."""
+def to_dhwc(a, contiguous: bool = True):
+    """An ``(i, j, k[, C])`` array or tensor as DALI's DHWC: the transposed view, made
+    contiguous (no copy when i is fastest in memory, as readers return it). ``contiguous=False``
+    leaves host arrays a view (for a caller that copies them anyway); tensors are always made
+    contiguous (CUDA tensors are fed as they are)."""
     if a.ndim == 3:
         a = a[..., None]
     if hasattr(a, "permute"):
         return a.permute(2, 1, 0, 3).contiguous()
-    return np.ascontiguousarray(a.transpose(2, 1, 0, 3))
+    a = np.asarray(a).transpose(2, 1, 0, 3)
+    return np.ascontiguousarray(a) if contiguous else a
 
 
 def dali_matrix(plan: Plan) -> np.ndarray:

@@ -59,7 +59,7 @@ class Runner:
         staged = self.device == "gpu" and _torch_here(arrays)
         # host arrays staged in a pinned block are copied there from a DHWC view: a contiguous
         # DHWC copy first would copy each (strided) box twice
-        dhwc = [[_dhwc_view(a) if staged else to_dhwc(a) for a in row] for row in arrays]
+        dhwc = [[to_dhwc(a, contiguous=not staged) for a in row] for row in arrays]
         if self.device == "gpu" and not staged:
             # numpy in a process without PyTorch (``medproc convert --device gpu``'s service):
             # DALI copies the host arrays to the GPU itself
@@ -281,15 +281,6 @@ def stacked(tensors: list):
     if not first.is_cuda:
         return torch.from_numpy(np.stack([t.numpy() for t in tensors]))
     return torch.stack(tensors)
-
-
-def _dhwc_view(a):
-    """DALI's DHWC of an ``(i, j, k[, C])`` array: a view of host arrays (copied into the
-    pinned staging block from it), contiguous for tensors (CUDA tensors are fed as they are)."""
-    if _is_torch(a):
-        return to_dhwc(a)
-    a = np.asarray(a)
-    return (a[..., None] if a.ndim == 3 else a).transpose(2, 1, 0, 3)
 
 
 def _torch_here(dhwc: list) -> bool:
