@@ -6,6 +6,9 @@ cache, atomically.
 pigz-style: parts of :data:`GZIP_PART` bytes, each compressed with the 32 KiB before it as
 dictionary, by ``threads`` threads while the next parts are serialised, and written in order.
 The file is one gzip member; its bytes depend on the data only, not on the number of threads.
+(``isal.igzip_threaded`` does the compressing alike but cannot be seeked, which nibabel's
+writer does in place, so the image would be serialised to bytes first: 0.114 vs 0.086 s for a
+240 x 240 x 170 float32 image with 2 threads on the 2-core machine.)
 """
 
 from __future__ import annotations
