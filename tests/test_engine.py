@@ -391,24 +391,32 @@ def test_a_column_of_back_to_back_rows_is_fed_as_one_batch():
     # rows out of order, of separate memory, or of other shapes stay a list
     for col in ([rows[1], rows[0]], [r.clone() for r in rows], [rows[0], rows[1][:, :3]]):
         assert isinstance(_dense(col), list)
-    # host boxes staged as the engine stages them (images, then labels; sizes that are not
-    # multiples of 256 bytes): each column is one batch
-    imgs = [np.full((5, 6, 7, 1), n, np.int16) for n in range(3)]
-    labs = [np.full((5, 6, 7, 1), n, np.uint8) for n in range(3)]
-    offsets, total = _stage_offsets(imgs + labs, [0, 0, 0, 1, 1, 1])
-    block = torch.zeros(total, dtype=torch.uint8)
-    views = []
-    for a, at in zip(imgs + labs, offsets):
-        v = block[at : at + a.nbytes].view(getattr(torch, a.dtype.name)).view(a.shape)
-        v.copy_(torch.from_numpy(a))
-        views.append(v)
-    for col, src in ((views[:3], imgs), (views[3:], labs)):
+
+    # host boxes staged as the engine stages them (images, then labels), every one on a
+    # 256-byte boundary: boxes of a multiple of 256 bytes (as 96^3 int16 and uint8 ones) make
+    # each column one batch; others stay sample by sample
+    def staged(imgs, labs):
+        offsets, total = _stage_offsets(imgs + labs)
+        assert all(at % 256 == 0 for at in offsets)
+        block = torch.zeros(total, dtype=torch.uint8)
+        views = []
+        for a, at in zip(imgs + labs, offsets):
+            v = block[at : at + a.nbytes].view(getattr(torch, a.dtype.name)).view(a.shape)
+            v.copy_(torch.from_numpy(a))
+            views.append(v)
+        return views[: len(imgs)], views[len(imgs) :]
+
+    imgs = [np.full((8, 4, 8, 1), n, np.int16) for n in range(3)]  # 512 bytes
+    labs = [np.full((8, 4, 8, 1), n, np.uint8) for n in range(3)]  # 256 bytes
+    for col, src in zip(staged(imgs, labs), (imgs, labs)):
         dense = _dense(col)
-        assert isinstance(dense, torch.Tensor) and dense.shape == (3, 5, 6, 7, 1)
+        assert isinstance(dense, torch.Tensor) and dense.shape == (3, 8, 4, 8, 1)
         assert torch.equal(dense, torch.from_numpy(np.stack(src)))
-    assert offsets[3] % 256 == 0  # a new column starts aligned
-    uneven = [np.zeros((5, 6, 7), np.int16), np.zeros((5, 6, 6), np.int16)]
-    assert all(at % 256 == 0 for at in _stage_offsets(uneven, [0, 0])[0])  # sample by sample
+    odd = [np.full((5, 6, 7, 1), n, np.int16) for n in range(3)]  # 420 bytes
+    col, _ = staged(odd, [])
+    assert isinstance(_dense(col), list) and all(
+        torch.equal(c, torch.from_numpy(o)) for c, o in zip(col, odd)
+    )
 
     # boxes of cached (k, j, i) volumes: copied into one batch, rows seen as (i, j, k)
     vols = [torch.randn(9, 8, 7) for _ in range(3)]

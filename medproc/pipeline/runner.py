@@ -79,10 +79,9 @@ class Runner:
                 for a in row:
                     if isinstance(a, torch.Tensor) and a.is_cuda:
                         a.record_stream(self._stream)
-            # column by column: a column's host arrays of one size lie back to back when staged
-            flat = self._to_device(
-                [row[c] for c in range(len(names)) for row in dhwc], ring, len(dhwc)
-            )
+            # column by column: a column's host boxes of one size may lie back to back (see
+            # _stage_offsets)
+            flat = self._to_device([row[c] for c in range(len(names)) for row in dhwc], ring)
             b = len(dhwc)
             for c, name in enumerate(names):
                 self.pipe.feed_input(
@@ -99,7 +98,7 @@ class Runner:
         ).items():
             self.pipe.feed_input(name, np.stack(vals))  # one (B, ...) array: one conversion
 
-    def _to_device(self, arrays: list, ring: dict, column: int | None = None) -> list:
+    def _to_device(self, arrays: list, ring: dict) -> list:
         """Inputs -> CUDA tensors on this runner's side stream. Host arrays of the batch are
         staged together in one pinned block (numpy copies) and cross in one copy, then are
         viewed apart: a few tensor calls per array instead of a copy each (each tensor call of
@@ -118,10 +117,9 @@ class Runner:
                     out[n] = a if on else a.to(dev, non_blocking=True)
                 else:  # in native byte order: the engine's _check converted the others
                     host.append((n, a.numpy() if isinstance(a, torch.Tensor) else np.asarray(a)))
-            columns = [n // column if column else n for n, _ in host]
             if not host:
                 return out
-            offsets, total = _stage_offsets([a for _, a in host], columns)
+            offsets, total = _stage_offsets([a for _, a in host])
             block, copied = ring.get("block"), ring.get("copied")
             if copied is not None:  # the copy that last read this block (long done, normally)
                 copied.synchronize()
@@ -206,25 +204,18 @@ class Runner:
         return dst.cpu().numpy()
 
 
-def _stage_offsets(arrays: list, columns: list) -> tuple[list[int], int]:
-    """Byte offsets of host arrays in one staging block, and the block's size. The arrays of a
-    column (``columns[n]`` names each one's) lie back to back when they all share one shape and
-    dtype (the rows of one batch tensor, which :func:`_dense` feeds to DALI in one piece), the
-    column from a 256-byte boundary; otherwise every array starts on one.
+def _stage_offsets(arrays: list) -> tuple[list[int], int]:
+    """Byte offsets of host arrays in one staging block (each on a 256-byte boundary), and the
+    block's size. Arrays of one shape whose size is a multiple of 256 bytes lie back to back:
+    the rows of one batch tensor, which :func:`_dense` feeds to DALI in one piece; others
+    (e.g. 98^3 boxes: 96^3 patches and their interpolation margin) go sample by sample.
 
-    >>> _stage_offsets([np.zeros(3, np.int16)] * 2 + [np.zeros(2, np.float32)], [0, 0, 1])
-    ([0, 6, 256], 264)
-    >>> _stage_offsets([np.zeros(3, np.int16), np.zeros(2, np.int16)], [0, 0])
-    ([0, 256], 260)
+    >>> _stage_offsets([np.zeros(128, np.int16)] * 2 + [np.zeros(3, np.float32)])
+    ([0, 256, 512], 524)
     """
-    kinds: dict = {}
-    for a, c in zip(arrays, columns):
-        kinds.setdefault(c, set()).add((a.shape, a.dtype))
-    offsets, total, prev = [], 0, None
-    for a, c in zip(arrays, columns):
-        if c != prev or len(kinds[c]) > 1:
-            total = -(-total // 256) * 256
-        prev = c
+    offsets, total = [], 0
+    for a in arrays:
+        total = -(-total // 256) * 256
         offsets.append(total)
         total += a.nbytes
     return offsets, total
@@ -232,10 +223,10 @@ def _stage_offsets(arrays: list, columns: list) -> tuple[list[int], int]:
 
 def _dense(tensors: list):
     """A column of CUDA samples as one ``(B, ...)`` tensor when they are back-to-back rows of one
-    memory block (equal shapes and dtypes, contiguous, in order: as :func:`_gathered` boxes and
-    staged host boxes lie), so that DALI takes the batch in one piece instead of converting
-    sample by sample (each conversion is interpreter time in the engine's thread, time a
-    training loop waits for); else the list as it is."""
+    memory block (equal shapes and dtypes, contiguous, in order: as :func:`_gathered` boxes lie,
+    and staged host boxes of a multiple of 256 bytes), so that DALI takes the batch in one piece
+    instead of converting sample by sample (each conversion is interpreter time in the engine's
+    thread, time a training loop waits for); else the list as it is."""
     first = tensors[0]
     step = first.numel()
     base = first.untyped_storage().data_ptr()
