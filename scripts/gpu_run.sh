@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H200 (after .gpu-stage/install.sh): GPU tests and benchmarks, results under $OUT.
-#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [train] [trainprofile] [traindiag]
+#   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [train] [pace] [trainprofile] [traindiag]
 #                           [convert]
 #                           [decode] [cache]
 #   (default: tests resample proxy loader convert)
@@ -42,6 +42,24 @@ for k, v in r['methods'].items():
     keys = ('steps_per_s', 'pct_of_limit', 'data_wait_fraction', 'peak_gpu_GiB', 'gpu_memory_vs_tuned')
     print(k, {x: round(v[x], 3) for x in keys if x in v})
 " || tail -20 "$OUT/bench_train.log"
+fi
+if want pace; then
+  # pacing A/B (medproc.pipeline.pace): MEDPROC_PACE=0 (off) against the default, interleaved,
+  # each cache, PACE_REPEATS times; the limit once
+  for r in $(seq "${PACE_REPEATS:-2}"); do
+    for p in 0 "${PACE_TRY:-0.35}"; do
+      skip="tuned"; [ "$r$p" = "10" ] || skip="tuned limit"
+      MEDPROC_PACE=$p timeout 300 python bench/train.py --isolate --skip $skip --cache auto host \
+        --out "$OUT/pace_${p}_$r.json" > "$OUT/pace_${p}_$r.log" 2>&1
+      python3 -c "
+import json
+r = json.load(open('$OUT/pace_${p}_$r.json'))
+for k, v in r['methods'].items():
+    keys = ('steps_per_s', 'data_wait_fraction', 'peak_gpu_GiB', 'pace_wait_ms_per_batch')
+    print('pace=$p run $r', k, {x: round(v[x], 3) for x in keys if x in v})
+" || tail -5 "$OUT/pace_${p}_$r.log"
+    done
+  done
 fi
 if want trainprofile; then
   # where the engine thread's and the loop's time goes (per-call wall and CPU time)

@@ -429,3 +429,80 @@ def test_a_column_of_back_to_back_rows_is_fed_as_one_batch():
     assert [tuple(g.shape) for g in uneven] == [(7, 8, 4), (7, 8, 3)]
     host = [np.zeros((2, 2, 2))]
     assert _gathered(host) is host
+
+
+def test_pacer_waits_a_fraction_of_the_consumers_interval_only_while_batches_are_ready(
+    monkeypatch,
+):
+    from medproc.pipeline import pace
+
+    clock = [100.0]
+    monkeypatch.setattr(pace.time, "perf_counter", lambda: clock[0])
+    p = pace.Pacer(0.5)
+    p.took()
+    assert p.delay(ready=4) == 0.0  # no interval known yet
+    for _ in range(3):  # takes every 40 ms
+        clock[0] += 0.040
+        p.took()
+    assert p.interval == pytest.approx(0.040)
+    clock[0] += 0.005
+    assert p.delay(ready=3) == pytest.approx(0.015)  # half the interval after the take
+    assert p.delay(ready=pace.MIN_READY - 1) == 0.0  # behind: work at once
+    clock[0] += 0.030
+    assert p.delay(ready=4) == 0.0  # that moment has passed
+    clock[0] += 1.0  # a pause (validation, a new epoch) longer than 4 intervals: not counted
+    p.took()
+    assert p.interval == pytest.approx(0.040)
+    clock[0] += 0.050
+    p.took()
+    assert p.interval == pytest.approx(0.042)  # a slower step moves the estimate part way
+    assert pace.Pacer(0.0).delay(ready=4) == 0.0
+    p.interval = 10.0  # never longer than MAX_WAIT
+    assert p.delay(ready=4) == pytest.approx(pace.MAX_WAIT)
+
+
+@pytest.mark.parametrize("bad", ["x", "-0.1", "1.5"])
+def test_pace_setting_is_checked(monkeypatch, bad):
+    from medproc.pipeline.pace import pace_fraction
+
+    monkeypatch.setenv("MEDPROC_PACE", bad)
+    with pytest.raises(ValueError, match="MEDPROC_PACE"):
+        pace_fraction()
+    monkeypatch.setenv("MEDPROC_PACE", "0.2")
+    assert pace_fraction() == 0.2
+
+
+def test_paced_stream_starts_each_batch_in_the_consumers_wait():
+    """A consumer taking a batch every 60 ms: with pace=0.5 the engine's thread starts each
+    batch (its host work) about 30 ms after the take, without it at once; results unchanged."""
+    import time
+
+    cases = _cases(2, seed=6)
+    eng = Engine("cpu", batch_size=1)
+    graph = Graph.from_spec(SPEC)
+    plan = make_plan(cases[0][0].shape, cases[0][0].affine, SPEC)
+    ref = eng.run([Job(cases[0][0].array, plan)], graph)[0][0]
+
+    def run(pace):
+        started, took = [], []
+
+        def items():
+            for n in range(16):
+                started.append(time.perf_counter())
+                yield [Job(cases[0][0].array, plan)], graph, n
+
+        it = eng.stream(items(), as_torch=False, ahead=4, pace=pace)
+        got = []
+        for res, n in it:
+            took.append(time.perf_counter())
+            got.append(n)
+            np.testing.assert_array_equal(res[0][0], ref)
+            time.sleep(0.06)  # the loop's step (the interpreter lock released, as in a wait)
+        assert got == list(range(16))
+        # batch n + 6 is started once batch n is taken (4 in the queue, one waiting to be put,
+        # one fed); from the third take on the interval is known and the queue is full
+        lags = [started[n + 6] - took[n] for n in range(3, 10)]
+        return float(np.median(lags))
+
+    assert 0.0 <= run(0.0) < 0.010
+    assert 0.020 < run(0.5) < 0.050

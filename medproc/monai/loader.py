@@ -140,6 +140,7 @@ class PatchLoader:
     ):
         from ..pipeline import Engine, Graph
         from ..pipeline.engine import default_threads
+        from ..pipeline.pace import pace_fraction
 
         if not isinstance(sampling, PosNeg):
             raise TypeError(f"sampling must be a PosNeg(...), got {type(sampling).__name__}")
@@ -179,6 +180,8 @@ class PatchLoader:
         self.device = device
         self.device_id = torch.cuda.current_device() if device == "gpu" else 0
         self.prefetch = prefetch
+        #: GPU: the engine's thread makes a batch in the loop's waits (:mod:`..pipeline.pace`)
+        self.pace = pace_fraction() if device == "gpu" else 0.0
         self.rng = np.random.default_rng([seed, self.shard_id])
         self.epoch = 0
         #: volumes per epoch: the same on every shard
@@ -297,7 +300,7 @@ class PatchLoader:
             self.close()
         if self._feed is None:
             self._feed = self._engine.stream(
-                _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch
+                _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch, pace=self.pace
             )
         self._left = len(self)
         self._token += 1

@@ -252,7 +252,9 @@ class Engine:
             self._stream = torch.cuda.Stream(device=self.device_id)
         return self._stream
 
-    def stream(self, items: Iterable, as_torch: bool = True, ahead: int = 2) -> Iterator[tuple]:
+    def stream(
+        self, items: Iterable, as_torch: bool = True, ahead: int = 2, pace: float = 0.0
+    ) -> Iterator[tuple]:
         """Run ``(jobs, graph, extra)`` items in a background thread, ``ahead`` batches in
         advance of the caller; yields ``(results, extra)`` in order.
 
@@ -263,8 +265,15 @@ class Engine:
         stream, and an output's samples may be the rows of one batch tensor
         (:func:`~medproc.pipeline.runner.stacked` gives it back without a copy). Errors are
         raised in the caller; closing the iterator stops the thread.
+
+        ``pace`` (a fraction; 0: off): while batches are ready, the thread starts the next one
+        that fraction of the caller's interval after the caller took the last, so that its
+        interpreter time falls in the caller's waits (:mod:`.pace`; for training loops).
         """
+        from .pace import Pacer
+
         q: queue.Queue = queue.Queue(maxsize=max(1, int(ahead)))
+        pacer = self.pacer = Pacer(pace)
         stop = threading.Event()
         end = object()
         gpu = self.device == "gpu"
@@ -304,6 +313,7 @@ class Engine:
                             ev.record(s)
                         if not put((res, extra, ev)):
                             return
+                        pacer.wait(q.qsize(), stop)
                 put(end)
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller
                 put(e)
@@ -313,6 +323,7 @@ class Engine:
         try:
             while True:
                 item = q.get()
+                pacer.took()
                 if item is end:
                     return
                 if isinstance(item, BaseException):
