@@ -181,6 +181,8 @@ def test_a_worker_waits_for_the_service_only_when_that_is_sooner():
     assert service.policy.worth_waiting()  # warm and idle: yes, before any resampling here
     service.policy.pending.value = 1
     assert not service.policy.worth_waiting()  # busy, and nothing known about resampling here
+    service.policy.resampled_here(1.5)  # the first: DALI's import and pipeline build included
+    assert service.policy.local_s is None  # not counted
     service.policy.resampled_here(0.2)
     assert not service.policy.worth_waiting()  # busy, and the service's time not known yet
     service.policy.per_case.value = 0.04
