@@ -169,7 +169,7 @@ def train(name: str, make_loader, a, limit_peak: float | None = None) -> dict:
     host = getattr(loader, "host_seconds", None)
     if host is not None:
         out["host_ms_per_batch"] = 1000 * host / max(1, loader.batches_made)
-    pacer = getattr(getattr(loader, "_engine", None), "pacer", None)
+    pacer = getattr(loader, "pacer", None)
     if pacer is not None:  # PatchLoader's engine thread: waits for the loop's quiet phase
         out["pace"] = pacer.fraction
         out["pace_wait_ms_per_batch"] = 1000 * pacer.waited / max(1, loader.batches_made)

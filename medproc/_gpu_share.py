@@ -4,8 +4,9 @@ for each case, to hand it to the service or resample it on its own CPU.
 
 A worker resamples the case itself while the service warms up, and when the requests ahead of
 it would take the service longer than the worker's own last resampling took (the service
-publishes its seconds per case, each worker times itself). A worker that has not resampled yet,
-or a service whose time per case is not known yet, gets a case only when it is idle: on the
+publishes its seconds per case, each worker times itself; its first resampling, which includes
+importing DALI and building its pipeline, is not counted). A worker without a time of its own
+yet, or a service whose time per case is not known yet, gets a case only when it is idle: on the
 H200 node the service was warm before the first request, and workers without a time of their
 own all queued for it. ``MEDPROC_GPU_SHARE=0`` (or ``share=False``) sends every case to the
 service, to measure the GPU alone.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["SharePolicy"]
+__all__ = ["SharePolicy", "service_wanted"]
 
 
 class SharePolicy:
@@ -69,3 +70,19 @@ class SharePolicy:
         if cases:
             per, old = seconds / cases, self.per_case.value
             self.per_case.value = per if old == 0 else 0.5 * (old + per)
+
+
+def service_wanted(device: str, executor, dask, dry_run: bool) -> bool:
+    """Whether a batch uses the GPU service (:mod:`medproc._gpu_service`): ``--device gpu`` on
+    Linux, with medproc's own pool, from a process that has neither DALI nor CUDA yet (so
+    that it can fork the workers and the service)."""
+    from ._procs import can_fork
+
+    return (
+        device == "gpu"
+        and executor is None
+        and not dask
+        and not dry_run
+        and can_fork("cpu")
+        and os.environ.get("MEDPROC_GPU_SERVICE", "1") != "0"
+    )

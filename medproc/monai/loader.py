@@ -117,7 +117,9 @@ class PatchLoader:
         :func:`medproc.pipeline.engine.default_threads` (this process's share of the cores when
         ``LOCAL_WORLD_SIZE`` ranks share the machine).
     prefetch : int
-        Batches prepared ahead of the training loop in the engine's background thread.
+        Batches prepared ahead of the training loop in the engine's background thread. On the
+        GPU the thread is paced (:mod:`medproc.pipeline.pace`) while two or more are ready, so
+        ``prefetch=1`` turns pacing off.
     """
 
     def __init__(
@@ -140,7 +142,7 @@ class PatchLoader:
     ):
         from ..pipeline import Engine, Graph
         from ..pipeline.engine import default_threads
-        from ..pipeline.pace import pace_fraction
+        from ..pipeline.pace import Pacer, pace_fraction
 
         if not isinstance(sampling, PosNeg):
             raise TypeError(f"sampling must be a PosNeg(...), got {type(sampling).__name__}")
@@ -180,8 +182,9 @@ class PatchLoader:
         self.device = device
         self.device_id = torch.cuda.current_device() if device == "gpu" else 0
         self.prefetch = prefetch
-        #: GPU: the engine's thread makes a batch in the loop's waits (:mod:`..pipeline.pace`)
-        self.pace = pace_fraction() if device == "gpu" else 0.0
+        #: GPU: the engine's thread makes a batch in the loop's waits (:mod:`..pipeline.pace`;
+        #: ``MEDPROC_PACE``); None on the CPU
+        self.pacer = Pacer(pace_fraction()) if device == "gpu" else None
         self.rng = np.random.default_rng([seed, self.shard_id])
         self.epoch = 0
         #: volumes per epoch: the same on every shard
@@ -300,7 +303,7 @@ class PatchLoader:
             self.close()
         if self._feed is None:
             self._feed = self._engine.stream(
-                _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch, pace=self.pace
+                _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch, pacer=self.pacer
             )
         self._left = len(self)
         self._token += 1

@@ -253,7 +253,7 @@ class Engine:
         return self._stream
 
     def stream(
-        self, items: Iterable, as_torch: bool = True, ahead: int = 2, pace: float = 0.0
+        self, items: Iterable, as_torch: bool = True, ahead: int = 2, pacer=None
     ) -> Iterator[tuple]:
         """Run ``(jobs, graph, extra)`` items in a background thread, ``ahead`` batches in
         advance of the caller; yields ``(results, extra)`` in order.
@@ -266,14 +266,12 @@ class Engine:
         (:func:`~medproc.pipeline.runner.stacked` gives it back without a copy). Errors are
         raised in the caller; closing the iterator stops the thread.
 
-        ``pace`` (a fraction; 0: off): while batches are ready, the thread starts the next one
-        that fraction of the caller's interval after the caller took the last, so that its
-        interpreter time falls in the caller's waits (:mod:`.pace`; for training loops).
+        ``pacer`` (a :class:`~medproc.pipeline.pace.Pacer`; None: off): while batches are
+        ready, the thread starts the next one a fraction of the caller's interval after the
+        caller took the last, so that its interpreter time falls in the caller's waits (for
+        training loops).
         """
-        from .pace import Pacer
-
-        q: queue.Queue = queue.Queue(maxsize=max(1, int(ahead)))
-        pacer = self.pacer = Pacer(pace)
+        q = _TakeQueue(max(1, int(ahead)), pacer.took if pacer is not None else None)
         stop = threading.Event()
         end = object()
         gpu = self.device == "gpu"
@@ -313,7 +311,10 @@ class Engine:
                             ev.record(s)
                         if not put((res, extra, ev)):
                             return
-                        pacer.wait(q.qsize(), stop)
+                        if pacer is not None:
+                            pacer.wait(q.qsize(), stop)
+                            if stop.is_set():
+                                return
                 put(end)
             except BaseException as e:  # noqa: BLE001 - re-raised in the caller
                 put(e)
@@ -323,7 +324,6 @@ class Engine:
         try:
             while True:
                 item = q.get()
-                pacer.took()
                 if item is end:
                     return
                 if isinstance(item, BaseException):
@@ -343,3 +343,17 @@ class Engine:
             stop.set()
             if t is not threading.current_thread():  # closed from its own thread: a loader
                 t.join(timeout=30)  # collected there (it sees `stop` and ends)
+
+
+class _TakeQueue(queue.Queue):
+    """A queue that calls ``on_take`` as an item is taken, under the queue's lock: before the
+    producer blocked on a full queue can wake (a pacer's :meth:`~.pace.Pacer.took`)."""
+
+    def __init__(self, maxsize: int, on_take=None):
+        super().__init__(maxsize)
+        self._on_take = on_take
+
+    def _get(self):
+        if self._on_take is not None:
+            self._on_take()
+        return super()._get()

@@ -12,16 +12,21 @@ runs dry, and the training loop ran below its limit by about the thread's lock t
 (``docs/benchmarks.md``).
 
 So, while the queue holds at least :data:`MIN_READY` batches (the loop cannot run dry), the
-producer starts a batch no sooner than ``fraction`` of the consumer's typical interval after the
-consumer took the last one: in its wait, not in its launch. When the producer falls behind (fewer
-batches ready) it works at once. ``MEDPROC_PACE`` sets the fraction (``0`` turns pacing off).
+producer starts a batch no sooner than ``fraction`` of the consumer's typical interval (the
+median of its last :data:`WINDOW` intervals, the first one left out) after the consumer took the
+last one, and never waits more than :data:`MAX_WAIT`. For the benchmark's model that is in the
+loop's wait, after its launch burst; a loop whose launch burst is longer than that fraction of
+its step gains less. When the producer falls behind (fewer batches ready: a loader-bound loop,
+or ``prefetch=1``) it works at once. ``MEDPROC_PACE`` sets the fraction (``0`` turns it off).
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
+from collections import deque
 
 __all__ = ["Pacer", "pace_fraction"]
 
@@ -31,6 +36,14 @@ FRACTION = 0.35
 MIN_READY = 2
 #: longest wait (seconds), whatever the consumer's interval
 MAX_WAIT = 0.1
+#: the consumer's intervals its typical interval is the median of
+WINDOW = 8
+
+
+def _checked(f: float, what: str) -> float:
+    if not 0.0 <= f <= 0.9:
+        raise ValueError(f"{what} must lie in [0, 0.9] (0 turns pacing off), got {f!r}")
+    return f
 
 
 def pace_fraction(default: float = FRACTION) -> float:
@@ -42,46 +55,50 @@ def pace_fraction(default: float = FRACTION) -> float:
         f = float(env)
     except ValueError:
         raise ValueError(
-            f"MEDPROC_PACE={env!r} is not a number (a fraction, 0 turns it off)"
+            f"MEDPROC_PACE={env!r} is not a number (a fraction, 0 turns pacing off)"
         ) from None
-    if not 0.0 <= f <= 0.9:
-        raise ValueError(f"MEDPROC_PACE={env!r} must lie in [0, 0.9] (0 turns pacing off)")
-    return f
+    return _checked(f, f"MEDPROC_PACE={env!r}")
 
 
 class Pacer:
-    """The consumer calls :meth:`took` after each batch it takes; the producer calls
-    :meth:`wait` before it makes the next one.
+    """The consumer's side calls :meth:`took` for each batch taken (the engine does it inside
+    the queue's ``get``, before the producer can wake); the producer calls :meth:`wait` before
+    it makes the next batch.
 
-    The consumer's interval is a running estimate robust to pauses (an interval over four times
-    the estimate, e.g. an epoch's validation, is not counted)."""
+    ``clock`` (seconds) is for tests. ``waited`` is the time the producer slept (benchmarks)."""
 
-    def __init__(self, fraction: float):
-        self.fraction = float(fraction)
+    def __init__(self, fraction: float, clock=time.perf_counter):
+        self.fraction = _checked(float(fraction), "pace")
+        self.clock = clock
         self.last: float | None = None  # when the consumer last took a batch
-        self.interval: float | None = None  # its typical interval (seconds)
-        self.waited = 0.0  # seconds the producer waited (for benchmarks)
+        self.takes = 0
+        self._intervals: deque = deque(maxlen=WINDOW)
+        self.waited = 0.0
+
+    @property
+    def interval(self) -> float | None:
+        """The consumer's typical interval (seconds), None until two have been seen."""
+        return statistics.median(self._intervals) if self._intervals else None
 
     def took(self) -> None:
-        now = time.perf_counter()
-        if self.last is not None:
-            dt = now - self.last
-            if self.interval is None:
-                self.interval = dt
-            elif dt < 4 * self.interval:
-                self.interval += 0.2 * (dt - self.interval)
+        now = self.clock()
+        if self.last is not None and self.takes >= 2:  # the first interval: start-up
+            self._intervals.append(now - self.last)
         self.last = now
+        self.takes += 1
 
     def delay(self, ready: int) -> float:
         """Seconds the producer should wait now, with ``ready`` batches in the queue."""
-        if not self.fraction or ready < MIN_READY or self.interval is None or self.last is None:
+        interval = self.interval
+        if not self.fraction or ready < MIN_READY or interval is None or self.last is None:
             return 0.0
-        wait = self.last + min(self.fraction * self.interval, MAX_WAIT) - time.perf_counter()
+        wait = self.last + min(self.fraction * interval, MAX_WAIT) - self.clock()
         return max(wait, 0.0)
 
     def wait(self, ready: int, stop: threading.Event) -> None:
         """Wait (the lock released) until the producer should go on, or ``stop`` is set."""
         d = self.delay(ready)
         if d > 0:
-            self.waited += d
+            t = self.clock()
             stop.wait(d)
+            self.waited += self.clock() - t
