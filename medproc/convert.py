@@ -199,8 +199,7 @@ def prepare(
     is created and locked until the batch is closed, and the worker pool is started."""
     import os
 
-    from ._gpu_service import GpuService
-    from ._gpu_share import service_wanted
+    from ._gpu_service import GpuService, service_wanted
     from ._procs import _cores, auto_workers, can_fork, start_pool
     from .manifest import check_outdir
 
@@ -218,7 +217,7 @@ def prepare(
             ex, more = _dask_executor(dask, workers if workers != "auto" else os.cpu_count() or 1)
             closers = more + closers
         service = None
-        if service_wanted(device, ex, dask, dry_run):  # forked CPU workers + a GPU service
+        if service_wanted(device, ex, dask, dry_run):  # forked CPU workers + the GPU here
             cores = auto_workers(fork=True)
             want = max(1, cores - 1) if workers == "auto" else workers
             service, fork = GpuService(want, spec), True
