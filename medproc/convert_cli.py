@@ -150,7 +150,8 @@ def add_convert_parser(sub) -> None:
         default="auto",
         metavar="N|auto",
         help="worker processes, at most the cases to do; auto: one per core with forked "
-        "CPU workers, else 1 on <= 2 cores or for <= 2 cases and half the cores otherwise",
+        "CPU workers (--device gpu: one per core but one), else 1 on <= 2 cores or for <= 2 "
+        "cases and half the cores otherwise",
     )
     r.add_argument(
         "--dask",

@@ -17,7 +17,8 @@ median of its last :data:`WINDOW` intervals, the first one left out) after the c
 last one, and never waits more than :data:`MAX_WAIT`. For the benchmark's model that is in the
 loop's wait, after its launch burst; a loop whose launch burst is longer than that fraction of
 its step gains less. When the producer falls behind (fewer batches ready: a loader-bound loop,
-or ``prefetch=1``) it works at once. ``MEDPROC_PACE`` sets the fraction (``0`` turns it off).
+or ``prefetch=1``) it works at once. ``MEDPROC_PACE`` sets the fraction (in [0, 0.9]; ``0`` turns
+it off).
 """
 
 from __future__ import annotations
