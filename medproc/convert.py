@@ -198,7 +198,9 @@ def prepare(
     Nothing is converted. Unless ``dry_run`` (which writes nothing at all), the output folder
     is created and locked until the batch is closed, and the worker pool is started."""
     import os
+    import time
 
+    t0 = time.perf_counter()
     from ._gpu_service import GpuService, service_wanted
     from ._procs import _cores, auto_workers, can_fork, start_pool
     from .manifest import check_outdir
@@ -292,7 +294,14 @@ def prepare(
         how = getattr(batch.executor, "medproc_start_method", None)
         how = "in this process" if batch.executor is None else f"{how or 'given'} pool"
         how += ", the GPU in this process" if service is not None else ""
-        log.info("%d case(s) to convert, %d worker(s), %s", n, batch.workers, how)
+        log.info(
+            "%d case(s) to convert, %d worker(s), %s (inputs listed, headers read and cases "
+            "planned in %.2f s)",
+            n,
+            batch.workers,
+            how,
+            time.perf_counter() - t0,
+        )
         return batch
     except BaseException:
         for close in closers:
