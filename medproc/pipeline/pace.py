@@ -78,7 +78,8 @@ class Pacer:
 
     @property
     def interval(self) -> float | None:
-        """The consumer's typical interval (seconds), None until two have been seen."""
+        """The consumer's typical interval (seconds); None until its second interval (the
+        first is left out)."""
         return statistics.median(self._intervals) if self._intervals else None
 
     def took(self) -> None:
