@@ -60,12 +60,7 @@ class Runner:
         # host arrays staged in a pinned block are copied there from a DHWC view: a contiguous
         # DHWC copy first would copy each (strided) box twice
         dhwc = [[to_dhwc(a, contiguous=not staged) for a in row] for row in arrays]
-        if self.device == "gpu" and not staged:
-            # numpy in a process without PyTorch (``medproc convert --device gpu``'s service):
-            # DALI copies the host arrays to the GPU itself
-            for c, name in enumerate(names):
-                self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
-        elif self.device == "gpu":
+        if staged:
             import torch
 
             ring = self._rings[self._ring]
@@ -90,7 +85,8 @@ class Runner:
                     layout="DHWC",
                     cuda_stream=self._stream.cuda_stream,
                 )
-        else:
+        else:  # numpy: DALI's CPU backend reads it; on the GPU (a process without PyTorch,
+            # ``medproc convert --device gpu``'s service) DALI copies it to the GPU itself
             for c, name in enumerate(names):
                 self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
         for name, vals in plan_inputs(
