@@ -21,6 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 
 from ._convert_case import _worker, annotations_path, sidecar_path
+from ._trace import span
 from .cases import Case
 from .manifest import options_diff, write_manifest
 
@@ -107,9 +108,10 @@ class Batch:
             case, status, info, err = res
             row.update(info, status=status, error=err)
             self.rows.append(row)
-            write_manifest(manifest, self.kept + self.rows)  # atomically: resumable anywhere
-            if progress:
-                progress(row)
+            with span("finish"):
+                write_manifest(manifest, self.kept + self.rows)  # atomically: resumable anywhere
+                if progress:
+                    progress(row)
 
         with _Interrupts(on_interrupt) as stop:
             if self.executor is None:

@@ -40,6 +40,7 @@ def _convert_one(
 ) -> dict:
     """Load, resample, write one case (runs in a worker process). ``record``: the options to
     write into the ``<name>.json`` sidecar (none without it)."""
+    from ._trace import span
     from .io import load
     from .io.dicom_read import read_series
     from .resample import resample_batch
@@ -48,11 +49,12 @@ def _convert_one(
     # with --device gpu the voxels go to the GPU once, decoded there where it is proven; in a
     # worker of the GPU service they are read here and resampled by the main process
     here = "cpu" if _SERVICE is not None else device
-    lab = load(case.label, nan=nan, device=here) if case.label else None
-    if case.dicom is not None:
-        vol = read_series(case.dicom, workers=decode_workers, device=here)
-    else:
-        vol = load(case.source, series=case.series, nan=nan, device=here)
+    with span("read", case=case.source):
+        lab = load(case.label, nan=nan, device=here) if case.label else None
+        if case.dicom is not None:
+            vol = read_series(case.dicom, workers=decode_workers, device=here)
+        else:
+            vol = load(case.source, series=case.series, nan=nan, device=here)
     if lab is not None and (
         lab.shape != vol.shape or not np.allclose(lab.affine, vol.affine, atol=1e-4)
     ):
@@ -61,16 +63,20 @@ def _convert_one(
             f"{vol.shape}, or a different affine); give a label map made on this image",
             case.source,
         )
-    got = _SERVICE.resample(vol, lab) if _SERVICE is not None else None
+    got = None
+    if _SERVICE is not None:
+        with span("to_service", case=case.source):
+            got = _SERVICE.resample(vol, lab)
     if got is None:  # here (or the service's arena had no room, or it would be later)
         t_here = time.perf_counter()
-        (res,) = resample_batch(
-            [vol],
-            spec,
-            device=here,
-            labels=None if lab is None else [lab],
-            num_threads=dali_threads,
-        )
+        with span("resample_here", case=case.source):
+            (res,) = resample_batch(
+                [vol],
+                spec,
+                device=here,
+                labels=None if lab is None else [lab],
+                num_threads=dali_threads,
+            )
         if _SERVICE is not None:
             _SERVICE.policy.resampled_here(time.perf_counter() - t_here)
         out, out_lab = res if lab is not None else (res, None)
@@ -78,19 +84,20 @@ def _convert_one(
     else:
         out, out_lab, release = got
     try:
-        n_les = _write_case(
-            case,
-            vol,
-            lab,
-            out,
-            out_lab,
-            out_path,
-            label_path,
-            record,
-            lesions,
-            qc_path,
-            dali_threads,
-        )
+        with span("write", case=case.source):
+            n_les = _write_case(
+                case,
+                vol,
+                lab,
+                out,
+                out_lab,
+                out_path,
+                label_path,
+                record,
+                lesions,
+                qc_path,
+                dali_threads,
+            )
     finally:
         if release is not None:  # the arena's pieces holding the outputs
             release()
@@ -240,10 +247,12 @@ def _warm_up() -> None:
     reading headers, so that this worker's first case starts at once."""
     from isal import isal_zlib  # noqa: F401
 
+    from ._trace import span
     from .io import dicom_read  # noqa: F401
     from .pipeline import dali_available
 
-    dali_available()
+    with span("import_dali"):
+        dali_available()
 
 
 def plain_warning(message, category, filename, lineno, file=None, line=None):

@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 from ._gpu_share import SharePolicy
+from ._trace import span
 
 log = logging.getLogger("medproc.convert")
 
@@ -119,16 +120,18 @@ class GpuService:
             return self.policy.here_instead()
         arrays = [np.asarray(vol.array)] + ([np.asarray(lab.array)] if lab is not None else [])
         slots = []
-        for a in arrays:
-            s = self.arena.put(a)
-            if s is None:
-                self._give_back(slots)
-                return self.policy.here_instead()
-            slots.append(s)
+        with span("arena_put"):
+            for a in arrays:
+                s = self.arena.put(a)
+                if s is None:
+                    self._give_back(slots)
+                    return self.policy.here_instead()
+                slots.append(s)
         self._seq += 1
         self.requests.put((self.index, self._seq, slots, np.asarray(vol.affine)))
         self.policy.sent()  # (taken off again by the service, batch by batch)
-        reply = self._reply(vol.meta.get("source", ""), slots)
+        with span("wait_reply"):
+            reply = self._reply(vol.meta.get("source", ""), slots)
         if reply is None:  # no room for the output (counted by the service)
             return None
         if isinstance(reply, str):
@@ -271,7 +274,8 @@ class GpuService:
 
         t = time.perf_counter()
         tiny = Volume(np.zeros((8, 8, 8), np.int16), np.diag([2.0, 2.0, 2.0, 1.0]))
-        self._resample([tiny], None)
+        with span("service_warm_up"):
+            self._resample([tiny], None)
         log.info("GPU service ready in %.2f s (DALI, CUDA, pipeline)", time.perf_counter() - t)
 
     def _resample(self, vols, labs):
@@ -324,7 +328,8 @@ class GpuService:
             if with_label:
                 labs.append(Volume(arrays[1], r[3]))
         t = time.perf_counter()
-        results = self._resample(vols, labs)
+        with span("gpu_resample", n=len(vols)):
+            results = self._resample(vols, labs)
         self.seconds["resample"] += time.perf_counter() - t
         del vols, labs
         t = time.perf_counter()
@@ -335,7 +340,8 @@ class GpuService:
             raise RuntimeError(f"{len(part)} volumes resampled into {len(results)}")
         for r, res in zip(part, results):
             outs = res if with_label else (res,)
-            slots = [self._to_host(np.asarray(o.array)) for o in outs]
+            with span("copy_out"):
+                slots = [self._to_host(np.asarray(o.array)) for o in outs]
             if any(s is None for s in slots):  # no room: the worker resamples it itself
                 self._give_back([s for s in slots if s is not None])
                 self._send(r, None)

@@ -284,7 +284,10 @@ def run(argv=None) -> None:
     status (``os._exit``): every file is closed and every pool stopped by then, and the
     interpreter's teardown (DALI, pydicom, numpy...) is skipped. Never call it from a program
     that should go on: call :func:`main`."""
+    from ._trace import started
+
     _lean_dali_import()
+    started()
     rc = main(argv)
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -203,6 +203,7 @@ def prepare(
     t0 = time.perf_counter()
     from ._gpu_service import GpuService, service_wanted
     from ._procs import _cores, auto_workers, can_fork, start_pool
+    from ._trace import span
     from .manifest import check_outdir
 
     single = isinstance(inputs, (str, os.PathLike))
@@ -253,9 +254,14 @@ def prepare(
             return pool
 
         early = ex is None and want > 1 and fork and not dry_run
-        cases, skipped = find_cases(
-            inputs, labels_dir, executor=ex, exclude=[outdir], on_files=on_files if early else None
-        )
+        with span("find_cases"):
+            cases, skipped = find_cases(
+                inputs,
+                labels_dir,
+                executor=ex,
+                exclude=[outdir],
+                on_files=on_files if early else None,
+            )
         prior = read_manifest(os.path.join(outdir, "manifest.csv"), repair=not dry_run)
         opts = output_options(spec, fmt, nan)
         batch = plan_cases(

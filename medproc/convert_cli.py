@@ -228,6 +228,7 @@ def _cmd_convert(a) -> int:
     import warnings
 
     from ._convert_layouts import check_layouts, write_layouts
+    from ._trace import span
     from .cli import plain_console
     from .convert import plain_warning, prepare, summary
 
@@ -256,7 +257,8 @@ def _cmd_convert(a) -> int:
             if a.dry_run:
                 _print_plan(batch, plain_console())
                 return 0
-            rows, interrupted, ui = _run(batch, quiet, t0)
+            with span("batch", cases=len(batch.todo), workers=batch.workers):
+                rows, interrupted, ui = _run(batch, quiet, t0)
             s = summary(rows)
             if not quiet:
                 line = _summary_line(a, batch, s, time.perf_counter() - t0)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the H200 (after .gpu-stage/install.sh): GPU tests and benchmarks, results under $OUT.
 #   bash scripts/gpu_run.sh [tests] [resample] [proxy] [loader] [train] [pace] [trainprofile] [traindiag]
-#                           [convert]
+#                           [convert] [convtrace]
 #                           [decode] [cache]
 #   (default: tests resample proxy loader convert)
 set -uo pipefail
@@ -79,12 +79,11 @@ if want traindiag; then
     echo "$envs"; grep -E "^medproc" "$OUT/traindiag.log" | cut -c1-700
   done
 fi
-if want convert; then
+conv_data() {
   # byte-code, as a pip install leaves it (the staged packages were installed --no-compile;
-  # this node's own torch has none either): every folder on sys.path, then what importing
-  # torch costs now
+  # this node's own torch has none either): every folder on sys.path; then the series
+  [ -d /tmp/conv_all ] && return
   python -m compileall -q -j 16 $(python -c "import os, sys; print(' '.join(p for p in sys.path[1:] if os.path.isdir(p)))") medproc > /dev/null 2>&1
-  python -X importtime -c "import torch" 2>&1 | tail -1
   python - <<'PY'
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -96,6 +95,25 @@ def one(i):
 with ProcessPoolExecutor(16) as ex:
     list(ex.map(one, range(int(os.environ.get("CONVERT_CASES", "48")))))
 PY
+}
+if want convtrace; then
+  # where a whole convert process's time goes (medproc._trace), each route traced in turn;
+  # CONVTRACE: the runs, "<name>:<env>:<options>" (env "-" for none)
+  conv_data
+  for run in ${CONVTRACE:-cpu:-:--device=cpu gpu:-:--device=gpu gpu_all:MEDPROC_GPU_SHARE=0:--device=gpu cpu2:-:--device=cpu gpu2:-:--device=gpu}; do
+    IFS=: read -r name envs opts <<< "$run"
+    rm -rf /tmp/conv_out; [ "$envs" = - ] && envs="X=0"
+    s=$(date +%s.%N)
+    env $envs MEDPROC_TRACE="$OUT/trace_$name" python -m medproc -v convert /tmp/conv_all \
+      -o /tmp/conv_out --spacing 1.5 $opts > "$OUT/trace_$name.log" 2>&1
+    echo "== $name ($envs $opts): rc $? $(python3 -c "print(round($(date +%s.%N) - $s, 3))") s"
+    grep -E "GPU service|case\(s\) to convert|converted," "$OUT/trace_$name.log" | cut -c1-220
+    python scripts/trace_report.py "$OUT/trace_$name" --png "$OUT/trace_$name.png" | sed -n '/seconds per/,$p'
+  done
+fi
+if want convert; then
+  conv_data
+  python -X importtime -c "import torch" 2>&1 | tail -1
   # whole processes (as a user runs them: start-up included) + the per-stage breakdown
   timeout 500 python bench/convert.py /tmp/conv_all --workers 16 --device cpu gpu --skip inprocess \
     --whole-process --no-sitk-serial --counts "${CONVERT_CASES:-48}" --jobs auto --repeats 2 --stages \

@@ -120,7 +120,10 @@ POOL_MIN_FILES = 256
 
 def _scan_files(files: list[str], strict: bool = False) -> list[tuple]:
     """Read the headers of ``files`` (one record per file, see ``dicom_records``)."""
-    return [scan_file(p, strict) for p in files]
+    from .._trace import span
+
+    with span("scan", files=len(files)):
+        return [scan_file(p, strict) for p in files]
 
 
 def _same_bytes(a: str, b: str, cache: dict) -> bool:

@@ -1,0 +1,130 @@
+"""Where a traced run's time went: ``MEDPROC_TRACE=DIR medproc convert ...`` then
+
+    python scripts/trace_report.py DIR [--png timeline.png]
+
+Prints the milestones of the main process (start-up, inputs listed and headers read, the batch),
+the seconds per span name in the main process, the GPU service's thread and the workers, how
+busy each was over the batch, and, with ``--png``, draws every process and thread on one time
+axis (see :mod:`medproc._trace`)."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+from collections import defaultdict
+
+
+def load(folder: str) -> list[dict]:
+    events = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
+        with open(path) as f:
+            events += [json.loads(line) for line in f if line.strip()]
+    if not events:
+        raise SystemExit(f"{folder}: no trace files (*.jsonl)")
+    return events
+
+
+def lanes(events: list[dict]) -> dict[str, list[dict]]:
+    """Events by lane: ``main``, ``service`` (the GPU service's thread) and ``worker N``."""
+    main = {e["pid"] for e in events if e["name"] == "start"}
+    workers = sorted({e["pid"] for e in events} - main)
+    out: dict[str, list[dict]] = defaultdict(list)
+    for e in events:
+        if e["pid"] in main:
+            out["service" if e["thread"] == "medproc-gpu" else "main"].append(e)
+        else:
+            out[f"worker {workers.index(e['pid']):2d}"].append(e)
+    return dict(sorted(out.items()))
+
+
+def report(events: list[dict]) -> str:
+    t0 = min(e["t0"] for e in events)
+    by = lanes(events)
+    main = {e["name"]: e for e in by.get("main", [])}
+    lines = ["milestones (s from the main process's start):"]
+    for name in ("start", "find_cases", "batch"):
+        if name in main:
+            e = main[name]
+            lines.append(f"  {name:12s} {e['t0'] - t0:6.3f} -> {e['t1'] - t0:6.3f}")
+    warm = [e for e in by.get("service", []) if e["name"] == "service_warm_up"]
+    if warm:
+        lines.append(f"  {'GPU ready':12s} {warm[0]['t1'] - t0:6.3f}")
+    end = max(e["t1"] for e in events)
+    lines.append(f"  {'last event':12s} {end - t0:6.3f}")
+    b = main.get("batch")
+    lo, hi = (b["t0"], b["t1"]) if b else (t0, end)
+    lines.append(f"\nseconds per span ({hi - lo:.3f} s of batch):")
+    lines.append(
+        f"  {'lane':10s} {'span':16s} {'n':>4s} {'total':>7s} {'mean':>7s} {'max':>7s} "
+        f"{'on cpu':>7s} {'faults':>8s}"
+    )
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for lane, evs in by.items():
+        kind = "workers" if lane.startswith("worker") else lane
+        for e in evs:
+            groups[(kind, e["name"])].append(e)
+    for (kind, name), es in sorted(groups.items()):
+        d = [e["t1"] - e["t0"] for e in es]
+        cpu = sum(e.get("cpu", 0) for e in es)
+        faults = sum(e.get("faults", 0) for e in es)
+        lines.append(
+            f"  {kind:10s} {name:16s} {len(d):4d} {sum(d):7.3f} {sum(d) / len(d):7.3f} "
+            f"{max(d):7.3f} {cpu:7.3f} {faults:8d}"
+        )
+    lines.append("\nbusy over the batch (outermost spans inside it):")
+    for lane, evs in by.items():
+        busy = _covered([(max(e["t0"], lo), min(e["t1"], hi)) for e in evs if e["name"] != "batch"])
+        lines.append(f"  {lane:10s} {busy:6.3f} s ({100 * busy / max(hi - lo, 1e-9):3.0f}%)")
+    return "\n".join(lines)
+
+
+def _covered(spans: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def draw(events: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = min(e["t0"] for e in events)
+    by = lanes(events)
+    names = sorted({e["name"] for e in events})
+    colour = {n: plt.cm.tab20(i % 20) for i, n in enumerate(names)}
+    fig, ax = plt.subplots(figsize=(12, 0.3 * len(by) + 1.5))
+    for row, evs in enumerate(by.values()):
+        for e in sorted(evs, key=lambda e: e["t0"] - e["t1"]):  # the longest first, below
+            if e["name"] in ("batch",):
+                continue
+            ax.barh(row, e["t1"] - e["t0"], left=e["t0"] - t0, color=colour[e["name"]], height=0.8)
+    ax.set_yticks(range(len(by)), list(by))
+    ax.invert_yaxis()
+    ax.set_xlabel("s from the main process's start")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names if n != "batch"]
+    ax.legend(handles, [n for n in names if n != "batch"], loc="lower right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder")
+    ap.add_argument("--png", help="also draw the timeline into this file")
+    a = ap.parse_args()
+    events = load(a.folder)
+    print(report(events))
+    if a.png:
+        draw(events, a.png)
+        print(f"timeline: {a.png}")
+
+
+if __name__ == "__main__":
+    main()
