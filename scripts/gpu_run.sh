@@ -80,10 +80,10 @@ if want traindiag; then
   done
 fi
 conv_data() {
-  # byte-code, as a pip install leaves it (the staged packages were installed --no-compile;
-  # this node's own torch has none either): every folder on sys.path; then the series
+  # byte-code, as a pip install leaves it (the staged packages were installed --no-compile):
+  # the staged packages, numpy and medproc; then the series
   [ -d /tmp/conv_all ] && return
-  python -m compileall -q -j 16 $(python -c "import os, sys; print(' '.join(p for p in sys.path[1:] if os.path.isdir(p)))") medproc > /dev/null 2>&1
+  python -m compileall -q -j 16 /tmp/site /tmp/sitk "$(python -c "import numpy, os; print(os.path.dirname(numpy.__file__))")" medproc > /dev/null 2>&1
   python - <<'PY'
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -100,16 +100,18 @@ if want convtrace; then
   # where a whole convert process's time goes (medproc._trace), each route traced in turn;
   # CONVTRACE: the runs, "<name>:<env>:<options>" (env "-" for none)
   conv_data
+  mkdir -p "$OUT/traces"
   for run in ${CONVTRACE:-cpu:-:--device=cpu gpu:-:--device=gpu gpu_all:MEDPROC_GPU_SHARE=0:--device=gpu cpu2:-:--device=cpu gpu2:-:--device=gpu}; do
     IFS=: read -r name envs opts <<< "$run"
     rm -rf /tmp/conv_out; [ "$envs" = - ] && envs="X=0"
     s=$(date +%s.%N)
-    env $envs MEDPROC_TRACE="$OUT/trace_$name" python -m medproc -v convert /tmp/conv_all \
-      -o /tmp/conv_out --spacing 1.5 $opts > "$OUT/trace_$name.log" 2>&1
+    env $envs MEDPROC_TRACE="$OUT/traces/$name" python -m medproc -v convert /tmp/conv_all \
+      -o /tmp/conv_out --spacing 1.5 $opts > "$OUT/traces/$name.log" 2>&1
     echo "== $name ($envs $opts): rc $? $(python3 -c "print(round($(date +%s.%N) - $s, 3))") s"
-    grep -E "GPU service|case\(s\) to convert|converted," "$OUT/trace_$name.log" | cut -c1-220
-    python scripts/trace_report.py "$OUT/trace_$name" --png "$OUT/trace_$name.png" | sed -n '/seconds per/,$p'
+    grep -E "GPU service|case\(s\) to convert|converted," "$OUT/traces/$name.log" | cut -c1-220
+    python scripts/trace_report.py "$OUT/traces/$name" --png "$OUT/traces/$name.png" | sed -n '/seconds per/,$p'
   done
+  tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"  # (one file comes back)
 fi
 if want convert; then
   conv_data

@@ -68,6 +68,10 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
         if mode == "share":  # warm once the workers took two cases to resample themselves
             import time
 
+            # workers that have resampled before (DALI imported, a pipeline built: forked
+            # with this flag); workers without one wait for a service warming up
+            service.policy._first_done = True
+
             warm = GpuService._warm_up
 
             def slow_warm_up(self):
@@ -159,8 +163,8 @@ def test_service_outputs_equal_the_workers_own_and_every_piece_comes_back(sample
 
 
 def test_the_workers_resample_while_the_service_warms_up_then_hand_over(sample_data, tmp_path):
-    """The GPU route shares the work: while the service warms up, the workers resample the
-    cases themselves, then hand them over. Every case is done once, by one or the other, and
+    """The GPU route shares the work: while the service warms up, workers that have DALI
+    already resample the cases themselves, then hand them over. Every case is done once, by one or the other, and
     the outputs are those of converting in the worker."""
     with _plan(sample_data, tmp_path / "here", Spec(spacing=2.0)) as here:
         for t in here.todo:
@@ -175,23 +179,36 @@ def test_the_workers_resample_while_the_service_warms_up_then_hand_over(sample_d
 
 
 def test_a_worker_waits_for_the_service_only_when_that_is_sooner():
-    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", share=True)
-    assert not service.policy.worth_waiting()  # warming up
-    service.policy.warm.value = 1
-    assert service.policy.worth_waiting()  # warm and idle: yes, before any resampling here
-    service.policy.pending.value = 1
-    assert not service.policy.worth_waiting()  # busy, and nothing known about resampling here
-    service.policy.resampled_here(1.5)  # the first: DALI's import and pipeline build included
-    assert service.policy.local_s is None  # not counted
-    service.policy.resampled_here(0.2)
-    assert not service.policy.worth_waiting()  # busy, and the service's time not known yet
-    service.policy.per_case.value = 0.04
-    service.policy.pending.value = 3  # 4 x 0.04 s ahead of it < 0.2 s here
-    assert service.policy.worth_waiting()
-    service.policy.pending.value = 5  # 6 x 0.04 s > 0.2 s
-    assert not service.policy.worth_waiting()
-    service.policy.resampled_here(0.4)  # resampling here got slower (0.3 s on average)
-    assert service.policy.worth_waiting()
+    from medproc._gpu_share import FIRST_LOCAL_S
+
+    p = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", share=True).policy
+    # a worker without DALI: its first resampling would cost FIRST_LOCAL_S (import, build)
+    assert p.worth_waiting()  # the service warms up: it is importing DALI too
+    p.warm.value = 1
+    p.pending.value = 15
+    assert p.worth_waiting()  # busy, its time per case not known yet: wait
+    p.per_case.value = 0.04
+    assert (15 + 1) * 0.04 < FIRST_LOCAL_S and p.worth_waiting()
+    p.pending.value = 30  # 31 x 0.04 s > FIRST_LOCAL_S: sooner here, import included
+    assert not p.worth_waiting()
+    p.resampled_here(1.5)  # the first: DALI's import and pipeline build included
+    assert p.local_s is None  # not counted
+    p.warm.value, p.per_case.value, p.pending.value = 0, 0.0, 0
+    assert not p.worth_waiting()  # DALI here, the service warming up: here
+    p.warm.value, p.pending.value = 1, 1
+    assert not p.worth_waiting()  # busy, and nothing known about resampling here
+    p.pending.value = 0
+    assert p.worth_waiting()  # idle
+    p.resampled_here(0.2)
+    p.pending.value = 1
+    assert not p.worth_waiting()  # busy, and the service's time not known yet
+    p.per_case.value = 0.04
+    p.pending.value = 3  # 4 x 0.04 s ahead of it < 0.2 s here
+    assert p.worth_waiting()
+    p.pending.value = 5  # 6 x 0.04 s > 0.2 s
+    assert not p.worth_waiting()
+    p.resampled_here(0.4)  # resampling here got slower (0.3 s on average)
+    assert p.worth_waiting()
 
 
 def test_no_room_in_the_arena_the_worker_resamples_itself(sample_data, tmp_path):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -31,8 +30,6 @@ __all__ = ["Entry", "cache_key", "VERSION", "SPARSE"]
 VERSION = "patch-cache-2"
 #: background sparser than this share of the volume is stored as an index list, not a bitmap
 SPARSE = 1 / 64
-#: madvise(2) advice that maps a range's pages now (Linux 5.14+; not in Python's mmap module)
-MADV_POPULATE_READ = 22
 
 
 @dataclass
@@ -104,16 +101,12 @@ class Entry:
         elsewhere), for entries held in memory (``/dev/shm``): the first read of each page
         otherwise faults in the loader's thread, batch after batch (a host-cached box read
         took ~1.4 ms on first touch against ~0.5 ms mapped)."""
-        if not sys.platform.startswith("linux"):
-            return
+        from .._proxy_arena import populate
+
         for a in (self.image, self.label):
             mm = getattr(a, "_mmap", None) if a is not None else None  # numpy.memmap's map
-            if mm is None:
-                continue
-            try:
-                mm.madvise(MADV_POPULATE_READ)
-            except (OSError, ValueError):  # an older kernel: pages fault in as they are read
-                pass
+            if mm is not None:
+                populate(mm)
 
     def on_host(self) -> Entry:
         """This entry with (i, j, k) host arrays."""
