@@ -1,27 +1,31 @@
-"""``medproc convert --device gpu``: one GPU service in the main process, fed by forked CPU
-workers.
+"""``medproc convert --device gpu``: one GPU service process, fed by forked CPU workers.
 
 Why: a conversion is mostly CPU work (header scan, reading, gzip); the GPU removes the
 resampling (0.16 s of ~0.47 s per 512x512x153 series on the H200 node). Spawned GPU workers,
 each importing torch and DALI and making its own CUDA context, cost more than that (the GPU
 route was 3x slower than the CPU route). So the workers are forked CPU workers (milliseconds;
-they import neither DALI nor PyTorch), and the main process, right after forking them,
-imports DALI, makes the one CUDA context and builds the pipeline in a thread of its own while
-the workers scan and read. PyTorch is not used at all: DALI copies numpy to and from the GPU
-itself (importing torch alone took 1.8-2.5 s there, the whole CPU route 3.7 s). Then:
+they import neither DALI nor PyTorch), and right after them the main process forks one more
+process, the service, which imports DALI, makes the one CUDA context and builds the pipeline
+while the workers scan and read. A thread of the main process did it until the node's trace
+(``MEDPROC_TRACE``, 32 series) showed the cost of sharing that process's interpreter lock:
+the header scan's tasks and results waited behind the service's warm-up (the scan ended
+0.15-0.3 s later than on the CPU route), and the main thread's bookkeeping of a finished case
+took up to 0.2 s against 0.05 s. No PyTorch: DALI copies numpy to and from the GPU itself
+(importing torch alone took 1.8-2.5 s on the node). Then:
 
 1. a worker reads a case and copies its voxels into a piece of a shared arena (the proxy's
    :class:`medproc._proxy_arena.Arena`, anonymous shared memory) and sends a small request;
-2. the service thread takes every request waiting (up to ``BATCH``), resamples them as one
+2. the service takes every request waiting (up to ``BATCH``), resamples them as one
    DALI batch straight from the arena, copies each output into a piece it takes, answers each
    worker with a reference to its output, and gives the input pieces back;
 3. the worker compresses and writes the output straight from the arena, then gives it back.
 
 The work is shared (:mod:`medproc._gpu_share`): a worker resamples a case on its own CPU (DALI's
-CPU backend; the output agrees within float rounding) while the service warms up, when the
-service's backlog would keep it waiting longer than its own resampling takes, and when the
-arena has no room for the case (or, after ``ROOM_WAIT_S``, for its output).
-An error of the service (no usable GPU after all) fails the cases with its message.
+CPU backend; the output agrees within float rounding) when the service's backlog would keep
+it waiting longer than its own resampling takes (its first includes importing DALI), and when
+the arena has no room for the case (or, after ``ROOM_WAIT_S``, for its output).
+An error of the service (no usable GPU after all) fails the cases with its message; a service
+that ends (or is killed) makes the workers resample on their own.
 ``MEDPROC_GPU_SERVICE=0`` turns the service off: spawned GPU workers, each with its own CUDA
 context (the route before this one, kept for comparison).
 """
@@ -52,12 +56,13 @@ ROOM_WAIT_S = 10.0
 
 class GpuService:
     """Made in the main process *before* the workers fork (they inherit the arena, the request
-    queue and one reply pipe each); :meth:`start` after they forked; :meth:`attach` in each
-    worker (pool initializer); :meth:`resample` in a worker; :meth:`close` at the end.
+    queue and one reply pipe each); :meth:`start` after they forked (forks the service
+    process); :meth:`attach` in each worker (pool initializer); :meth:`resample` in a worker;
+    :meth:`close` at the end.
 
     Every request carries a number its reply repeats: a worker takes only the reply to its own
     last request (a stale one is dropped, its pieces given back). A worker waiting for a reply
-    looks every second whether the service thread is still alive, and fails its case with a
+    looks every second whether the service is still alive, and fails its case with a
     clear error if it is not, instead of waiting for ever."""
 
     def __init__(
@@ -72,27 +77,27 @@ class GpuService:
 
         from ._proxy_arena import Arena, arena_bytes
 
-        ctx = multiprocessing.get_context("fork")
+        ctx = self._ctx = multiprocessing.get_context("fork")
         self.spec, self.device = spec, device  # "cpu": the same protocol on DALI's CPU backend
         nbytes = nbytes or min(max(arena_bytes(), 64 * 2**20), workers * PER_WORKER)
         self.arena = Arena(nbytes, entries=4 * workers + 2 * BATCH, pin=False)
         self.requests = ctx.SimpleQueue()
         self.replies = [ctx.Pipe(duplex=False) for _ in range(workers)]
         self._claimed = ctx.Value("i", 0)
-        self._alive = ctx.Value("b", 1, lock=False)  # 0 once the service thread has ended
+        self._alive = ctx.Value("b", 1, lock=False)  # 0 once the service has ended
         # per worker: the number of its last request the service took off the queue (from
         # then on the service owns that request's input pieces and gives them back)
         self._taken = ctx.RawArray("q", workers)
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()  # the warm-up is over (done or failed)
+        self._process = None  # the service process (main process: after start())
         #: who resamples what: the service or the worker (:mod:`medproc._gpu_share`)
         self.policy = SharePolicy(ctx, share)
         self.index: int | None = None  # in a worker: which reply pipe is its own
         self._seq = 0  # in a worker: the number of its last request
-        #: (main process) cases answered with an output, and told to resample themselves
-        self.served, self.no_room = 0, 0
-        #: seconds of the service's busy time spent resampling (host -> device, DALI, device
-        #: -> host) and copying outputs into the arena (``-v`` reports them)
+        #: cases answered with an output, and told to resample themselves (shared counters)
+        self._served = ctx.Value("i", 0, lock=False)  # (the service alone writes them)
+        self._no_room = ctx.Value("i", 0, lock=False)
+        #: (in the service) seconds of its busy time spent resampling (host -> device, DALI,
+        #: device -> host) and copying outputs into the arena (``-v`` reports them)
         self.seconds = {"resample": 0.0, "out": 0.0}
 
     # --- in a worker -------------------------------------------------------------------------
@@ -180,27 +185,64 @@ class GpuService:
             self.arena.release(s)
 
     # --- in the main process -----------------------------------------------------------------
+    @property
+    def served(self) -> int:
+        """Cases the service answered with an output."""
+        return self._served.value
+
+    @property
+    def no_room(self) -> int:
+        """Cases the service told to resample themselves (no room in the arena)."""
+        return self._no_room.value
+
     def start(self) -> None:
-        """Start the service thread (after the workers forked: it imports DALI and CUDA)."""
-        self._thread = threading.Thread(target=self._serve, name="medproc-gpu", daemon=True)
-        self._thread.start()
+        """Fork the service process (after the workers forked: it imports DALI and CUDA).
+        SIGINT stays blocked until it ignores it (Ctrl-C is the main process's to handle); it
+        ends with the main process. A thread of this process notes when it ends, however it
+        ends, so that no worker waits for a reply from a service that is gone."""
+        import signal
+
+        masked = hasattr(signal, "pthread_sigmask")
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+        try:
+            self._process = self._ctx.Process(
+                target=self._serve, args=(os.getpid(),), name="medproc-gpu", daemon=True
+            )
+            self._process.start()
+        finally:
+            if masked:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+        def watch(sentinel=self._process.sentinel) -> None:  # (readable once it has ended;
+            from multiprocessing.connection import wait  # close() reaps it)
+
+            wait([sentinel])
+            self._alive.value = 0
+
+        threading.Thread(target=watch, name="medproc-gpu-watch", daemon=True).start()
 
     def close(self) -> None:
-        """Stop the service thread (every case is settled). A thread still warming up (no
-        case reached it: e.g. a rerun with nothing to do) is not waited for: it ends when its
-        warm-up does (the ``medproc`` program exits without waiting for it)."""
-        if self._thread is not None and self._thread.is_alive():
-            self.requests.put(None)
-            if self._ready.is_set():
-                self._thread.join(timeout=30)
-        if self._thread is None or not self._thread.is_alive():
-            self._alive.value = 0  # (a thread still running owns its pieces: left as it is)
-            self._thread = None
+        """Stop the service (every case is settled). A service still warming up (no case
+        reached it: e.g. a rerun with nothing to do) is not waited for: it is terminated."""
+        process, self._process = self._process, None
+        if process is not None and process.is_alive():
+            if self.policy.warm.value:
+                self.requests.put(None)
+                process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=10)
+        self._alive.value = 0
 
     def _send(self, req, reply) -> None:
         self.replies[req[0]][1].send((req[1], reply))
 
-    def _serve(self) -> None:
+    def _serve(self, parent: int) -> None:
+        """The service process's body."""
+        from ._procs import die_with_parent, ignore_sigint
+
+        ignore_sigint()
+        die_with_parent(parent, pdeathsig=True)
         try:
             self._loop()
         except BaseException:  # noqa: BLE001 - said here; the workers resample themselves
@@ -214,7 +256,6 @@ class GpuService:
             self._warm_up()
         except Exception as e:  # noqa: BLE001 - answered to every request below
             error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
-        self._ready.set()
         self.policy.warm.value = 1  # (after a failed warm-up too: answered its error)
         busy = 0.0
         while True:
@@ -345,10 +386,10 @@ class GpuService:
             if any(s is None for s in slots):  # no room: the worker resamples it itself
                 self._give_back([s for s in slots if s is not None])
                 self._send(r, None)
-                self.no_room += 1
+                self._no_room.value += 1
             else:
                 self._send(r, (slots, outs[0].affine))
-                self.served += 1
+                self._served.value += 1
             answered.add(id(r))
         self.seconds["out"] += time.perf_counter() - t
 
@@ -360,18 +401,3 @@ class GpuService:
             time.sleep(0.002)  # workers are writing and will give pieces back
             slot = self.arena.put(t)
         return slot
-
-
-def service_wanted(device: str, executor, dask, dry_run: bool) -> bool:
-    """Whether a batch uses the GPU service: ``--device gpu`` on Linux, with medproc's own
-    pool, from a process that has neither DALI nor CUDA yet (so that it can fork)."""
-    from ._procs import can_fork
-
-    return (
-        device == "gpu"
-        and executor is None
-        and not dask
-        and not dry_run
-        and can_fork("cpu")
-        and os.environ.get("MEDPROC_GPU_SERVICE", "1") != "0"
-    )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["SharePolicy", "FIRST_LOCAL_S"]
+__all__ = ["SharePolicy", "FIRST_LOCAL_S", "service_wanted"]
 
 #: seconds a worker's first resampling is taken to cost (importing DALI, building its pipeline)
 FIRST_LOCAL_S = 0.8
@@ -81,3 +81,19 @@ class SharePolicy:
         if cases:
             per, old = seconds / cases, self.per_case.value
             self.per_case.value = per if old == 0 else 0.5 * (old + per)
+
+
+def service_wanted(device: str, executor, dask, dry_run: bool) -> bool:
+    """Whether a batch uses the GPU service (:mod:`medproc._gpu_service`): ``--device gpu`` on
+    Linux, with medproc's own pool, from a process that has neither DALI nor CUDA yet (so
+    that it can fork the workers and the service)."""
+    from ._procs import can_fork
+
+    return (
+        device == "gpu"
+        and executor is None
+        and not dask
+        and not dry_run
+        and can_fork("cpu")
+        and os.environ.get("MEDPROC_GPU_SERVICE", "1") != "0"
+    )

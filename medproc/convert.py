@@ -201,7 +201,8 @@ def prepare(
     import time
 
     t0 = time.perf_counter()
-    from ._gpu_service import GpuService, service_wanted
+    from ._gpu_service import GpuService
+    from ._gpu_share import service_wanted
     from ._procs import _cores, auto_workers, can_fork, start_pool
     from ._trace import span
     from .manifest import check_outdir
@@ -220,7 +221,7 @@ def prepare(
             ex, more = _dask_executor(dask, workers if workers != "auto" else os.cpu_count() or 1)
             closers = more + closers
         service = None
-        if service_wanted(device, ex, dask, dry_run):  # forked CPU workers + the GPU here
+        if service_wanted(device, ex, dask, dry_run):  # forked CPU workers + a GPU service
             cores = auto_workers(fork=True)
             want = max(1, cores - 1) if workers == "auto" else workers
             service, fork = GpuService(want, spec), True

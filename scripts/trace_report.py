@@ -27,13 +27,17 @@ def load(folder: str) -> list[dict]:
 
 
 def lanes(events: list[dict]) -> dict[str, list[dict]]:
-    """Events by lane: ``main``, ``service`` (the GPU service's thread) and ``worker N``."""
+    """Events by lane: ``main``, ``service`` (the GPU service: a process, or a thread of the
+    main process) and ``worker N``."""
     main = {e["pid"] for e in events if e["name"] == "start"}
-    workers = sorted({e["pid"] for e in events} - main)
+    service = {e["pid"] for e in events if e["name"] == "service_warm_up"} - main
+    workers = sorted({e["pid"] for e in events} - main - service)
     out: dict[str, list[dict]] = defaultdict(list)
     for e in events:
-        if e["pid"] in main:
-            out["service" if e["thread"] == "medproc-gpu" else "main"].append(e)
+        if e["pid"] in service or e["thread"] == "medproc-gpu":
+            out["service"].append(e)
+        elif e["pid"] in main:
+            out["main"].append(e)
         else:
             out[f"worker {workers.index(e['pid']):2d}"].append(e)
     return dict(sorted(out.items()))

@@ -85,10 +85,10 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
 
             resample_mod = importlib.import_module("medproc.resample")  # (the module)
 
-            real_batch, main_pid = resample_mod.resample_batch, os.getpid()
+            real_batch = resample_mod.resample_batch
 
             def slow_in_workers(*a, **k):  # a worker resampling by itself finishes only
-                if os.getpid() != main_pid:  # once the service is warm
+                if service.index is not None:  # once the service is warm (attached: a worker)
                     deadline = time.monotonic() + 60
                     while not service.policy.warm.value and time.monotonic() < deadline:
                         time.sleep(0.01)
@@ -258,18 +258,39 @@ def test_an_error_in_the_service_fails_the_cases_it_hits_only(sample_data, tmp_p
 
 def test_close_does_not_wait_for_a_warm_up_no_case_needed(monkeypatch):
     """A rerun with nothing to do closes the service at once, not after DALI's import and the
-    CUDA context (the thread ends by itself when its warm-up does)."""
+    CUDA context: a service process still warming up is terminated."""
     import time
 
-    monkeypatch.setattr(GpuService, "_warm_up", lambda self: time.sleep(1.5))
+    monkeypatch.setattr(GpuService, "_warm_up", lambda self: time.sleep(30))
     service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu")
     service.start()
-    thread = service._thread
+    process = service._process
+    assert process.is_alive() and process.pid != os.getpid()
     t = time.perf_counter()
     service.close()
-    assert time.perf_counter() - t < 0.5
-    thread.join(timeout=10)
-    assert not thread.is_alive()  # it saw the stop request once warm
+    assert time.perf_counter() - t < 5
+    assert not process.is_alive()
+    assert not service._alive.value  # a worker would resample on its own
+
+
+def test_a_service_that_is_killed_is_noticed(monkeypatch):
+    """However the service process ends (here SIGKILL, as the kernel's OOM killer would), the
+    workers are told: none waits for ever for its reply."""
+    import signal
+    import time
+
+    monkeypatch.setattr(GpuService, "_warm_up", lambda self: None)
+    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu")
+    service.start()
+    deadline = time.monotonic() + 30
+    while not service.policy.warm.value and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert service._alive.value
+    os.kill(service._process.pid, signal.SIGKILL)
+    while service._alive.value and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not service._alive.value
+    service.close()
 
 
 @pytest.mark.gpu
