@@ -254,6 +254,12 @@ class GpuService:
         error = None
         try:
             self._warm_up()
+            threads = int(os.environ.get("MEDPROC_ARENA_COMMIT", "8"))
+            if threads > 0:  # the pieces the workers' first cases will take, committed now
+                size = len(self.replies) * PER_WORKER // 3  # (~150 MB: a CT and its output)
+                threading.Thread(
+                    target=self._commit, args=(size, threads), name="commit", daemon=True
+                ).start()
         except Exception as e:  # noqa: BLE001 - answered to every request below
             error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
         self.policy.warm.value = 1  # (after a failed warm-up too: answered its error)
@@ -307,6 +313,10 @@ class GpuService:
                 self._send(r, message)
             except OSError:  # that worker is gone
                 pass
+
+    def _commit(self, nbytes: int, threads: int) -> None:
+        with span("arena_commit", bytes=nbytes):
+            self.arena.commit(nbytes, threads)
 
     def _warm_up(self) -> None:
         """DALI, the CUDA context and the pipeline, before any case (no PyTorch: numpy in and

@@ -173,6 +173,28 @@ class Arena:
         t = t.view(dt).view(slot.shape)
         return t.permute(2, 1, 0) if t.ndim == 3 else t.permute(2, 1, 0, 3)
 
+    def commit(self, nbytes: int, threads: int = 8) -> None:
+        """Commit the first ``nbytes`` of an unpinned arena now (``MADV_POPULATE_WRITE``,
+        Linux 5.14+; a no-op elsewhere), split over ``threads`` threads (each call leaves
+        the interpreter lock). First fit keeps reusing the low pages, so pieces taken later
+        land on pages that exist: mapping them costs a worker ~3 ms per 100 MB, against
+        65-94 ms for pages the kernel must first allocate and zero."""
+        if getattr(self, "_map", None) is None or not sys.platform.startswith("linux"):
+            return
+        import ctypes
+        from concurrent.futures import ThreadPoolExecutor
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        base, nbytes = self.bytes.ctypes.data, min(int(nbytes), self.nbytes)
+        step = max(_ALIGN, -(-nbytes // max(1, threads) // _ALIGN) * _ALIGN)
+
+        def one(at: int) -> None:
+            n = ctypes.c_size_t(min(step, nbytes - at))
+            libc.madvise(ctypes.c_void_p(base + at), n, MADV_POPULATE_WRITE)  # (errors: no-op)
+
+        with ThreadPoolExecutor(max(1, threads)) as ex:
+            list(ex.map(one, range(0, nbytes, step)))
+
     def release(self, slot: Slot) -> None:
         """Give a piece back once the engine has copied it."""
         with self._lock:
