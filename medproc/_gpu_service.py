@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 
 import numpy as np
 
@@ -72,6 +71,7 @@ class GpuService:
         nbytes: int | None = None,
         device: str = "gpu",
         share: bool | None = None,
+        services: int = 1,
     ):
         import multiprocessing
 
@@ -84,21 +84,20 @@ class GpuService:
         self.requests = ctx.SimpleQueue()
         self.replies = [ctx.Pipe(duplex=False) for _ in range(workers)]
         self._claimed = ctx.Value("i", 0)
-        self._alive = ctx.Value("b", 1, lock=False)  # 0 once the service has ended
-        # per worker: the number of its last request the service took off the queue (from
-        # then on the service owns that request's input pieces and gives them back)
+        self.n_services = max(1, int(services))
+        self._up = ctx.RawArray("b", [1] * self.n_services)  # per service: 0 once it ended
+        # per worker: the number of its last request a service took off the queue (from then
+        # on that service owns the request's input pieces and gives them back), and which
         self._taken = ctx.RawArray("q", workers)
-        self._process = None  # the service process (main process: after start())
-        #: who resamples what: the service or the worker (:mod:`medproc._gpu_share`)
-        self.policy = SharePolicy(ctx, share)
+        self._taker = ctx.RawArray("i", workers)
+        self._processes: list = []  # the service processes (main process: after start())
+        #: who resamples what: the services or the worker (:mod:`medproc._gpu_share`)
+        self.policy = SharePolicy(ctx, share, self.n_services)
         self.index: int | None = None  # in a worker: which reply pipe is its own
         self._seq = 0  # in a worker: the number of its last request
         #: cases answered with an output, and told to resample themselves (shared counters)
-        self._served = ctx.Value("i", 0, lock=False)  # (the service alone writes them)
-        self._no_room = ctx.Value("i", 0, lock=False)
-        #: (in the service) seconds of its busy time spent resampling (host -> device, DALI,
-        #: device -> host) and copying outputs into the arena (``-v`` reports them)
-        self.seconds = {"resample": 0.0, "out": 0.0}
+        self._served = ctx.Value("i", 0)
+        self._no_room = ctx.Value("i", 0)
 
     # --- in a worker -------------------------------------------------------------------------
     def attach(self) -> None:
@@ -119,7 +118,7 @@ class GpuService:
         resamples, or the arena has no room for the case or its output)."""
         from .errors import MedprocError
 
-        if not self._alive.value:  # the service has ended (its log says why)
+        if not self.alive:  # the services have ended (their log says why)
             return self.policy.here_instead()
         if not self.policy.worth_waiting():
             return self.policy.here_instead()
@@ -166,8 +165,10 @@ class GpuService:
         pipe = self.replies[self.index][0]
         while True:
             while not pipe.poll(1.0):
-                if not self._alive.value and not pipe.poll(0):
-                    if self._taken[self.index] != self._seq:
+                taken = self._taken[self.index] == self._seq
+                gone = not self._up[self._taker[self.index]] if taken else not self.alive
+                if gone and not pipe.poll(0):
+                    if not taken:
                         self._give_back(inputs)
                     raise MedprocError(
                         "the GPU service stopped; run the same command again "
@@ -186,6 +187,11 @@ class GpuService:
 
     # --- in the main process -----------------------------------------------------------------
     @property
+    def alive(self) -> bool:
+        """Whether a service process is still there."""
+        return any(self._up)
+
+    @property
     def served(self) -> int:
         """Cases the service answered with an output."""
         return self._served.value
@@ -196,218 +202,58 @@ class GpuService:
         return self._no_room.value
 
     def start(self) -> None:
-        """Fork the service process (after the workers forked: it imports DALI and CUDA).
-        SIGINT stays blocked until it ignores it (Ctrl-C is the main process's to handle); it
-        ends with the main process. A thread of this process notes when it ends, however it
-        ends, so that no worker waits for a reply from a service that is gone."""
+        """Fork the service processes (after the workers forked: they import DALI and CUDA).
+        SIGINT stays blocked until they ignore it (Ctrl-C is the main process's to handle);
+        they end with the main process. A thread of this process notes when one ends, however
+        it ends, so that no worker waits for a reply from a service that is gone."""
         import signal
+
+        from ._gpu_serve import Server
 
         masked = hasattr(signal, "pthread_sigmask")
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
         try:
-            self._process = self._ctx.Process(
-                target=self._serve, args=(os.getpid(),), name="medproc-gpu", daemon=True
-            )
-            self._process.start()
+            for k in range(self.n_services):
+                p = self._ctx.Process(
+                    target=Server(self, k).serve,
+                    args=(os.getpid(),),
+                    name=f"medproc-gpu-{k}",
+                    daemon=True,
+                )
+                p.start()
+                self._processes.append(p)
         finally:
             if masked:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
-        def watch(sentinel=self._process.sentinel) -> None:  # (readable once it has ended;
-            from multiprocessing.connection import wait  # close() reaps it)
+        def watch(k: int, sentinel) -> None:  # (readable once it has ended; close() reaps it)
+            from multiprocessing.connection import wait
 
             wait([sentinel])
-            self._alive.value = 0
+            self._up[k] = 0
 
-        threading.Thread(target=watch, name="medproc-gpu-watch", daemon=True).start()
+        for k, p in enumerate(self._processes):
+            threading.Thread(
+                target=watch, args=(k, p.sentinel), name="medproc-gpu-watch", daemon=True
+            ).start()
 
     def close(self) -> None:
-        """Stop the service (every case is settled). A service still warming up (no case
-        reached it: e.g. a rerun with nothing to do) is not waited for: it is terminated."""
-        process, self._process = self._process, None
-        if process is not None and process.is_alive():
-            if self.policy.warm.value:
-                self.requests.put(None)
-                process.join(timeout=30)
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=10)
-        self._alive.value = 0
+        """Stop the services (every case is settled). Services still warming up (no case
+        reached them: e.g. a rerun with nothing to do) are not waited for: they are
+        terminated."""
+        processes, self._processes = self._processes, []
+        if self.policy.warm.value:
+            for p in processes:  # one stop request each
+                if p.is_alive():
+                    self.requests.put(None)
+        for p in processes:
+            if p.is_alive() and self.policy.warm.value:
+                p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
+        for k in range(self.n_services):
+            self._up[k] = 0
 
     def _send(self, req, reply) -> None:
         self.replies[req[0]][1].send((req[1], reply))
-
-    def _serve(self, parent: int) -> None:
-        """The service process's body."""
-        from ._procs import die_with_parent, ignore_sigint
-
-        ignore_sigint()
-        die_with_parent(parent, pdeathsig=True)
-        try:
-            self._loop()
-        except BaseException:  # noqa: BLE001 - said here; the workers resample themselves
-            log.exception("GPU service stopped; the workers resample on their CPUs from now")
-        finally:
-            self._alive.value = 0  # waiting workers fail their case instead of hanging
-
-    def _loop(self) -> None:
-        error = None
-        try:
-            self._warm_up()
-            threads = int(os.environ.get("MEDPROC_ARENA_COMMIT", "8"))
-            if threads > 0:  # the pieces the workers' first cases will take, committed now
-                size = len(self.replies) * PER_WORKER // 3  # (~150 MB: a CT and its output)
-                threading.Thread(
-                    target=self._commit, args=(size, threads), name="commit", daemon=True
-                ).start()
-        except Exception as e:  # noqa: BLE001 - answered to every request below
-            error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
-        self.policy.warm.value = 1  # (after a failed warm-up too: answered its error)
-        busy = 0.0
-        while True:
-            first = self.requests.get()
-            if first is None:
-                log.info(
-                    "GPU service: %d case(s), %.2f s busy (%.2f resampling, %.2f copying out); "
-                    "%d case(s) resampled by the workers",
-                    self.served,
-                    busy,
-                    self.seconds["resample"],
-                    self.seconds["out"],
-                    self.policy.here.value + self.no_room,
-                )
-                return
-            batch, stop, ran = [first], False, False
-            t = time.perf_counter()
-            try:
-                self._taken[first[0]] = first[1]
-                while len(batch) < BATCH and not self.requests.empty():
-                    req = self.requests.get()
-                    if req is None:
-                        stop = True
-                        break
-                    self._taken[req[0]] = req[1]
-                    batch.append(req)
-                ran = True
-                if error is not None:
-                    self._refuse(batch, error)
-                else:
-                    self._run(batch)  # (answers its batch whatever happens)
-            except BaseException as e:
-                if not ran:  # taken off the queue, not yet answered
-                    self._refuse(batch, f"{type(e).__name__}: {e}")
-                raise
-            finally:
-                took = time.perf_counter() - t
-                self.policy.done(len(batch), took)
-            busy += took
-            if stop:
-                return
-
-    def _refuse(self, batch, message: str) -> None:
-        """Answer every request of ``batch`` with an error, their pieces given back first."""
-        for r in batch:
-            self._give_back(r[2])
-        for r in batch:
-            try:
-                self._send(r, message)
-            except OSError:  # that worker is gone
-                pass
-
-    def _commit(self, nbytes: int, threads: int) -> None:
-        with span("arena_commit", bytes=nbytes):
-            self.arena.commit(nbytes, threads)
-
-    def _warm_up(self) -> None:
-        """DALI, the CUDA context and the pipeline, before any case (no PyTorch: numpy in and
-        out, DALI copies to and from the GPU itself)."""
-        from .volume import Volume
-
-        t = time.perf_counter()
-        tiny = Volume(np.zeros((8, 8, 8), np.int16), np.diag([2.0, 2.0, 2.0, 1.0]))
-        with span("service_warm_up"):
-            self._resample([tiny], None)
-        log.info("GPU service ready in %.2f s (DALI, CUDA, pipeline)", time.perf_counter() - t)
-
-    def _resample(self, vols, labs):
-        from .resample import resample_batch
-
-        return resample_batch(vols, self.spec, device=self.device, labels=labs)
-
-    def _run(self, batch) -> None:
-        """Resample a batch's pieces in place (those with labels apart from those without),
-        answer every request exactly once, then give the input pieces back."""
-        answered: set[int] = set()  # requests replied to
-        given: set[int] = set()  # requests whose input pieces are back already
-        try:
-            for with_label in (False, True):
-                part = [r for r in batch if (len(r[2]) > 1) == with_label]
-                try:
-                    self._answer(part, with_label, answered, given)
-                except Exception as e:  # noqa: BLE001 - find the case(s) that fail, one by one
-                    for r in part:
-                        if id(r) in answered:
-                            continue
-                        if id(r) in given:  # its input is gone: cannot be tried alone
-                            self._send(r, f"{type(e).__name__}: {e}")
-                            answered.add(id(r))
-                            continue
-                        try:
-                            self._answer([r], with_label, answered, given)
-                        except Exception as e:  # noqa: BLE001
-                            self._send(r, f"{type(e).__name__}: {e}")
-                            answered.add(id(r))
-        except BaseException as e:
-            for r in batch:  # never leave a worker waiting
-                if id(r) not in answered:
-                    self._send(r, f"{type(e).__name__}: {e}")
-            raise
-        finally:
-            for r in batch:
-                if id(r) not in given:
-                    self._give_back(r[2])
-
-    def _answer(self, part, with_label: bool, answered: set, given: set) -> None:
-        from .volume import Volume
-
-        if not part:
-            return
-        vols, labs = [], [] if with_label else None
-        for r in part:
-            arrays = [self.arena.array(s) for s in r[2]]
-            vols.append(Volume(arrays[0], r[3]))
-            if with_label:
-                labs.append(Volume(arrays[1], r[3]))
-        t = time.perf_counter()
-        with span("gpu_resample", n=len(vols)):
-            results = self._resample(vols, labs)
-        self.seconds["resample"] += time.perf_counter() - t
-        del vols, labs
-        t = time.perf_counter()
-        for r in part:  # read: their room goes to the outputs
-            self._give_back(r[2])
-            given.add(id(r))
-        if len(results) != len(part):
-            raise RuntimeError(f"{len(part)} volumes resampled into {len(results)}")
-        for r, res in zip(part, results):
-            outs = res if with_label else (res,)
-            with span("copy_out"):
-                slots = [self._to_host(np.asarray(o.array)) for o in outs]
-            if any(s is None for s in slots):  # no room: the worker resamples it itself
-                self._give_back([s for s in slots if s is not None])
-                self._send(r, None)
-                self._no_room.value += 1
-            else:
-                self._send(r, (slots, outs[0].affine))
-                self._served.value += 1
-            answered.add(id(r))
-        self.seconds["out"] += time.perf_counter() - t
-
-    def _to_host(self, t: np.ndarray):
-        """Copy an output into an arena piece (waiting a while for room); None if none."""
-        deadline = time.monotonic() + ROOM_WAIT_S
-        slot = self.arena.put(t)
-        while slot is None and time.monotonic() < deadline:
-            time.sleep(0.002)  # workers are writing and will give pieces back
-            slot = self.arena.put(t)
-        return slot

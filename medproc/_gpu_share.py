@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["SharePolicy", "FIRST_LOCAL_S", "service_wanted"]
+__all__ = ["SharePolicy", "FIRST_LOCAL_S", "service_wanted", "service_count"]
 
 #: seconds a worker's first resampling is taken to cost (importing DALI, building its pipeline)
 FIRST_LOCAL_S = 0.8
@@ -29,10 +29,11 @@ FIRST_LOCAL_S = 0.8
 class SharePolicy:
     """Made in the main process before the workers fork (the counters are shared memory)."""
 
-    def __init__(self, ctx, share: bool | None = None):
+    def __init__(self, ctx, share: bool | None = None, services: int = 1):
         #: whether workers resample on their CPUs when that is sooner
         self.share = os.environ.get("MEDPROC_GPU_SHARE", "1") != "0" if share is None else share
-        self.warm = ctx.Value("b", 0, lock=False)  # 1 once the service's warm-up is over
+        self.services = services  # service processes taking requests side by side
+        self.warm = ctx.Value("b", 0, lock=False)  # 1 once a service's warm-up is over
         self.pending = ctx.Value("i", 0)  # requests queued and not yet done by the service
         self.per_case = ctx.Value("d", 0.0, lock=False)  # the service's seconds per case
         self.here = ctx.Value("i", 0)  # cases the workers resampled themselves
@@ -47,7 +48,7 @@ class SharePolicy:
         fresh = not self._first_done  # no DALI here yet
         if not self.warm.value:  # the service imports DALI: as long as this worker would
             return fresh
-        per = self.per_case.value
+        per = self.per_case.value / self.services  # (the backlog's seconds per case)
         if fresh:  # the backlog against FIRST_LOCAL_S (unknown before its first batch: wait)
             return not per or (self.pending.value + 1) * per < FIRST_LOCAL_S
         if self.local_s is None or not per:  # DALI here, not timed yet: only an idle service
@@ -97,3 +98,14 @@ def service_wanted(device: str, executor, dask, dry_run: bool) -> bool:
         and can_fork("cpu")
         and os.environ.get("MEDPROC_GPU_SERVICE", "1") != "0"
     )
+
+
+def service_count(cores: int) -> int:
+    """How many GPU service processes a batch runs: ``MEDPROC_GPU_SERVICES``, else 2 on a
+    machine of 8 cores or more (one service was the batch's serial stage on the H200 node:
+    busy ~80% of it at ~50 ms per 512 x 512 x 200 series, mostly copies between host memory
+    and the GPU made by the CPU), else 1."""
+    n = os.environ.get("MEDPROC_GPU_SERVICES")
+    if n:
+        return max(1, int(n))
+    return 2 if cores >= 8 else 1

@@ -94,7 +94,7 @@ def convert(
         process; with more allowed, one case found in a folder of DICOM files is converted by a
         forked worker that imported DALI while the headers were read, see the module doc).
         ``"auto"``: one forked CPU worker per core; with ``device="gpu"`` one forked CPU
-        worker per core but one, and the GPU in this process (:mod:`medproc._gpu_service`);
+        worker per core but the GPU service processes' (:mod:`medproc._gpu_service`);
         spawned workers (no fork, or a process that already holds DALI or CUDA): 1 on 2 cores
         or fewer or for 2 cases or fewer, else half the cores (see
         :func:`medproc._procs.auto_workers`).
@@ -202,7 +202,7 @@ def prepare(
 
     t0 = time.perf_counter()
     from ._gpu_service import GpuService
-    from ._gpu_share import service_wanted
+    from ._gpu_share import service_count, service_wanted
     from ._procs import _cores, auto_workers, can_fork, start_pool
     from ._trace import span
     from .manifest import check_outdir
@@ -223,8 +223,9 @@ def prepare(
         service = None
         if service_wanted(device, ex, dask, dry_run):  # forked CPU workers + a GPU service
             cores = auto_workers(fork=True)
-            want = max(1, cores - 1) if workers == "auto" else workers
-            service, fork = GpuService(want, spec), True
+            n = service_count(cores)
+            want = max(1, cores - n) if workers == "auto" else workers
+            service, fork = GpuService(want, spec, services=n), True
         else:
             fork = can_fork(device)
             want = auto_workers(fork=fork) if workers == "auto" else workers
@@ -300,7 +301,8 @@ def prepare(
             _drop(pool, warm)
         how = getattr(batch.executor, "medproc_start_method", None)
         how = "in this process" if batch.executor is None else f"{how or 'given'} pool"
-        how += ", the GPU in this process" if service is not None else ""
+        if service is not None:
+            how += f", {service.n_services} GPU service process(es)"
         log.info(
             "%d case(s) to convert, %d worker(s), %s (inputs listed, headers read and cases "
             "planned in %.2f s)",

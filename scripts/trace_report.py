@@ -30,11 +30,13 @@ def lanes(events: list[dict]) -> dict[str, list[dict]]:
     """Events by lane: ``main``, ``service`` (the GPU service: a process, or a thread of the
     main process) and ``worker N``."""
     main = {e["pid"] for e in events if e["name"] == "start"}
-    service = {e["pid"] for e in events if e["name"] == "service_warm_up"} - main
-    workers = sorted({e["pid"] for e in events} - main - service)
+    service = sorted({e["pid"] for e in events if e["name"] == "service_warm_up"} - main)
+    workers = sorted({e["pid"] for e in events} - main - set(service))
     out: dict[str, list[dict]] = defaultdict(list)
     for e in events:
-        if e["pid"] in service or e["thread"] == "medproc-gpu":
+        if e["pid"] in service:
+            out[f"service {service.index(e['pid'])}"].append(e)
+        elif e["thread"] == "medproc-gpu":
             out["service"].append(e)
         elif e["pid"] in main:
             out["main"].append(e)
@@ -66,7 +68,7 @@ def report(events: list[dict]) -> str:
     )
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for lane, evs in by.items():
-        kind = "workers" if lane.startswith("worker") else lane
+        kind = lane.split()[0] + "s" if lane[-1].isdigit() else lane
         for e in evs:
             groups[(kind, e["name"])].append(e)
     for (kind, name), es in sorted(groups.items()):

@@ -15,6 +15,7 @@ import pytest
 
 from medproc import Spec
 from medproc._convert_case import _init_worker, _worker
+from medproc._gpu_serve import Server
 from medproc._gpu_service import GpuService
 from medproc._procs import start_pool
 from medproc.convert import prepare
@@ -62,8 +63,13 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
         todo = todo[: int(n)] if int(n) else todo
         # every case through the service, except in "share" mode (its warm-up then takes a
         # while: the workers resample the cases meanwhile, and the service the later ones)
-        service = GpuService(
-            2, spec, nbytes=int(nbytes) or None, device="cpu", share=mode == "share"
+        service = GpuService(  # (two service processes side by side where that is the case)
+            2,
+            spec,
+            nbytes=int(nbytes) or None,
+            device="cpu",
+            share=mode == "share",
+            services=2 if mode in ("plain", "share") else 1,
         )
         if mode == "share":  # warm once the workers took two cases to resample themselves
             import time
@@ -72,15 +78,15 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             # with this flag); workers without one wait for a service warming up
             service.policy._first_done = True
 
-            warm = GpuService._warm_up
+            warm = Server.warm_up
 
             def slow_warm_up(self):
                 deadline = time.monotonic() + 60
-                while self.policy.here.value < 2 and time.monotonic() < deadline:
+                while self.s.policy.here.value < 2 and time.monotonic() < deadline:
                     time.sleep(0.01)
                 warm(self)
 
-            GpuService._warm_up = slow_warm_up
+            Server.warm_up = slow_warm_up
             import importlib
 
             resample_mod = importlib.import_module("medproc.resample")  # (the module)
@@ -97,14 +103,14 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             resample_mod.resample_batch = slow_in_workers
         if mode == "fail-first":  # the first case's volume fails, alone or in a batch
             bad = load(todo[0].case.source).shape
-            real = GpuService._resample
+            real = Server.resample
 
             def flaky(self, vols, labs):
                 if any(v.shape == bad for v in vols):
                     raise ValueError("broken on purpose")
                 return real(self, vols, labs)
 
-            GpuService._resample = flaky
+            Server.resample = flaky
         if mode == "dies":  # the service thread ends on its first batch
 
             class Gone(BaseException):
@@ -113,7 +119,7 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             def dies(self, part, with_label, answered, given):
                 raise Gone("the service thread ended")
 
-            GpuService._answer = dies
+            Server.answer = dies
         assert "nvidia.dali" not in sys.modules
         pool = start_pool(2, _init_worker, (os.getpid(), service))
         assert pool.medproc_start_method == "fork"
@@ -261,16 +267,17 @@ def test_close_does_not_wait_for_a_warm_up_no_case_needed(monkeypatch):
     CUDA context: a service process still warming up is terminated."""
     import time
 
-    monkeypatch.setattr(GpuService, "_warm_up", lambda self: time.sleep(30))
-    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu")
+    monkeypatch.setattr(Server, "warm_up", lambda self: time.sleep(30))
+    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", services=2)
     service.start()
-    process = service._process
-    assert process.is_alive() and process.pid != os.getpid()
+    processes = list(service._processes)
+    assert len(processes) == 2
+    assert all(p.is_alive() and p.pid != os.getpid() for p in processes)
     t = time.perf_counter()
     service.close()
     assert time.perf_counter() - t < 5
-    assert not process.is_alive()
-    assert not service._alive.value  # a worker would resample on its own
+    assert not any(p.is_alive() for p in processes)
+    assert not service.alive  # a worker would resample on its own
 
 
 def test_a_service_that_is_killed_is_noticed(monkeypatch):
@@ -279,17 +286,21 @@ def test_a_service_that_is_killed_is_noticed(monkeypatch):
     import signal
     import time
 
-    monkeypatch.setattr(GpuService, "_warm_up", lambda self: None)
-    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu")
+    monkeypatch.setattr(Server, "warm_up", lambda self: None)
+    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", services=2)
     service.start()
     deadline = time.monotonic() + 30
     while not service.policy.warm.value and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert service._alive.value
-    os.kill(service._process.pid, signal.SIGKILL)
-    while service._alive.value and time.monotonic() < deadline:
+    assert service.alive
+    os.kill(service._processes[0].pid, signal.SIGKILL)
+    while service._up[0] and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not service._alive.value
+    assert not service._up[0] and service._up[1]  # one gone, noticed; the other serves on
+    os.kill(service._processes[1].pid, signal.SIGKILL)
+    while service.alive and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not service.alive
     service.close()
 
 
@@ -312,7 +323,7 @@ def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path)
         r = subprocess.run(cmd + ["-j", "3"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         if dev == "gpu":
-            assert "the GPU in this process" in r.stderr and "GPU service ready" in r.stderr
+            assert "GPU service process(es)" in r.stderr and "GPU service ready" in r.stderr
     names = _outputs(tmp_path / "cpu")
     assert names == _outputs(tmp_path / "gpu") and any("_label" in f for f in names)
     for f in names:

@@ -1,0 +1,222 @@
+"""The service processes' side of :mod:`medproc._gpu_service`: warm up (DALI, the CUDA context,
+the pipeline), then take the waiting requests batch by batch, resample them straight from the
+arena, copy each output into a piece of it and answer each worker exactly once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+from ._trace import span
+
+log = logging.getLogger("medproc.convert")
+
+__all__ = ["Server"]
+
+
+class Server:
+    """Service process number ``k`` of ``service`` (a :class:`~medproc._gpu_service.GpuService`
+    whose shared state it was forked with)."""
+
+    def __init__(self, service, k: int):
+        self.s, self.k = service, k
+        self.served, self.no_room = 0, 0  # (this process's; the shared counters too)
+        #: seconds of the busy time spent resampling (host -> device, DALI, device -> host) and
+        #: copying outputs into the arena (``-v`` reports them)
+        self.seconds = {"resample": 0.0, "out": 0.0}
+
+    def serve(self, parent: int) -> None:
+        """The service process's body."""
+        from ._procs import die_with_parent, ignore_sigint
+
+        ignore_sigint()
+        die_with_parent(parent, pdeathsig=True)
+        try:
+            self.loop()
+        except BaseException:  # noqa: BLE001 - said here; the workers resample themselves
+            log.exception("GPU service stopped; the workers resample on their CPUs from now")
+        finally:
+            self.s._up[self.k] = 0  # waiting workers fail their case instead of hanging
+
+    def loop(self) -> None:
+        from . import _gpu_service as config  # (its constants, as the tests may have set them)
+
+        s, error = self.s, None
+        try:
+            self.warm_up()
+            threads = int(os.environ.get("MEDPROC_ARENA_COMMIT", "8"))
+            if threads > 0 and self.k == 0:  # the pieces the workers' first cases take
+                size = len(s.replies) * config.PER_WORKER // 3  # (~150 MB: a CT, its output)
+                threading.Thread(
+                    target=self.commit, args=(size, threads), name="commit", daemon=True
+                ).start()
+        except Exception as e:  # noqa: BLE001 - answered to every request below
+            error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
+        s.policy.warm.value = 1  # (after a failed warm-up too: answered its error)
+        busy = 0.0
+        while True:
+            first = s.requests.get()
+            if first is None:
+                log.info(
+                    "GPU service%s: %d case(s), %.2f s busy (%.2f resampling, %.2f copying "
+                    "out); %d case(s) resampled by the workers so far",
+                    f" {self.k + 1} of {s.n_services}" if s.n_services > 1 else "",
+                    self.served,
+                    busy,
+                    self.seconds["resample"],
+                    self.seconds["out"],
+                    s.policy.here.value + s.no_room,
+                )
+                return
+            batch, stop, ran = [first], False, False
+            t = time.perf_counter()
+            try:
+                self._take(first)
+                while len(batch) < config.BATCH and not s.requests.empty():
+                    req = s.requests.get()
+                    if req is None:  # (one stop request per service: this one's)
+                        stop = True
+                        break
+                    self._take(req)
+                    batch.append(req)
+                ran = True
+                if error is not None:
+                    self.refuse(batch, error)
+                else:
+                    self.run(batch)  # (answers its batch whatever happens)
+            except BaseException as e:
+                if not ran:  # taken off the queue, not yet answered
+                    self.refuse(batch, f"{type(e).__name__}: {e}")
+                raise
+            finally:
+                took = time.perf_counter() - t
+                s.policy.done(len(batch), took)
+            busy += took
+            if stop:
+                return
+
+    def _take(self, req) -> None:
+        """This process owns ``req`` from now on (which service: before the number, which
+        the worker reads first)."""
+        self.s._taker[req[0]] = self.k
+        self.s._taken[req[0]] = req[1]
+
+    def refuse(self, batch, message: str) -> None:
+        """Answer every request of ``batch`` with an error, their pieces given back first."""
+        for r in batch:
+            self.s._give_back(r[2])
+        for r in batch:
+            try:
+                self.s._send(r, message)
+            except OSError:  # that worker is gone
+                pass
+
+    def commit(self, nbytes: int, threads: int) -> None:
+        with span("arena_commit", bytes=nbytes):
+            self.s.arena.commit(nbytes, threads)
+
+    def warm_up(self) -> None:
+        """DALI, the CUDA context and the pipeline, before any case (no PyTorch: numpy in and
+        out, DALI copies to and from the GPU itself)."""
+        from .volume import Volume
+
+        t = time.perf_counter()
+        tiny = Volume(np.zeros((8, 8, 8), np.int16), np.diag([2.0, 2.0, 2.0, 1.0]))
+        with span("service_warm_up"):
+            self.resample([tiny], None)
+        log.info("GPU service ready in %.2f s (DALI, CUDA, pipeline)", time.perf_counter() - t)
+
+    def resample(self, vols, labs):
+        from .resample import resample_batch
+
+        return resample_batch(vols, self.s.spec, device=self.s.device, labels=labs)
+
+    def run(self, batch) -> None:
+        """Resample a batch's pieces in place (those with labels apart from those without),
+        answer every request exactly once, then give the input pieces back."""
+        send = self.s._send
+        answered: set[int] = set()  # requests replied to
+        given: set[int] = set()  # requests whose input pieces are back already
+        try:
+            for with_label in (False, True):
+                part = [r for r in batch if (len(r[2]) > 1) == with_label]
+                try:
+                    self.answer(part, with_label, answered, given)
+                except Exception as e:  # noqa: BLE001 - find the case(s) that fail, one by one
+                    for r in part:
+                        if id(r) in answered:
+                            continue
+                        if id(r) in given:  # its input is gone: cannot be tried alone
+                            send(r, f"{type(e).__name__}: {e}")
+                            answered.add(id(r))
+                            continue
+                        try:
+                            self.answer([r], with_label, answered, given)
+                        except Exception as e:  # noqa: BLE001
+                            send(r, f"{type(e).__name__}: {e}")
+                            answered.add(id(r))
+        except BaseException as e:
+            for r in batch:  # never leave a worker waiting
+                if id(r) not in answered:
+                    send(r, f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            for r in batch:
+                if id(r) not in given:
+                    self.s._give_back(r[2])
+
+    def answer(self, part, with_label: bool, answered: set, given: set) -> None:
+        from .volume import Volume
+
+        if not part:
+            return
+        s = self.s
+        vols, labs = [], [] if with_label else None
+        for r in part:
+            arrays = [s.arena.array(x) for x in r[2]]
+            vols.append(Volume(arrays[0], r[3]))
+            if with_label:
+                labs.append(Volume(arrays[1], r[3]))
+        t = time.perf_counter()
+        with span("gpu_resample", n=len(vols)):
+            results = self.resample(vols, labs)
+        self.seconds["resample"] += time.perf_counter() - t
+        del vols, labs
+        t = time.perf_counter()
+        for r in part:  # read: their room goes to the outputs
+            s._give_back(r[2])
+            given.add(id(r))
+        if len(results) != len(part):
+            raise RuntimeError(f"{len(part)} volumes resampled into {len(results)}")
+        for r, res in zip(part, results):
+            outs = res if with_label else (res,)
+            with span("copy_out"):
+                slots = [self.to_host(np.asarray(o.array)) for o in outs]
+            if any(x is None for x in slots):  # no room: the worker resamples it itself
+                s._give_back([x for x in slots if x is not None])
+                s._send(r, None)
+                self.no_room += 1
+                with s._no_room.get_lock():
+                    s._no_room.value += 1
+            else:
+                s._send(r, (slots, outs[0].affine))
+                self.served += 1
+                with s._served.get_lock():
+                    s._served.value += 1
+            answered.add(id(r))
+        self.seconds["out"] += time.perf_counter() - t
+
+    def to_host(self, t: np.ndarray):
+        """Copy an output into an arena piece (waiting a while for room); None if none."""
+        from . import _gpu_service as config
+
+        deadline = time.monotonic() + config.ROOM_WAIT_S
+        slot = self.s.arena.put(t)
+        while slot is None and time.monotonic() < deadline:
+            time.sleep(0.002)  # workers are writing and will give pieces back
+            slot = self.s.arena.put(t)
+        return slot
