@@ -80,7 +80,9 @@ class Batch:
     def close(self) -> None:
         """Stop the pool this batch started and release the output folder."""
         while self.closers:
-            self.closers.pop(0)()
+            close = self.closers.pop(0)
+            with span("close", what=getattr(close, "__qualname__", "")):
+                close()
 
     def __enter__(self) -> Batch:
         return self

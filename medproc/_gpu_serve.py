@@ -41,6 +41,7 @@ class Server:
             log.exception("GPU service stopped; the workers resample on their CPUs from now")
         finally:
             self.s._up[self.k] = 0  # waiting workers fail their case instead of hanging
+            _leave()
 
     def loop(self) -> None:
         from . import _gpu_service as config  # (its constants, as the tests may have set them)
@@ -220,3 +221,24 @@ class Server:
             time.sleep(0.002)  # workers are writing and will give pieces back
             slot = self.s.arena.put(t)
         return slot
+
+
+def _leave() -> None:
+    """End the service process now, without making anyone wait for its exit: its output
+    flushed, its standard streams let go (a caller reading the command's output through a pipe
+    would otherwise wait for them), then ``os._exit``. The driver tears down the CUDA context
+    as the process exits: on the H200 node the command took 0.2-0.4 s longer after its last
+    case while the main process waited for the service processes to end."""
+    import sys
+
+    for h in logging.getLogger().handlers + log.handlers:
+        h.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os._exit(0)

@@ -238,20 +238,27 @@ class GpuService:
             ).start()
 
     def close(self) -> None:
-        """Stop the services (every case is settled). Services still warming up (no case
-        reached them: e.g. a rerun with nothing to do) are not waited for: they are
-        terminated."""
+        """Stop the services (every case is settled): once each has said it is done (it
+        logged its summary and let its standard streams go), this returns; their exit, in
+        which the driver tears down the CUDA context, is reaped by a thread of this process,
+        waited for by no one. Services still warming up (no case reached them: e.g. a rerun
+        with nothing to do) are not waited for: they are terminated."""
+        import time
+
         processes, self._processes = self._processes, []
         if self.policy.warm.value:
             for p in processes:  # one stop request each
                 if p.is_alive():
                     self.requests.put(None)
-        for p in processes:
-            if p.is_alive() and self.policy.warm.value:
-                p.join(timeout=30)
-            if p.is_alive():
+            deadline = time.monotonic() + 30
+            while any(self._up) and time.monotonic() < deadline:
+                time.sleep(0.002)
+        for k, p in enumerate(processes):
+            if self._up[k] and p.is_alive():  # warming up (or stuck): ended now
                 p.terminate()
                 p.join(timeout=10)
+            else:
+                threading.Thread(target=p.join, name="medproc-gpu-reap", daemon=True).start()
         for k in range(self.n_services):
             self._up[k] = 0
 
