@@ -59,11 +59,15 @@ def test_gzip_bytes_at_part_borders(n):
 class _Counting:
     """An executor that counts the header reads handed to it."""
 
-    def __init__(self):
-        self.calls = 0
+    def __init__(self, workers=None):
+        self.calls, self.tasks = 0, []
+        if workers:
+            self._max_workers = workers  # (as a ProcessPoolExecutor says its size)
 
     def map(self, fn, *its):
         self.calls += 1
+        its = [list(it) for it in its]
+        self.tasks += [len(files) for files in its[0]]
         return map(fn, *its)
 
 
@@ -79,6 +83,12 @@ def test_few_files_are_scanned_here_and_on_files_may_give_the_pool(sample_data, 
     assert given.calls == 1
     assert [s.files for s in again.series] == [s.files for s in scan.series]
     assert [s.key for s in again.series] == [s.key for s in scan.series]
+    # a pool of known size gets one task per worker (all queued at once: see _chunks)
+    three = _Counting(workers=3)
+    third = dicom_scan.scan_dicom(dicom, on_files=lambda f: three)
+    n = len(seen[0])
+    assert len(three.tasks) == 3 and sum(three.tasks) == n and max(three.tasks) == -(-n // 3)
+    assert [s.files for s in third.series] == [s.files for s in scan.series]
 
 
 def _run(args, cwd):

@@ -8,6 +8,7 @@ error in the service failing only its case with the message. On the GPU (``-m gp
 command is compared with the CPU route against an independent reference."""
 
 import os
+import sys
 
 import nibabel as nib
 import numpy as np
@@ -334,6 +335,46 @@ def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path)
             assert np.mean(a != b) < 1e-3
         else:
             np.testing.assert_allclose(a, b, atol=0.05 * (np.ptp(a) or 1) + 1e-3)
+
+
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        got = tuple(int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return got >= (major, minor)
+
+
+@pytest.mark.skipif(
+    not (sys.platform.startswith("linux") and _kernel_at_least(5, 14)),
+    reason="MADV_POPULATE_* (Linux 5.14+)",
+)
+def test_a_committed_arena_takes_a_copy_without_a_fault_per_page():
+    """What the GPU service does for its workers' first copies: the arena's low pages
+    committed up front (in threads), so that a piece later taken there needs no fault per
+    page; the data goes through intact."""
+    import resource
+
+    from medproc._proxy_arena import Arena
+
+    arena = Arena(64 * 2**20, 4, pin=False)
+    arena.commit(32 * 2**20, threads=3)
+    vol = np.asfortranarray(np.arange(96 * 96 * 300, dtype=np.int16).reshape(96, 96, 300))
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    slot = arena.put(vol)  # 5.5 MB: ~1,350 pages
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    assert slot is not None and slot.offset == 0
+    assert faults < 100, faults
+    np.testing.assert_array_equal(arena.array(slot), vol)
+
+
+def test_the_number_of_gpu_services(monkeypatch):
+    from medproc._gpu_share import service_count
+
+    monkeypatch.delenv("MEDPROC_GPU_SERVICES", raising=False)
+    assert (service_count(2), service_count(8), service_count(16)) == (1, 2, 2)
+    monkeypatch.setenv("MEDPROC_GPU_SERVICES", "3")
+    assert service_count(2) == 3
 
 
 if __name__ == "__main__":
