@@ -49,7 +49,7 @@ class Server:
         s, error = self.s, None
         try:
             self.warm_up()
-            threads = int(os.environ.get("MEDPROC_ARENA_COMMIT", "8"))
+            threads = s.commit_threads
             if threads > 0 and self.k == 0:  # the pieces the workers' first cases take
                 size = len(s.replies) * config.PER_WORKER // 3  # (~150 MB: a CT, its output)
                 threading.Thread(

@@ -38,7 +38,7 @@ import threading
 
 import numpy as np
 
-from ._gpu_share import SharePolicy
+from ._gpu_share import SharePolicy, env_count
 from ._trace import span
 
 log = logging.getLogger("medproc.convert")
@@ -76,6 +76,9 @@ class GpuService:
         import multiprocessing
 
         from ._proxy_arena import Arena, arena_bytes
+
+        #: threads committing the arena's first pieces once a service is warm (0: none)
+        self.commit_threads = env_count("MEDPROC_ARENA_COMMIT", 8)
 
         ctx = self._ctx = multiprocessing.get_context("fork")
         self.spec, self.device = spec, device  # "cpu": the same protocol on DALI's CPU backend

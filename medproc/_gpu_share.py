@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["SharePolicy", "FIRST_LOCAL_S", "service_wanted", "service_count"]
+__all__ = ["SharePolicy", "FIRST_LOCAL_S", "service_wanted", "service_count", "env_count"]
 
 #: seconds a worker's first resampling is taken to cost (importing DALI, building its pipeline)
 FIRST_LOCAL_S = 0.8
@@ -105,7 +105,22 @@ def service_count(cores: int) -> int:
     machine of 8 cores or more (one service was the batch's serial stage on the H200 node:
     busy ~80% of it at ~50 ms per 512 x 512 x 200 series, mostly copies between host memory
     and the GPU made by the CPU), else 1."""
-    n = os.environ.get("MEDPROC_GPU_SERVICES")
-    if n:
-        return max(1, int(n))
-    return 2 if cores >= 8 else 1
+    return env_count("MEDPROC_GPU_SERVICES", 2 if cores >= 8 else 1, low=1)
+
+
+def env_count(name: str, default: int, low: int = 0) -> int:
+    """The whole number in the environment variable ``name`` (``default`` when unset or
+    empty); a :class:`~medproc.errors.UsageError` naming it when it is not one, or below
+    ``low``."""
+    from .errors import UsageError
+
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        n = int(text)
+    except ValueError:
+        n = None
+    if n is None or n < low:
+        raise UsageError(f"{name}={text!r}: a whole number >= {low} is needed")
+    return n

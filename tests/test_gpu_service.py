@@ -375,6 +375,16 @@ def test_the_number_of_gpu_services(monkeypatch):
     assert (service_count(2), service_count(8), service_count(16)) == (1, 2, 2)
     monkeypatch.setenv("MEDPROC_GPU_SERVICES", "3")
     assert service_count(2) == 3
+    from medproc.errors import UsageError
+
+    for bad in ("abc", "0", "1.5"):  # a clear error naming the variable, before any work
+        monkeypatch.setenv("MEDPROC_GPU_SERVICES", bad)
+        with pytest.raises(UsageError, match="MEDPROC_GPU_SERVICES"):
+            service_count(16)
+    monkeypatch.delenv("MEDPROC_GPU_SERVICES")
+    monkeypatch.setenv("MEDPROC_ARENA_COMMIT", "x")
+    with pytest.raises(UsageError, match="MEDPROC_ARENA_COMMIT"):
+        GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu")
 
 
 if __name__ == "__main__":
