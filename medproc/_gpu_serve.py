@@ -15,7 +15,10 @@ from ._trace import span
 
 log = logging.getLogger("medproc.convert")
 
-__all__ = ["Server"]
+__all__ = ["Server", "TAKER"]
+
+#: a worker's ``_taken`` entry: the number of its last request taken x TAKER + the service's
+TAKER = 256
 
 
 class Server:
@@ -49,15 +52,12 @@ class Server:
         s, error = self.s, None
         try:
             self.warm_up()
-            threads = s.commit_threads
-            if threads > 0 and self.k == 0:  # the pieces the workers' first cases take
-                size = len(s.replies) * config.PER_WORKER // 3  # (~150 MB: a CT, its output)
-                threading.Thread(
-                    target=self.commit, args=(size, threads), name="commit", daemon=True
-                ).start()
+            if s.commit_threads > 0 and self.k == 0:  # the pieces the first cases take
+                threading.Thread(target=self.commit, name="commit", daemon=True).start()
         except Exception as e:  # noqa: BLE001 - answered to every request below
             error = f"--device gpu: the GPU could not be used ({type(e).__name__}: {e})"
-        s.policy.warm.value = 1  # (after a failed warm-up too: answered its error)
+        s._warm[self.k] = 1  # (after a failed warm-up too: answered its error)
+        s.policy.warm.value = 1
         busy = 0.0
         while True:
             first = s.requests.get()
@@ -77,13 +77,7 @@ class Server:
             t = time.perf_counter()
             try:
                 self._take(first)
-                while len(batch) < config.BATCH and not s.requests.empty():
-                    req = s.requests.get()
-                    if req is None:  # (one stop request per service: this one's)
-                        stop = True
-                        break
-                    self._take(req)
-                    batch.append(req)
+                stop = _gather(s.requests, batch, config.BATCH, self._take)
                 ran = True
                 if error is not None:
                     self.refuse(batch, error)
@@ -101,10 +95,9 @@ class Server:
                 return
 
     def _take(self, req) -> None:
-        """This process owns ``req`` from now on (which service: before the number, which
-        the worker reads first)."""
-        self.s._taker[req[0]] = self.k
-        self.s._taken[req[0]] = req[1]
+        """This process owns ``req`` from now on: its number and this service's, in one
+        store (a worker reads them together)."""
+        self.s._taken[req[0]] = req[1] * TAKER + self.k
 
     def refuse(self, batch, message: str) -> None:
         """Answer every request of ``batch`` with an error, their pieces given back first."""
@@ -116,9 +109,19 @@ class Server:
             except OSError:  # that worker is gone
                 pass
 
-    def commit(self, nbytes: int, threads: int) -> None:
+    def commit(self) -> None:
+        """Commit the arena pieces the workers' first cases will take: ~150 MB (a CT and its
+        output) for each worker that will have a case, once the main process has planned
+        the batch (``GpuService.planned``; every worker if it has not said within 5 s)."""
+        from . import _gpu_service as config
+
+        s, deadline = self.s, time.monotonic() + 5
+        while s._cases.value < 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        cases = s._cases.value if s._cases.value >= 0 else len(s.replies)
+        nbytes = min(len(s.replies), cases) * config.PER_WORKER // 3
         with span("arena_commit", bytes=nbytes):
-            self.s.arena.commit(nbytes, threads)
+            s.arena.commit(nbytes, s.commit_threads)
 
     def warm_up(self) -> None:
         """DALI, the CUDA context and the pipeline, before any case (no PyTorch: numpy in and
@@ -221,6 +224,25 @@ class Server:
             time.sleep(0.002)  # workers are writing and will give pieces back
             slot = self.s.arena.put(t)
         return slot
+
+
+def _gather(requests, batch: list, limit: int, take) -> bool:
+    """Add to ``batch`` (taking each with ``take``) the requests waiting, up to ``limit``,
+    without ever blocking: another service may be waiting in ``get()`` for the same queue, and
+    a blocking read here could then wait for the next request while holding those taken.
+    True if a stop request came (one per service: this one's)."""
+    import queue
+
+    while len(batch) < limit:
+        try:
+            req = requests.get(block=False)
+        except queue.Empty:
+            return False
+        if req is None:
+            return True
+        take(req)
+        batch.append(req)
+    return False
 
 
 def _leave() -> None:

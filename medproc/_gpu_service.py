@@ -1,32 +1,38 @@
-"""``medproc convert --device gpu``: one GPU service process, fed by forked CPU workers.
+"""``medproc convert --device gpu``: GPU service processes, fed by forked CPU workers.
 
 Why: a conversion is mostly CPU work (header scan, reading, gzip); the GPU removes the
-resampling (0.16 s of ~0.47 s per 512x512x153 series on the H200 node). Spawned GPU workers,
+resampling (~0.17 s of ~0.45 s per 512x512x153 series on the H200 node). Spawned GPU workers,
 each importing torch and DALI and making its own CUDA context, cost more than that (the GPU
 route was 3x slower than the CPU route). So the workers are forked CPU workers (milliseconds;
-they import neither DALI nor PyTorch), and right after them the main process forks one more
-process, the service, which imports DALI, makes the one CUDA context and builds the pipeline
-while the workers scan and read. A thread of the main process did it until the node's trace
-(``MEDPROC_TRACE``, 32 series) showed the cost of sharing that process's interpreter lock:
-the header scan's tasks and results waited behind the service's warm-up (the scan ended
-0.15-0.3 s later than on the CPU route), and the main thread's bookkeeping of a finished case
-took up to 0.2 s against 0.05 s. No PyTorch: DALI copies numpy to and from the GPU itself
-(importing torch alone took 1.8-2.5 s on the node). Then:
+they import neither DALI nor PyTorch), and right after them the main process forks the
+services (2 on 8 cores or more, see :func:`medproc._gpu_share.service_count`), each of which
+imports DALI, makes its own CUDA context and builds its pipeline while the workers scan and
+read (their loop: :mod:`medproc._gpu_serve`). A thread of the main process did it until the
+node's trace (``MEDPROC_TRACE``, 32 series) showed the cost of sharing that process's
+interpreter lock: the header scan's tasks and results waited behind the service's warm-up (the
+scan ended 0.3-0.45 s later than on the CPU route), and the main thread's bookkeeping of a
+finished case took up to 0.3 s against 0.03-0.08 s; one service was then the batch's serial
+stage (busy ~80% of it). No PyTorch: DALI copies numpy to and from the GPU itself (importing
+torch alone took 1.8-2.5 s on the node). Then:
 
 1. a worker reads a case and copies its voxels into a piece of a shared arena (the proxy's
-   :class:`medproc._proxy_arena.Arena`, anonymous shared memory) and sends a small request;
-2. the service takes every request waiting (up to ``BATCH``), resamples them as one
-   DALI batch straight from the arena, copies each output into a piece it takes, answers each
-   worker with a reference to its output, and gives the input pieces back;
+   :class:`medproc._proxy_arena.Arena`, anonymous shared memory) and puts a small request on
+   the one queue;
+2. a service takes every request waiting (up to ``BATCH``, never blocking for more), resamples
+   them as one DALI batch straight from the arena, copies each output into a piece it takes,
+   answers each worker with a reference to its output, and gives the input pieces back;
 3. the worker compresses and writes the output straight from the arena, then gives it back.
 
 The work is shared (:mod:`medproc._gpu_share`): a worker resamples a case on its own CPU (DALI's
-CPU backend; the output agrees within float rounding) when the service's backlog would keep
+CPU backend; the output agrees within float rounding) when the services' backlog would keep
 it waiting longer than its own resampling takes (its first includes importing DALI), and when
 the arena has no room for the case (or, after ``ROOM_WAIT_S``, for its output).
-An error of the service (no usable GPU after all) fails the cases with its message; a service
-that ends (or is killed) makes the workers resample on their own.
-``MEDPROC_GPU_SERVICE=0`` turns the service off: spawned GPU workers, each with its own CUDA
+An error of a service (no usable GPU after all) fails the cases it takes with its message; a
+worker waiting on a request knows which service took it and fails the case if that one ended;
+once every service has ended the workers resample on their own. Known gap: a service killed
+(SIGKILL, the OOM killer) after taking a request leaves that request's arena pieces taken for
+the rest of the run (no one can tell whether it gave them back before it died).
+``MEDPROC_GPU_SERVICE=0`` turns the services off: spawned GPU workers, each with its own CUDA
 context (the route before this one, kept for comparison).
 """
 
@@ -35,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -84,15 +91,17 @@ class GpuService:
         self.spec, self.device = spec, device  # "cpu": the same protocol on DALI's CPU backend
         nbytes = nbytes or min(max(arena_bytes(), 64 * 2**20), workers * PER_WORKER)
         self.arena = Arena(nbytes, entries=4 * workers + 2 * BATCH, pin=False)
-        self.requests = ctx.SimpleQueue()
+        self.requests = ctx.Queue()  # (its get(block=False) never waits for another reader)
         self.replies = [ctx.Pipe(duplex=False) for _ in range(workers)]
         self._claimed = ctx.Value("i", 0)
         self.n_services = max(1, int(services))
         self._up = ctx.RawArray("b", [1] * self.n_services)  # per service: 0 once it ended
+        self._warm = ctx.RawArray("b", self.n_services)  # per service: 1 once warm
+        self._cases = ctx.Value("i", -1, lock=False)  # cases planned (-1: not known yet)
         # per worker: the number of its last request a service took off the queue (from then
-        # on that service owns the request's input pieces and gives them back), and which
+        # on that service owns the request's input pieces and gives them back) x TAKER + the
+        # number of that service (one store: read together)
         self._taken = ctx.RawArray("q", workers)
-        self._taker = ctx.RawArray("i", workers)
         self._processes: list = []  # the service processes (main process: after start())
         #: who resamples what: the services or the worker (:mod:`medproc._gpu_share`)
         self.policy = SharePolicy(ctx, share, self.n_services)
@@ -163,13 +172,15 @@ class GpuService:
         """The reply to this worker's last request (stale ones dropped). If the service has
         ended without taking the request, its ``inputs`` pieces are given back here (a request
         it took, it gave back itself)."""
+        from ._gpu_serve import TAKER
         from .errors import MedprocError
 
         pipe = self.replies[self.index][0]
         while True:
             while not pipe.poll(1.0):
-                taken = self._taken[self.index] == self._seq
-                gone = not self._up[self._taker[self.index]] if taken else not self.alive
+                seq, by = divmod(self._taken[self.index], TAKER)
+                taken = seq == self._seq
+                gone = not self._up[by] if taken else not self.alive
                 if gone and not pipe.poll(0):
                     if not taken:
                         self._give_back(inputs)
@@ -209,13 +220,11 @@ class GpuService:
         SIGINT stays blocked until they ignore it (Ctrl-C is the main process's to handle);
         they end with the main process. A thread of this process notes when one ends, however
         it ends, so that no worker waits for a reply from a service that is gone."""
-        import signal
-
         from ._gpu_serve import Server
+        from ._procs import sigint_blocked
 
-        masked = hasattr(signal, "pthread_sigmask")
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
-        try:
+        self.policy.since.value = time.monotonic()
+        with sigint_blocked():
             for k in range(self.n_services):
                 p = self._ctx.Process(
                     target=Server(self, k).serve,
@@ -225,9 +234,6 @@ class GpuService:
                 )
                 p.start()
                 self._processes.append(p)
-        finally:
-            if masked:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
         def watch(k: int, sentinel) -> None:  # (readable once it has ended; close() reaps it)
             from multiprocessing.connection import wait
@@ -240,6 +246,10 @@ class GpuService:
                 target=watch, args=(k, p.sentinel), name="medproc-gpu-watch", daemon=True
             ).start()
 
+    def planned(self, cases: int) -> None:
+        """The number of cases the batch will send (sizes the arena's commit)."""
+        self._cases.value = int(cases)
+
     def close(self) -> None:
         """Stop the services (every case is settled): once each has said it is done (it
         logged its summary and let its standard streams go), this returns; their exit, in
@@ -249,13 +259,13 @@ class GpuService:
         import time
 
         processes, self._processes = self._processes, []
-        if self.policy.warm.value:
-            for p in processes:  # one stop request each
-                if p.is_alive():
-                    self.requests.put(None)
-            deadline = time.monotonic() + 30
-            while any(self._up) and time.monotonic() < deadline:
-                time.sleep(0.002)
+        alive = [p for p in processes if p.is_alive()]
+        warm = [k for k, p in enumerate(processes) if self._warm[k] and p.is_alive()]
+        for _ in alive:  # one stop request each (a service takes one, then ends; one still
+            self.requests.put(None)  # warming up may become warm and take one meanwhile)
+        deadline = time.monotonic() + 30
+        while any(self._up[k] for k in warm) and time.monotonic() < deadline:
+            time.sleep(0.002)
         for k, p in enumerate(processes):
             if self._up[k] and p.is_alive():  # warming up (or stuck): ended now
                 p.terminate()

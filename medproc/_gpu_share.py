@@ -13,17 +13,22 @@ the service, to measure the GPU alone.
 
 Traced on the H200 node (32 series, ``MEDPROC_TRACE``): with the first resampling counted like
 any other, 10-14 of the 32 cases were resampled by workers that first had to import DALI, and
-those cases took 0.8-1.0 s each while the service was idle 43% of the batch.
+those cases took 0.39-0.45 s on average (up to 0.59 s) while the service was idle 43% of the
+batch.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 __all__ = ["SharePolicy", "FIRST_LOCAL_S", "service_wanted", "service_count", "env_count"]
 
 #: seconds a worker's first resampling is taken to cost (importing DALI, building its pipeline)
 FIRST_LOCAL_S = 0.8
+#: a worker without DALI waits for a service's warm-up (0.5-0.7 s on the H200 node) at most
+#: this long after the services started; then it resamples on its own
+WARM_WAIT_S = 5.0
 
 
 class SharePolicy:
@@ -34,6 +39,7 @@ class SharePolicy:
         self.share = os.environ.get("MEDPROC_GPU_SHARE", "1") != "0" if share is None else share
         self.services = services  # service processes taking requests side by side
         self.warm = ctx.Value("b", 0, lock=False)  # 1 once a service's warm-up is over
+        self.since = ctx.Value("d", 0.0, lock=False)  # time.monotonic() the services started
         self.pending = ctx.Value("i", 0)  # requests queued and not yet done by the service
         self.per_case = ctx.Value("d", 0.0, lock=False)  # the service's seconds per case
         self.here = ctx.Value("i", 0)  # cases the workers resampled themselves
@@ -47,7 +53,7 @@ class SharePolicy:
             return True
         fresh = not self._first_done  # no DALI here yet
         if not self.warm.value:  # the service imports DALI: as long as this worker would
-            return fresh
+            return fresh and time.monotonic() - self.since.value < WARM_WAIT_S
         per = self.per_case.value / self.services  # (the backlog's seconds per case)
         if fresh:  # the backlog against FIRST_LOCAL_S (unknown before its first batch: wait)
             return not per or (self.pending.value + 1) * per < FIRST_LOCAL_S

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -33,6 +34,7 @@ __all__ = [
     "start_pool",
     "kill_pool",
     "ignore_sigint",
+    "sigint_blocked",
 ]
 
 #: seconds between two looks at the parent
@@ -122,19 +124,27 @@ def start_pool(workers: int, initializer, initargs=(), device: str = "cpu"):
     from multiprocessing import get_context
 
     ctx = get_context("fork" if can_fork(device) else "spawn")
-    masked = hasattr(signal, "pthread_sigmask")
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
-    try:
+    with sigint_blocked():
         ex = ProcessPoolExecutor(
             max_workers=workers, mp_context=ctx, initializer=initializer, initargs=initargs
         )
         for _ in range(workers):  # forked: all at once; spawned: one per call until `workers`
             ex.submit(_noop)
+    ex.medproc_start_method = ctx.get_start_method()
+    return ex
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """SIGINT blocked in this thread meanwhile: processes started in the block inherit it
+    blocked (none is lost before they call :func:`ignore_sigint`)."""
+    masked = hasattr(signal, "pthread_sigmask")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if masked else None
+    try:
+        yield
     finally:
         if masked:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    ex.medproc_start_method = ctx.get_start_method()
-    return ex
 
 
 def can_fork(device: str = "cpu") -> bool:

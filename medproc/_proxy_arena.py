@@ -13,6 +13,7 @@ nothing can deadlock.
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 
@@ -20,7 +21,7 @@ import numpy as np
 
 __all__ = ["Arena", "Slot", "arena_bytes", "populate"]
 
-_ALIGN = 4096  # pieces start on page boundaries
+_ALIGN = mmap.PAGESIZE  # pieces start on page boundaries (madvise needs them there)
 #: madvise(2) advice that maps a range's pages now, in one call (Linux 5.14+; not in Python's
 #: mmap module): for reading, and for writing (committing pages not yet in memory)
 MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23
@@ -74,7 +75,6 @@ class Arena:
     """
 
     def __init__(self, nbytes: int, entries: int, pin: bool):
-        import mmap
         import multiprocessing
 
         self.nbytes = int(nbytes)

@@ -1,5 +1,5 @@
 """An opt-in timeline of a run, to see where a whole process's time goes (``convert`` above
-all: a main process, forked workers and the GPU service's thread).
+all: a main process, forked workers and the GPU service processes).
 
 ``MEDPROC_TRACE=<folder>``: every process appends its spans to ``<folder>/<pid>.jsonl``, one
 JSON object per line: ``{"name", "t0", "t1", "pid", "thread", "cpu", "faults"}`` plus any
@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 import os
-import resource
+import sys
 import threading
 import time
 
 __all__ = ["span", "enabled", "started"]
 
-_FILES: dict[int, object] = {}  # pid -> this process's open trace file (a fork gets its own)
+#: folder -> (pid, the open trace file of that process: a fork opens its own); None: the
+#: folder cannot be written (said once, by the first process to try; forks inherit the None)
+_FILES: dict[str, tuple | None] = {}
 _LOCK = threading.Lock()
 
 
@@ -41,8 +43,10 @@ def enabled() -> bool:
 
 def _faults() -> int:
     try:
+        import resource  # (POSIX)
+
         return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
-    except (AttributeError, OSError):  # not Linux
+    except (ImportError, AttributeError, OSError):  # not Linux
         return 0
 
 
@@ -108,8 +112,14 @@ def _write(name: str, t0: float, t1: float, info: dict) -> None:
         }
     )
     with _LOCK:
-        f = _FILES.get(pid)
-        if f is None:
-            os.makedirs(folder, exist_ok=True)
-            f = _FILES[pid] = open(os.path.join(folder, f"{pid}.jsonl"), "a", buffering=1)
-        f.write(line + "\n")
+        got = _FILES.get(folder, ())
+        if got == () or (got is not None and got[0] != pid):
+            try:
+                os.makedirs(folder, exist_ok=True)
+                got = (pid, open(os.path.join(folder, f"{pid}.jsonl"), "a", buffering=1))
+            except OSError as e:  # a file, not writable...: said once, the run goes on
+                got = None
+                print(f"medproc: warning: MEDPROC_TRACE={folder}: {e}; not traced", file=sys.stderr)
+            _FILES[folder] = got
+        if got is not None:
+            got[1].write(line + "\n")

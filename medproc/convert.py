@@ -9,8 +9,8 @@ temporaries a killed run left are removed; a failing case, or an input that yiel
 recorded in the manifest with its reason and the batch goes on. Every output has a
 ``<name>.json`` sidecar: medproc version, source, options, input and output geometry.
 
-``device="gpu"``: the workers are forked CPU workers that read and write; this process runs
-the one GPU pipeline for all of them (:mod:`medproc._gpu_service`).
+``device="gpu"``: the workers are forked CPU workers that read and write; GPU service
+processes forked after them resample for all of them (:mod:`medproc._gpu_service`).
 
 Start-up is part of the cost of a small batch, so: once the inputs are listed, CPU workers are
 forked on Linux (in milliseconds, see :mod:`medproc._procs`): one per core when there are many
@@ -278,6 +278,7 @@ def prepare(
             else (auto_workers(n, fork=fork) if workers == "auto" else max(1, min(workers, n)))
         )
         if service is not None:  # its pool (of `want` workers), any count (never a dry run)
+            service.planned(n)
             pool = pool or fork_pool(want)
             batch.executor = pool
             batch.threads = max(1, _cores() // batch.workers)

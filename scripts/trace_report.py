@@ -2,10 +2,11 @@
 
     python scripts/trace_report.py DIR [--png timeline.png]
 
-Prints the milestones of the main process (start-up, inputs listed and headers read, the batch),
-the seconds per span name in the main process, the GPU service's thread and the workers, how
-busy each was over the batch, and, with ``--png``, draws every process and thread on one time
-axis (see :mod:`medproc._trace`)."""
+Prints the milestones of the main process (start-up, inputs listed and headers read, the batch,
+the GPU services ready), the seconds per span name in the main process, the GPU service
+processes and the workers, how busy each was over the batch, and, with ``--png``, draws every
+process on one time axis (see :mod:`medproc._trace`). Trace each run into a folder of its own:
+a folder holding two runs is refused."""
 
 from __future__ import annotations
 
@@ -27,9 +28,14 @@ def load(folder: str) -> list[dict]:
 
 
 def lanes(events: list[dict]) -> dict[str, list[dict]]:
-    """Events by lane: ``main``, ``service`` (the GPU service: a process, or a thread of the
-    main process) and ``worker N``."""
+    """Events by lane: ``main``, ``service K`` (the GPU service processes; ``service``: the
+    thread of the main process that was the service before commit 51dfebc, in older traces)
+    and ``worker N``. The main process is the one that recorded its start (the ``medproc``
+    program), or listed the inputs (``medproc.convert`` called from Python)."""
     main = {e["pid"] for e in events if e["name"] == "start"}
+    main = main or {e["pid"] for e in events if e["name"] == "find_cases"}
+    if len(main) > 1:
+        raise SystemExit(f"{len(main)} runs in one trace folder: trace each into its own")
     service = sorted({e["pid"] for e in events if e["name"] == "service_warm_up"} - main)
     workers = sorted({e["pid"] for e in events} - main - set(service))
     out: dict[str, list[dict]] = defaultdict(list)
@@ -54,9 +60,10 @@ def report(events: list[dict]) -> str:
         if name in main:
             e = main[name]
             lines.append(f"  {name:12s} {e['t0'] - t0:6.3f} -> {e['t1'] - t0:6.3f}")
-    warm = [e for e in by.get("service", []) if e["name"] == "service_warm_up"]
+    warm = [e for lane, evs in by.items() if lane.startswith("service") for e in evs]
+    warm = [e["t1"] for e in warm if e["name"] == "service_warm_up"]
     if warm:
-        lines.append(f"  {'GPU ready':12s} {warm[0]['t1'] - t0:6.3f}")
+        lines.append(f"  {'GPU ready':12s} {min(warm) - t0:6.3f}")
     end = max(e["t1"] for e in events)
     lines.append(f"  {'last event':12s} {end - t0:6.3f}")
     b = main.get("batch")

@@ -112,13 +112,13 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
                 return real(self, vols, labs)
 
             Server.resample = flaky
-        if mode == "dies":  # the service thread ends on its first batch
+        if mode == "dies":  # the service process ends on its first batch
 
             class Gone(BaseException):
                 pass
 
             def dies(self, part, with_label, answered, given):
-                raise Gone("the service thread ended")
+                raise Gone("the service process ended")
 
             Server.answer = dies
         assert "nvidia.dali" not in sys.modules
@@ -186,11 +186,16 @@ def test_the_workers_resample_while_the_service_warms_up_then_hand_over(sample_d
 
 
 def test_a_worker_waits_for_the_service_only_when_that_is_sooner():
-    from medproc._gpu_share import FIRST_LOCAL_S
+    import time
+
+    from medproc._gpu_share import FIRST_LOCAL_S, WARM_WAIT_S
 
     p = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", share=True).policy
     # a worker without DALI: its first resampling would cost FIRST_LOCAL_S (import, build)
+    p.since.value = time.monotonic()
     assert p.worth_waiting()  # the service warms up: it is importing DALI too
+    p.since.value = time.monotonic() - WARM_WAIT_S - 1
+    assert not p.worth_waiting()  # ...for too long: here
     p.warm.value = 1
     p.pending.value = 15
     assert p.worth_waiting()  # busy, its time per case not known yet: wait
@@ -242,7 +247,7 @@ def test_no_room_for_an_output_the_worker_is_told_to_resample_itself(sample_data
 
 
 def test_a_dead_service_fails_its_cases_and_the_workers_go_on_alone(sample_data, tmp_path):
-    """The service thread ends on its first batch: those cases fail with its error (or, if
+    """The service process ends on its first batch: those cases fail with its error (or, if
     their request was still queued, "the GPU service stopped"); later cases are resampled by
     the workers themselves; nothing hangs and no piece is left taken (checked in the run)."""
     got = _served(sample_data, tmp_path / "dead", 2.0, mode="dies")
@@ -385,6 +390,60 @@ def test_the_number_of_gpu_services(monkeypatch):
     monkeypatch.setenv("MEDPROC_ARENA_COMMIT", "x")
     with pytest.raises(UsageError, match="MEDPROC_ARENA_COMMIT"):
         GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu")
+
+
+def test_close_does_not_wait_for_a_service_still_warming_up_when_another_is_warm(monkeypatch):
+    """One service warm, the other with a long warm-up: close() stops the first and ends the
+    second at once (one warm flag for all made it wait for the whole warm-up)."""
+    import time
+
+    monkeypatch.setattr(Server, "warm_up", lambda self: time.sleep(30) if self.k else None)
+    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", services=2)
+    service.start()
+    deadline = time.monotonic() + 30
+    while not service._warm[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    processes = list(service._processes)
+    t = time.perf_counter()
+    service.close()
+    assert time.perf_counter() - t < 5
+    for p in processes:
+        p.join(timeout=10)  # (the warm one exits by itself; nobody waits for it in close)
+    assert not any(p.is_alive() for p in processes)
+
+
+def test_a_service_gathering_a_batch_never_blocks_on_another_services_read():
+    """Two services read one queue: while one waits in ``get()``, the other, gathering the
+    requests waiting, must not block on a request the first takes (it would hold the requests
+    it had taken until the next one came, after the last: never)."""
+    import multiprocessing
+    import threading
+
+    from medproc._gpu_serve import _gather
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    sink = ctx.Process(target=_drain, args=(q,), daemon=True)
+    sink.start()
+    try:
+        for _ in range(50):
+            q.put(("req",))
+            done = threading.Event()
+
+            def gather(done=done):
+                _gather(q, [("first",)], 8, lambda r: None)
+                done.set()
+
+            threading.Thread(target=gather, daemon=True).start()
+            assert done.wait(5), "gathering blocked behind the other reader"
+    finally:
+        q.put(None)
+        sink.join(timeout=10)
+
+
+def _drain(q):
+    while q.get() is not None:
+        pass
 
 
 if __name__ == "__main__":
