@@ -6,7 +6,8 @@ JSON object per line: ``{"name", "t0", "t1", "pid", "thread", "cpu", "faults"}``
 fields given (``case``: the input). Times are ``time.monotonic()`` seconds, one clock for every
 process of the machine; ``cpu``: the seconds the thread ran on a core meanwhile (less than the
 span's length: it waited, for I/O, another process or the interpreter lock); ``faults``: its
-page faults meanwhile (Linux; touching new memory). ``python scripts/trace_report.py <folder>`` sums them up and draws the timeline.
+page faults meanwhile (Linux; touching new memory). ``medproc trace <folder> [--png FILE]`` (:mod:`medproc._trace_report`) sums them up and
+draws the timeline.
 Without the variable a span costs a dictionary lookup and nothing is written.
 
 >>> with span("read", case="a.dcm"):

@@ -126,8 +126,14 @@ def _cmd_inspect(a) -> int:
     return rc
 
 
+def _cmd_trace(a) -> int:
+    from ._trace_report import run
+
+    return run(a.folder, a.png)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``medproc`` (subcommands ``inspect`` and ``convert``)."""
+    """The argument parser of ``medproc`` (subcommands ``inspect``, ``convert``, ``trace``)."""
     from . import __version__
     from .convert_cli import HelpFormatter, add_convert_parser
 
@@ -139,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"medproc {__version__}")
     _add_verbosity(p, argparse.SUPPRESS)
-    sub = p.add_subparsers(dest="command", required=True, metavar="{inspect,convert}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{inspect,convert,trace}")
     i = sub.add_parser(
         "inspect",
         help="list the series and files found, with geometry warnings",
@@ -159,7 +165,23 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--width", type=int, help="table width (default: the terminal's)")
     i.set_defaults(func=_cmd_inspect)
     add_convert_parser(sub)
-    for parser in (i, sub.choices["convert"]):
+    t = sub.add_parser(
+        "trace",
+        help="where a traced run's time went (MEDPROC_TRACE=DIR medproc convert ...)",
+        description=textwrap.fill(
+            "Sum up a run traced with MEDPROC_TRACE=DIR: the main process's milestones, the "
+            "seconds per step (header scan, read, resample, write, the GPU services' work) in "
+            "each kind of process, with their CPU time and page faults, and how busy each "
+            "process was over the batch. Trace each run into a folder of its own.",
+            88,
+        ),
+        formatter_class=HelpFormatter,
+        epilog="exit status:\n  0    the report was printed\n  2    no trace in DIR (or two runs)",
+    )
+    t.add_argument("folder", metavar="DIR", help="the folder MEDPROC_TRACE named")
+    t.add_argument("--png", metavar="FILE", help="also draw every process on one time axis")
+    t.set_defaults(func=_cmd_trace)
+    for parser in (i, sub.choices["convert"], t):
         _add_verbosity(parser, argparse.SUPPRESS)
     p.set_defaults(verbose=False, quiet=False)
     return p

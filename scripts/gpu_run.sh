@@ -109,7 +109,7 @@ if want convtrace; then
       -o /tmp/conv_out --spacing 1.5 $opts > "$OUT/traces/$name.log" 2>&1
     echo "== $name ($envs $opts): rc $? $(python3 -c "print(round($(date +%s.%N) - $s, 3))") s"
     grep -E "GPU service|case\(s\) to convert|converted," "$OUT/traces/$name.log" | cut -c1-220
-    python scripts/trace_report.py "$OUT/traces/$name" --png "$OUT/traces/$name.png" | sed -n '/seconds per/,$p'
+    python -m medproc trace "$OUT/traces/$name" --png "$OUT/traces/$name.png" | sed -n '/seconds per/,$p'
   done
   tar czf "$OUT/traces.tgz" -C "$OUT" traces && rm -rf "$OUT/traces"  # (one file comes back)
 fi

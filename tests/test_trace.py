@@ -1,4 +1,4 @@
-"""``MEDPROC_TRACE`` (:mod:`medproc._trace`) and ``scripts/trace_report.py``: a traced
+"""``MEDPROC_TRACE`` (:mod:`medproc._trace`) and ``medproc trace``: a traced
 ``medproc convert`` records, process by process, the spans that make up each case, on one clock,
 inside the batch; the report sums them up per lane; without the variable nothing is written."""
 
@@ -10,10 +10,7 @@ import sys
 import pytest
 
 from medproc import _trace
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import trace_report  # noqa: E402
+from medproc import _trace_report as trace_report
 
 
 def _convert(sample_data, out, env):
@@ -45,10 +42,23 @@ def test_a_traced_convert_records_every_case_in_its_worker_inside_the_batch(samp
             assert batch["t0"] <= e["t0"] <= e["t1"] <= batch["t1"]  # one clock for all
             assert 0 <= e["cpu"] <= (e["t1"] - e["t0"]) + 0.02  # one thread's CPU time
     assert main["start"]["t0"] <= main["find_cases"]["t0"] < batch["t0"]
-    text = trace_report.report(events)
-    assert "worker  1" in text and "resample_here" in text
-    trace_report.draw(events, str(tmp_path / "timeline.png"))
-    assert os.path.getsize(tmp_path / "timeline.png") > 10_000
+    png = tmp_path / "timeline.png"
+    r = subprocess.run(
+        [sys.executable, "-m", "medproc", "trace", str(folder), "--png", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "worker  1" in r.stdout and "resample_here" in r.stdout and "find_cases" in r.stdout
+    assert os.path.getsize(png) > 10_000
+    r = subprocess.run(
+        [sys.executable, "-m", "medproc", "trace", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2 and "no trace" in r.stderr  # a folder without one: said
 
 
 def test_without_the_variable_nothing_is_recorded(monkeypatch, tmp_path):

@@ -1,16 +1,14 @@
-"""Where a traced run's time went: ``MEDPROC_TRACE=DIR medproc convert ...`` then
-
-    python scripts/trace_report.py DIR [--png timeline.png]
+"""``medproc trace DIR [--png FILE]``: where a traced run's time went
+(``MEDPROC_TRACE=DIR medproc convert ...``, see :mod:`medproc._trace`).
 
 Prints the milestones of the main process (start-up, inputs listed and headers read, the batch,
 the GPU services ready), the seconds per span name in the main process, the GPU service
 processes and the workers, how busy each was over the batch, and, with ``--png``, draws every
-process on one time axis (see :mod:`medproc._trace`). Trace each run into a folder of its own:
-a folder holding two runs is refused."""
+process on one time axis (matplotlib on a private ``Figure``: no pyplot, no global state).
+Trace each run into a folder of its own: a folder holding two runs is refused."""
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -18,12 +16,19 @@ from collections import defaultdict
 
 
 def load(folder: str) -> list[dict]:
+    """Every span recorded under ``folder``."""
+    from .errors import UsageError
+
     events = []
     for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
         with open(path) as f:
-            events += [json.loads(line) for line in f if line.strip()]
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except ValueError:  # the last line of a process killed as it wrote it
+                    pass
     if not events:
-        raise SystemExit(f"{folder}: no trace files (*.jsonl)")
+        raise UsageError(f"{folder}: no trace (trace a run with MEDPROC_TRACE={folder})")
     return events
 
 
@@ -35,7 +40,9 @@ def lanes(events: list[dict]) -> dict[str, list[dict]]:
     main = {e["pid"] for e in events if e["name"] == "start"}
     main = main or {e["pid"] for e in events if e["name"] == "find_cases"}
     if len(main) > 1:
-        raise SystemExit(f"{len(main)} runs in one trace folder: trace each into its own")
+        from .errors import UsageError
+
+        raise UsageError(f"{len(main)} runs in one trace folder: trace each run into its own")
     service = sorted({e["pid"] for e in events if e["name"] == "service_warm_up"} - main)
     workers = sorted({e["pid"] for e in events} - main - set(service))
     out: dict[str, list[dict]] = defaultdict(list)
@@ -103,41 +110,41 @@ def _covered(spans: list[tuple[float, float]]) -> float:
 
 
 def draw(events: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Every lane's spans on one time axis, into the picture ``path`` (PNG)."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
     t0 = min(e["t0"] for e in events)
     by = lanes(events)
-    names = sorted({e["name"] for e in events})
-    colour = {n: plt.cm.tab20(i % 20) for i, n in enumerate(names)}
-    fig, ax = plt.subplots(figsize=(12, 0.3 * len(by) + 1.5))
+    names = sorted({e["name"] for e in events} - {"batch"})
+    colour = {n: colormaps["tab20"](i % 20) for i, n in enumerate(names)}
+    fig = Figure(figsize=(12, 0.3 * len(by) + 1.5))
+    ax = fig.subplots()
     for row, evs in enumerate(by.values()):
         for e in sorted(evs, key=lambda e: e["t0"] - e["t1"]):  # the longest first, below
-            if e["name"] in ("batch",):
-                continue
-            ax.barh(row, e["t1"] - e["t0"], left=e["t0"] - t0, color=colour[e["name"]], height=0.8)
+            if e["name"] != "batch":
+                ax.barh(row, e["t1"] - e["t0"], left=e["t0"] - t0, color=colour[e["name"]])
     ax.set_yticks(range(len(by)), list(by))
     ax.invert_yaxis()
     ax.set_xlabel("s from the main process's start")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colour[n]) for n in names if n != "batch"]
-    ax.legend(handles, [n for n in names if n != "batch"], loc="lower right", fontsize=7)
+    handles = [Rectangle((0, 0), 1, 1, color=colour[n]) for n in names]
+    ax.legend(handles, names, loc="lower right", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("folder")
-    ap.add_argument("--png", help="also draw the timeline into this file")
-    a = ap.parse_args()
-    events = load(a.folder)
+def run(folder: str, png: str | None = None) -> int:
+    """``medproc trace``: print the report of ``folder``, draw it into ``png`` if given."""
+    import os
+
+    from .errors import UsageError
+
+    if not os.path.isdir(folder):
+        raise UsageError(f"{folder}: not a folder (trace a run with MEDPROC_TRACE={folder})")
+    events = load(folder)
     print(report(events))
-    if a.png:
-        draw(events, a.png)
-        print(f"timeline: {a.png}")
-
-
-if __name__ == "__main__":
-    main()
+    if png:
+        draw(events, png)
+        print(f"timeline: {png}")
+    return 0
