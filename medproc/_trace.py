@@ -89,6 +89,13 @@ def started() -> None:
     same clock, 10 ms steps) until now (the interpreter and the imports so far)."""
     if not enabled():
         return
+    folder = os.environ["MEDPROC_TRACE"]
+    if os.path.isdir(folder) and any(n.endswith(".jsonl") for n in os.listdir(folder)):
+        print(
+            f"medproc: warning: MEDPROC_TRACE={folder} already holds a run's trace: this one "
+            "is added to it, and medproc trace will not tell them apart (use a new folder)",
+            file=sys.stderr,
+        )
     try:
         with open(f"/proc/{os.getpid()}/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
@@ -120,7 +127,10 @@ def _write(name: str, t0: float, t1: float, info: dict) -> None:
                 got = (pid, open(os.path.join(folder, f"{pid}.jsonl"), "a", buffering=1))
             except OSError as e:  # a file, not writable...: said once, the run goes on
                 got = None
-                print(f"medproc: warning: MEDPROC_TRACE={folder}: {e}; not traced", file=sys.stderr)
+                why = "is a file, not a folder" if os.path.isfile(folder) else e.strerror or e
+                print(
+                    f"medproc: warning: MEDPROC_TRACE={folder}: {why}; not traced", file=sys.stderr
+                )
             _FILES[folder] = got
         if got is not None:
             got[1].write(line + "\n")

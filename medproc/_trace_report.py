@@ -28,7 +28,9 @@ def load(folder: str) -> list[dict]:
                 except ValueError:  # the last line of a process killed as it wrote it
                     pass
     if not events:
-        raise UsageError(f"{folder}: no trace (trace a run with MEDPROC_TRACE={folder})")
+        raise UsageError(
+            f"{folder}: holds no trace (*.jsonl; trace a run with MEDPROC_TRACE={folder})"
+        )
     return events
 
 
@@ -42,7 +44,10 @@ def lanes(events: list[dict]) -> dict[str, list[dict]]:
     if len(main) > 1:
         from .errors import UsageError
 
-        raise UsageError(f"{len(main)} runs in one trace folder: trace each run into its own")
+        raise UsageError(
+            f"this folder holds {len(main)} runs' traces (MEDPROC_TRACE adds to a folder): trace "
+            "each run into a new folder"
+        )
     service = sorted({e["pid"] for e in events if e["name"] == "service_warm_up"} - main)
     workers = sorted({e["pid"] for e in events} - main - set(service))
     out: dict[str, list[dict]] = defaultdict(list)
@@ -75,7 +80,8 @@ def report(events: list[dict]) -> str:
     lines.append(f"  {'last event':12s} {end - t0:6.3f}")
     b = main.get("batch")
     lo, hi = (b["t0"], b["t1"]) if b else (t0, end)
-    lines.append(f"\nseconds per span ({hi - lo:.3f} s of batch):")
+    window = "batch" if b else "run (no batch: it failed before one, or had no case to do)"
+    lines.append(f"\nseconds per span ({hi - lo:.3f} s of the {window}):")
     lines.append(
         f"  {'lane':10s} {'span':16s} {'n':>4s} {'total':>7s} {'mean':>7s} {'max':>7s} "
         f"{'on cpu':>7s} {'faults':>8s}"
@@ -87,13 +93,14 @@ def report(events: list[dict]) -> str:
             groups[(kind, e["name"])].append(e)
     for (kind, name), es in sorted(groups.items()):
         d = [e["t1"] - e["t0"] for e in es]
-        cpu = sum(e.get("cpu", 0) for e in es)
-        faults = sum(e.get("faults", 0) for e in es)
+        measured = all("cpu" in e for e in es)  # (not for ``start``: the interpreter's)
+        cpu = f"{sum(e['cpu'] for e in es):7.3f}" if measured else f"{'-':>7s}"
+        faults = f"{sum(e['faults'] for e in es):8d}" if measured else f"{'-':>8s}"
         lines.append(
             f"  {kind:10s} {name:16s} {len(d):4d} {sum(d):7.3f} {sum(d) / len(d):7.3f} "
-            f"{max(d):7.3f} {cpu:7.3f} {faults:8d}"
+            f"{max(d):7.3f} {cpu} {faults}"
         )
-    lines.append("\nbusy over the batch (outermost spans inside it):")
+    lines.append(f"\nbusy over the {window.split()[0]} (time inside any span of the process):")
     for lane, evs in by.items():
         busy = _covered([(max(e["t0"], lo), min(e["t1"], hi)) for e in evs if e["name"] != "batch"])
         lines.append(f"  {lane:10s} {busy:6.3f} s ({100 * busy / max(hi - lo, 1e-9):3.0f}%)")
@@ -129,9 +136,9 @@ def draw(events: list[dict], path: str) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("s from the main process's start")
     handles = [Rectangle((0, 0), 1, 1, color=colour[n]) for n in names]
-    ax.legend(handles, names, loc="lower right", fontsize=7)
+    ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, format="png")
 
 
 def run(folder: str, png: str | None = None) -> int:
@@ -140,10 +147,22 @@ def run(folder: str, png: str | None = None) -> int:
 
     from .errors import UsageError
 
+    if not os.path.exists(folder):
+        raise UsageError(f"{folder}: does not exist (trace a run with MEDPROC_TRACE=<a folder>)")
     if not os.path.isdir(folder):
-        raise UsageError(f"{folder}: not a folder (trace a run with MEDPROC_TRACE={folder})")
+        raise UsageError(f"{folder}: is a file, not the folder MEDPROC_TRACE named")
+    if png:
+        where = os.path.dirname(os.path.abspath(png))
+        if os.path.isdir(png):
+            raise UsageError(f"--png {png}: is a folder; give the picture's file name")
+        if not os.path.isdir(where):
+            raise UsageError(f"--png {png}: the folder {where} does not exist")
     events = load(folder)
-    print(report(events))
+    try:
+        text = report(events)
+    except UsageError as e:  # (two runs in it)
+        raise UsageError(e.message, folder) from None
+    print(text)
     if png:
         draw(events, png)
         print(f"timeline: {png}")
