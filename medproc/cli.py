@@ -218,10 +218,13 @@ def _safe_streams() -> None:
 
 def main(argv=None) -> int:
     """Run ``medproc`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    from ._trace import started
     from .errors import MedprocError, UsageError
 
     _safe_streams()
     a = build_parser().parse_args(argv)
+    if a.command != "trace":  # (reading a trace with MEDPROC_TRACE still set adds nothing)
+        started()
     verbose = getattr(a, "verbose", False)
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
@@ -306,10 +309,7 @@ def run(argv=None) -> None:
     status (``os._exit``): every file is closed and every pool stopped by then, and the
     interpreter's teardown (DALI, pydicom, numpy...) is skipped. Never call it from a program
     that should go on: call :func:`main`."""
-    from ._trace import started
-
     _lean_dali_import()
-    started()
     rc = main(argv)
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -43,13 +43,16 @@ def test_a_traced_convert_records_every_case_in_its_worker_inside_the_batch(samp
             assert 0 <= e["cpu"] <= (e["t1"] - e["t0"]) + 0.02  # one thread's CPU time
     assert main["start"]["t0"] <= main["find_cases"]["t0"] < batch["t0"]
     png = tmp_path / "timeline.png"
-    r = subprocess.run(
+    files = sorted(os.listdir(folder))
+    r = subprocess.run(  # (with MEDPROC_TRACE still set, as after `export`: adds nothing)
         [sys.executable, "-m", "medproc", "trace", str(folder), "--png", str(png)],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "MEDPROC_TRACE": str(folder)},
     )
     assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(folder)) == files
     assert "worker  1" in r.stdout and "resample_here" in r.stdout and "find_cases" in r.stdout
     assert os.path.getsize(png) > 10_000
     r = subprocess.run(
