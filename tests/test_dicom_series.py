@@ -312,3 +312,19 @@ def test_an_unreadable_slice_fails_the_series(tmp_path, monkeypatch):
 
     inspect = inspect_paths(d)
     assert "permission denied" in inspect[0].error and os.path.basename(bad) in inspect[0].error
+
+
+def test_orientation_clustering_agrees_with_numpy_allclose():
+    """The grouping's orientation test (plain Python, per file) decides as
+    ``np.allclose(a, b, atol=1e-4)`` does, on both sides of the tolerance and with NaN."""
+    from medproc.io.dicom_scan import _same_orientation
+
+    rng = np.random.default_rng(7)
+    for scale in (1e-6, 5e-5, 9e-5, 1.2e-4, 1e-3, 0.1):
+        for _ in range(200):
+            a = rng.normal(size=6)
+            b = a + rng.uniform(-scale, scale, size=6)
+            assert _same_orientation(a, b) == np.allclose(a, b, atol=1e-4)
+    nan = np.array([np.nan, 0, 0, 0, 1, 0])
+    assert not _same_orientation(nan, nan) and not np.allclose(nan, nan, atol=1e-4)
+    assert _same_orientation(None, None) and not _same_orientation(None, np.zeros(6))

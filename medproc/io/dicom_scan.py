@@ -190,10 +190,18 @@ def _dedupe(records: list[tuple]) -> tuple[list[tuple], set[str], dict, dict]:
     return kept, conflicted, notes, copies
 
 
-def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
-    import numpy as np
+def _same_orientation(a, b) -> bool:
+    """``np.allclose(a, b, atol=1e-4)`` for two direction-cosine sextuples (or both None), in
+    plain Python: called once per file, it was most of the grouping's time (25 us a call; the
+    main process groups every header of a batch, 6,400 for 32 CT series)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return all(abs(x - y) <= 1e-4 + 1e-5 * abs(y) for x, y in zip(a, b))
 
+
+def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
     groups: dict[tuple, DicomSeries] = {}
+    by_key: dict[tuple, list[DicomSeries]] = {}  # the groups of one key, in their order
     sops: dict[int, dict[str, str]] = {}
     # files whose pixel data does not match their header come last: one whose Rows/Columns
     # were damaged joins its series as a problem instead of making a volume of its own
@@ -202,7 +210,7 @@ def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
         key = list(key)
         if key[0] in conflicted:  # different files under one SOP UID: keep folders apart
             key.append(("folder", os.path.dirname(frames[0].path)))
-        if problem and not any(list(k[:-1]) == key for k in groups):
+        if problem and tuple(key) not in by_key:
             same_uid = [s for s in groups.values() if s.uid == key[0]]
             if same_uid:
                 for s in same_uid:
@@ -210,18 +218,12 @@ def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
                 continue
         ori = frames[0].orientation
         # orientation: cluster within 1e-4 instead of rounding (no split at rounding borders)
-        matched = None
-        for k, s in groups.items():
-            if list(k[:-1]) == key:
-                o2 = s.frames[0].orientation
-                if (ori is None and o2 is None) or (
-                    ori is not None and o2 is not None and np.allclose(ori, o2, atol=1e-4)
-                ):
-                    matched = s
-                    break
+        same = by_key.setdefault(tuple(key), [])
+        matched = next((s for s in same if _same_orientation(ori, s.frames[0].orientation)), None)
         if matched is None:
             matched = DicomSeries(key[0], [], info)
             groups[(*key, len(groups))] = matched
+            same.append(matched)
         matched.frames.extend(frames)
         if problem:
             matched.problems.append((frames[0].path, problem))
