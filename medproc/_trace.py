@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
+import warnings
 
 __all__ = ["span", "enabled", "started"]
 
@@ -91,10 +91,10 @@ def started() -> None:
         return
     folder = os.environ["MEDPROC_TRACE"]
     if os.path.isdir(folder) and any(n.endswith(".jsonl") for n in os.listdir(folder)):
-        print(
-            f"medproc: warning: MEDPROC_TRACE={folder} already holds a run's trace: this one "
-            "is added to it, and medproc trace will not tell them apart (use a new folder)",
-            file=sys.stderr,
+        warnings.warn(
+            f"MEDPROC_TRACE={folder} already holds a run's trace: this one is added to it, "
+            "and medproc trace will not tell them apart (use a new folder)",
+            stacklevel=2,
         )
     try:
         with open(f"/proc/{os.getpid()}/stat") as f:
@@ -128,9 +128,7 @@ def _write(name: str, t0: float, t1: float, info: dict) -> None:
             except OSError as e:  # a file, not writable...: said once, the run goes on
                 got = None
                 why = "is a file, not a folder" if os.path.isfile(folder) else e.strerror or e
-                print(
-                    f"medproc: warning: MEDPROC_TRACE={folder}: {why}; not traced", file=sys.stderr
-                )
+                warnings.warn(f"MEDPROC_TRACE={folder}: {why}; not traced", stacklevel=2)
             _FILES[folder] = got
         if got is not None:
             got[1].write(line + "\n")

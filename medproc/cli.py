@@ -218,11 +218,23 @@ def _safe_streams() -> None:
 
 def main(argv=None) -> int:
     """Run ``medproc`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
-    from ._trace import started
-    from .errors import MedprocError, UsageError
+    import warnings
+
+    from ._convert_case import plain_warning
 
     _safe_streams()
     a = build_parser().parse_args(argv)
+    with warnings.catch_warnings():  # (put back after: main() may be called from Python)
+        warnings.showwarning = plain_warning
+        if getattr(a, "quiet", False):  # -q: errors only (forked workers inherit it)
+            warnings.simplefilter("ignore")
+        return _command(a)
+
+
+def _command(a) -> int:
+    from ._trace import started
+    from .errors import MedprocError, UsageError
+
     if a.command != "trace":  # (reading a trace with MEDPROC_TRACE still set adds nothing)
         started()
     verbose = getattr(a, "verbose", False)
@@ -249,9 +261,11 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - a bug: say so in one line; -v shows the traceback
         if verbose:
             traceback.print_exc()
+        how = "report it with the traceback above" if verbose else "run again with -v for "
+        how += "" if verbose else "the traceback and report it"
         print(
             f"medproc {a.command}: unexpected {type(e).__name__}: {e}\n"
-            "This is a bug in medproc: run again with -v for the traceback and report it.",
+            f"This is a bug in medproc: {how}.",
             file=sys.stderr,
         )
         return 1

@@ -81,3 +81,19 @@ def test_without_the_variable_nothing_is_recorded(monkeypatch, tmp_path):
 
 def test_busy_time_counts_overlapping_spans_once():
     assert trace_report._covered([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4
+
+
+def test_a_trace_folder_that_cannot_be_used_is_said_once_and_q_silences_it(sample_data, tmp_path):
+    target = tmp_path / "a_file"
+    target.write_text("not a folder")
+    env = {**os.environ, "MEDPROC_TRACE": str(target)}
+    base = [sys.executable, "-m", "medproc", "convert", os.path.join(sample_data, "dicom")]
+    for quiet in (False, True):
+        out = tmp_path / f"out{quiet}"
+        cmd = [*base, "-o", str(out), "--spacing", "2.0", "-j", "2"] + (["-q"] if quiet else [])
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr  # the run goes on, untraced
+        said = r.stderr.count("is a file, not a folder; not traced")
+        assert said == (0 if quiet else 1), r.stderr
+        assert "Traceback" not in r.stderr
+    assert target.read_text() == "not a folder"
