@@ -11,14 +11,12 @@ import time
 
 import numpy as np
 
+from . import _gpu_service as config  # its constants (read at use: tests may set them)
 from ._trace import span
 
 log = logging.getLogger("medproc.convert")
 
-__all__ = ["Server", "TAKER"]
-
-#: a worker's ``_taken`` entry: the number of its last request taken x TAKER + the service's
-TAKER = 256
+__all__ = ["Server"]
 
 
 class Server:
@@ -27,7 +25,7 @@ class Server:
 
     def __init__(self, service, k: int):
         self.s, self.k = service, k
-        self.served, self.no_room = 0, 0  # (this process's; the shared counters too)
+        self.served = 0  # cases this process answered (the shared counters count all)
         #: seconds of the busy time spent resampling (host -> device, DALI, device -> host) and
         #: copying outputs into the arena (``-v`` reports them)
         self.seconds = {"resample": 0.0, "out": 0.0}
@@ -47,8 +45,6 @@ class Server:
             _leave()
 
     def loop(self) -> None:
-        from . import _gpu_service as config  # (its constants, as the tests may have set them)
-
         s, error = self.s, None
         try:
             self.warm_up()
@@ -97,7 +93,7 @@ class Server:
     def _take(self, req) -> None:
         """This process owns ``req`` from now on: its number and this service's, in one
         store (a worker reads them together)."""
-        self.s._taken[req[0]] = req[1] * TAKER + self.k
+        self.s._taken[req[0]] = req[1] * config.TAKER + self.k
 
     def refuse(self, batch, message: str) -> None:
         """Answer every request of ``batch`` with an error, their pieces given back first."""
@@ -113,8 +109,6 @@ class Server:
         """Commit the arena pieces the workers' first cases will take: ~150 MB (a CT and its
         output) for each worker that will have a case, once the main process has planned
         the batch (``GpuService.planned``; every worker if it has not said within 5 s)."""
-        from . import _gpu_service as config
-
         s, deadline = self.s, time.monotonic() + 5
         while s._cases.value < 0 and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -203,7 +197,6 @@ class Server:
             if any(x is None for x in slots):  # no room: the worker resamples it itself
                 s._give_back([x for x in slots if x is not None])
                 s._send(r, None)
-                self.no_room += 1
                 with s._no_room.get_lock():
                     s._no_room.value += 1
             else:
@@ -216,8 +209,6 @@ class Server:
 
     def to_host(self, t: np.ndarray):
         """Copy an output into an arena piece (waiting a while for room); None if none."""
-        from . import _gpu_service as config
-
         deadline = time.monotonic() + config.ROOM_WAIT_S
         slot = self.s.arena.put(t)
         while slot is None and time.monotonic() < deadline:

@@ -58,12 +58,14 @@ BATCH = 8
 PER_WORKER = 448 * 2**20
 #: how long the service waits for room for an output before the worker is told to resample it
 ROOM_WAIT_S = 10.0
+#: a worker's ``_taken`` entry: the number of its last request taken x TAKER + the service's
+TAKER = 256
 
 
 class GpuService:
     """Made in the main process *before* the workers fork (they inherit the arena, the request
     queue and one reply pipe each); :meth:`start` after they forked (forks the service
-    process); :meth:`attach` in each worker (pool initializer); :meth:`resample` in a worker;
+    processes); :meth:`attach` in each worker (pool initializer); :meth:`resample` in a worker;
     :meth:`close` at the end.
 
     Every request carries a number its reply repeats: a worker takes only the reply to its own
@@ -172,7 +174,6 @@ class GpuService:
         """The reply to this worker's last request (stale ones dropped). If the service has
         ended without taking the request, its ``inputs`` pieces are given back here (a request
         it took, it gave back itself)."""
-        from ._gpu_serve import TAKER
         from .errors import MedprocError
 
         pipe = self.replies[self.index][0]
@@ -256,8 +257,6 @@ class GpuService:
         which the driver tears down the CUDA context, is reaped by a thread of this process,
         waited for by no one. Services still warming up (no case reached them: e.g. a rerun
         with nothing to do) are not waited for: they are terminated."""
-        import time
-
         processes, self._processes = self._processes, []
         alive = [p for p in processes if p.is_alive()]
         warm = [k for k, p in enumerate(processes) if self._warm[k] and p.is_alive()]

@@ -82,6 +82,7 @@ class Arena:
             import torch
 
             pin = torch.cuda.is_available()
+        self._map = None  # (pinned: a tensor's shared memory, page-locked whole)
         if pin:  # page-locked whole below: committed at once anyway
             self._tensor = torch.empty(self.nbytes, dtype=torch.uint8).share_memory_()
             self.bytes = self._tensor.numpy()
@@ -152,7 +153,7 @@ class Arena:
     def _dhw(self, slot: Slot, write: bool = False) -> np.ndarray:
         dt = np.dtype(slot.dtype)
         n = int(np.prod(slot.shape)) * dt.itemsize
-        if getattr(self, "_map", None) is not None:  # (a pinned arena is mapped whole)
+        if self._map is not None:  # (a pinned arena is mapped whole)
             populate(self._map, slot.offset, n, write)
         return self.bytes[slot.offset : slot.offset + n].view(dt).reshape(slot.shape)
 
@@ -179,7 +180,7 @@ class Arena:
         the interpreter lock). First fit keeps reusing the low pages, so pieces taken later
         land on pages that exist: mapping them costs a worker ~3 ms per 100 MB, against
         65-94 ms for pages the kernel must first allocate and zero."""
-        if getattr(self, "_map", None) is None or not sys.platform.startswith("linux"):
+        if self._map is None or not sys.platform.startswith("linux"):
             return
         import ctypes
         from concurrent.futures import ThreadPoolExecutor

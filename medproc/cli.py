@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     _safe_streams()
     a = build_parser().parse_args(argv)
     with warnings.catch_warnings():  # (put back after: main() may be called from Python)
-        warnings.showwarning = plain_warning
+        warnings.showwarning = plain_warning  # "medproc: warning: ..." (forked workers too)
         if getattr(a, "quiet", False):  # -q: errors only (forked workers inherit it)
             warnings.simplefilter("ignore")
         return _command(a)
@@ -261,8 +261,11 @@ def _command(a) -> int:
     except Exception as e:  # noqa: BLE001 - a bug: say so in one line; -v shows the traceback
         if verbose:
             traceback.print_exc()
-        how = "report it with the traceback above" if verbose else "run again with -v for "
-        how += "" if verbose else "the traceback and report it"
+        how = (
+            "report it with the traceback above"
+            if verbose
+            else "run again with -v for the traceback and report it"
+        )
         print(
             f"medproc {a.command}: unexpected {type(e).__name__}: {e}\n"
             f"This is a bug in medproc: {how}.",

@@ -150,8 +150,8 @@ def add_convert_parser(sub) -> None:
         default="auto",
         metavar="N|auto",
         help="worker processes, at most the cases to do; auto: one per core with forked "
-        "CPU workers (--device gpu: one per core but one), else 1 on <= 2 cores or for <= 2 "
-        "cases and half the cores otherwise",
+        "CPU workers (--device gpu: one per core but one per GPU service), else 1 on <= 2 "
+        "cores or for <= 2 cases and half the cores otherwise",
     )
     r.add_argument(
         "--dask",
@@ -225,59 +225,56 @@ def _print_plan(batch, con) -> None:
 
 def _cmd_convert(a) -> int:
     import time
-    import warnings
 
     from ._convert_layouts import check_layouts, write_layouts
     from ._trace import span
     from .cli import plain_console
-    from .convert import plain_warning, prepare, summary
+    from .convert import prepare, summary
 
     t0 = time.perf_counter()
     quiet = getattr(a, "quiet", False)
     spec = _spec(a)
-    with warnings.catch_warnings():
-        warnings.showwarning = plain_warning
-        targets = check_layouts(a)
-        with prepare(
-            a.inputs,
-            a.outdir,
-            spec,
-            fmt=a.format,
-            labels_dir=a.labels,
-            name=a.name,
-            device=a.device,
-            workers=a.workers,
-            force=a.force,
-            qc=a.qc,
-            dask=a.dask,
-            annotations=a.annotations,
-            nan=a.nan,
-            dry_run=a.dry_run,
-        ) as batch:
-            if a.dry_run:
-                _print_plan(batch, plain_console())
-                return 0
-            with span("batch", cases=len(batch.todo), workers=batch.workers):
-                rows, interrupted, ui = _run(batch, quiet, t0)
-            s = summary(rows)
-            if not quiet:
-                line = _summary_line(a, batch, s, time.perf_counter() - t0)
-                ui.console().print(line, soft_wrap=True)
-            ok = {r["case"] for r in rows if r["status"] == "ok"}
-            left = sum(t.row["case"] not in ok for t in batch.todo)
-            if interrupted and left == 0:  # Ctrl-C after the last case: nothing to redo
-                print("medproc convert: interrupted after every case was done", file=sys.stderr)
-            elif interrupted:
-                print(
-                    f"medproc convert: interrupted; {left} case(s) not converted: run the same "
-                    "command again to continue",
-                    file=sys.stderr,
-                )
-                return 130
-            rc = 0 if s["failed"] == 0 else 1
-            if targets:  # still holding the output folder's lock
-                rc = max(rc, write_layouts(a, targets, batch, _Mute() if quiet else ui.console()))
-            return rc
+    targets = check_layouts(a)
+    with prepare(
+        a.inputs,
+        a.outdir,
+        spec,
+        fmt=a.format,
+        labels_dir=a.labels,
+        name=a.name,
+        device=a.device,
+        workers=a.workers,
+        force=a.force,
+        qc=a.qc,
+        dask=a.dask,
+        annotations=a.annotations,
+        nan=a.nan,
+        dry_run=a.dry_run,
+    ) as batch:
+        if a.dry_run:
+            _print_plan(batch, plain_console())
+            return 0
+        with span("batch", cases=len(batch.todo), workers=batch.workers):
+            rows, interrupted, ui = _run(batch, quiet, t0)
+        s = summary(rows)
+        if not quiet:
+            line = _summary_line(a, batch, s, time.perf_counter() - t0)
+            ui.console().print(line, soft_wrap=True)
+        ok = {r["case"] for r in rows if r["status"] == "ok"}
+        left = sum(t.row["case"] not in ok for t in batch.todo)
+        if interrupted and left == 0:  # Ctrl-C after the last case: nothing to redo
+            print("medproc convert: interrupted after every case was done", file=sys.stderr)
+        elif interrupted:
+            print(
+                f"medproc convert: interrupted; {left} case(s) not converted: run the same "
+                "command again to continue",
+                file=sys.stderr,
+            )
+            return 130
+        rc = 0 if s["failed"] == 0 else 1
+        if targets:  # still holding the output folder's lock
+            rc = max(rc, write_layouts(a, targets, batch, _Mute() if quiet else ui.console()))
+        return rc
 
 
 def _summary_line(a, batch, s: dict, seconds: float) -> str:

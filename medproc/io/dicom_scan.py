@@ -213,7 +213,7 @@ def _same_orientation(a, b) -> bool:
 
 
 def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
-    groups: dict[tuple, DicomSeries] = {}
+    groups: list[DicomSeries] = []
     by_key: dict[tuple, list[DicomSeries]] = {}  # the groups of one key, in their order
     sops: dict[int, dict[str, str]] = {}
     # files whose pixel data does not match their header come last: one whose Rows/Columns
@@ -224,7 +224,7 @@ def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
         if key[0] in conflicted:  # different files under one SOP UID: keep folders apart
             key.append(("folder", os.path.dirname(frames[0].path)))
         if problem and tuple(key) not in by_key:
-            same_uid = [s for s in groups.values() if s.uid == key[0]]
+            same_uid = [s for s in groups if s.uid == key[0]]
             if same_uid:
                 for s in same_uid:
                     s.problems.append((frames[0].path, problem))
@@ -235,7 +235,7 @@ def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
         matched = next((s for s in same if _same_orientation(ori, s.frames[0].orientation)), None)
         if matched is None:
             matched = DicomSeries(key[0], [], dict(info))  # (its own: records share theirs)
-            groups[(*key, len(groups))] = matched
+            groups.append(matched)
             same.append(matched)
         matched.frames.extend(frames)
         if problem:
@@ -249,7 +249,7 @@ def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
                         f"it and {other} carry the same SOPInstanceUID {sop} but differ",
                     )
                 )
-    return list(groups.values())
+    return groups
 
 
 def scan_dicom(
