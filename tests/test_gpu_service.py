@@ -407,8 +407,11 @@ def test_close_does_not_wait_for_a_service_still_warming_up_when_another_is_warm
     t = time.perf_counter()
     service.close()
     assert time.perf_counter() - t < 5
-    for p in processes:
-        p.join(timeout=10)  # (the warm one exits by itself; nobody waits for it in close)
+    # the warm one exits by itself and a thread of close() reaps it: wait for that, do not
+    # join it here too (two joins race, and one can see a child already reaped as alive)
+    deadline = time.monotonic() + 10
+    while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not any(p.is_alive() for p in processes)
 
 
