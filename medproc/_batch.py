@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, wait
 from dataclasses import dataclass, field
 
 from ._convert_case import _worker, annotations_path, sidecar_path
@@ -167,10 +167,14 @@ class Batch:
         ex, queue, running = self.executor, iter(self.todo), {}
 
         def submit_next() -> None:
-            t = next(queue, None)
-            if t is not None:
+            for t in queue:
                 self._start(t)
-                running[ex.submit(_worker, self._args(t))] = t
+                try:
+                    running[ex.submit(_worker, self._args(t))] = t
+                    return
+                except BrokenExecutor as e:  # a worker died (OOM killer...): no more cases
+                    err = f"{t.case.source}: not converted, the worker pool broke ({e})"
+                    finish((t.case, "failed", {}, err), t.row)
 
         for _ in range(max(1, self.workers)):
             submit_next()
@@ -181,14 +185,17 @@ class Batch:
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for fut in done:
                     t = running.pop(fut)
+                    # the next case first: the worker is idle while this process does the
+                    # bookkeeping (the manifest, the progress bar); on the H200 node workers
+                    # waited up to 0.17 s for it
+                    if not stop.requested:
+                        submit_next()
                     try:
                         res = fut.result()
                     except Exception as e:  # noqa: BLE001 - a worker died (OOM killer...)
                         err = f"{t.case.source}: the worker process died ({e})"
                         res = (t.case, "failed", {}, err)
                     finish(res, t.row)
-                    if not stop.requested:
-                        submit_next()
         except KeyboardInterrupt:  # a second Ctrl-C: end the running cases now
             if hasattr(ex, "_processes"):
                 kill_pool(ex)

@@ -225,3 +225,45 @@ def test_kill_dash_nine_of_the_main_process_at_a_random_point(kill_data, tmp_pat
         a = np.asarray(nib.load(os.path.join(out, f)).dataobj)
         b = np.asarray(nib.load(os.path.join(clean, f)).dataobj)
         np.testing.assert_array_equal(a, b)
+
+
+def _dies_on_case_b(args):
+    """A batch worker that is killed (as the OOM killer does) when it gets case ``b``."""
+    from medproc._convert_case import _worker
+
+    if "b.nii" in args[0].source:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _worker(args)
+
+
+def test_a_worker_killed_fails_the_cases_left_and_the_batch_reports_them(
+    tmp_path, monkeypatch
+):
+    """A pool worker killed mid-batch breaks the pool: the batch does not end in a traceback,
+    every case gets its row (converted, or failed saying why), and a rerun converts the rest."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    import medproc._batch as batch
+    from medproc.convert import convert
+
+    data = tmp_path / "in"
+    for n, name in enumerate("abcdef"):
+        _nifti(str(data / f"{name}.nii.gz"), seed=n)
+    out = tmp_path / "out"
+    monkeypatch.setattr(batch, "_worker", _dies_on_case_b)
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as ex:
+        rows = convert([str(data)], str(out), medproc.Spec(spacing=3.0), executor=ex, workers=1)
+    by = {r["case"]: r for r in rows}
+    assert len(by) == 6
+    assert by["a"]["status"] == "ok"
+    assert by["b"]["status"] == "failed" and "worker process died" in by["b"]["error"]
+    for c in "cdef":
+        assert by[c]["status"] == "failed" and "worker pool broke" in by[c]["error"], by[c]
+    assert {r["case"]: r["status"] for r in _manifest(out).values()} == {
+        c: r["status"] for c, r in by.items()
+    }
+    monkeypatch.undo()
+    assert main(["convert", str(data), "-o", str(out), "--spacing", "3", "-j", "1", "-q"]) == 0
+    again = {c: r["status"] for c, r in _manifest(out).items()}
+    assert again == {"a": "skipped", **{c: "ok" for c in "bcdef"}}
