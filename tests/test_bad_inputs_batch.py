@@ -236,9 +236,7 @@ def _dies_on_case_b(args):
     return _worker(args)
 
 
-def test_a_worker_killed_fails_the_cases_left_and_the_batch_reports_them(
-    tmp_path, monkeypatch
-):
+def test_a_worker_killed_fails_the_cases_left_and_the_batch_reports_them(tmp_path, monkeypatch):
     """A pool worker killed mid-batch breaks the pool: the batch does not end in a traceback,
     every case gets its row (converted, or failed saying why), and a rerun converts the rest."""
     import multiprocessing as mp

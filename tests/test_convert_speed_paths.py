@@ -83,11 +83,12 @@ def test_few_files_are_scanned_here_and_on_files_may_give_the_pool(sample_data, 
     assert given.calls == 1
     assert [s.files for s in again.series] == [s.files for s in scan.series]
     assert [s.key for s in again.series] == [s.key for s in scan.series]
-    # a pool of known size gets one task per worker (all queued at once: see _chunks)
+    # a pool of known size gets a few tasks per worker, of equal counts (see _chunks)
     three = _Counting(workers=3)
     third = dicom_scan.scan_dicom(dicom, on_files=lambda f: three)
-    n = len(seen[0])
-    assert len(three.tasks) == 3 and sum(three.tasks) == n and max(three.tasks) == -(-n // 3)
+    n, k = len(seen[0]), dicom_scan.TASKS_PER_WORKER * 3
+    assert sum(three.tasks) == n and max(three.tasks) == -(-n // k)
+    assert len(three.tasks) == -(-n // -(-n // k)) and len(three.tasks) <= k
     assert [s.files for s in third.series] == [s.files for s in scan.series]
 
 

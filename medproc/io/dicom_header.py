@@ -3,6 +3,7 @@ spacing, rescale, where the raw pixels start) and the series-level attributes.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 import warnings
@@ -45,6 +46,19 @@ class Frame:
     #: bytes missing from the end of native pixel data (a truncated file), found from the size
     missing_bytes: int = 0
 
+    def __reduce__(self):
+        # the header scan's records come back from the pool's workers pickled: plain floats
+        # unpickle ~2.5x faster than numpy arrays (6,600 records: 97 -> 37 ms, in the main
+        # process while the workers wait for their first case)
+        fields = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        fields[2:4] = [None if a is None else tuple(a.tolist()) for a in fields[2:4]]
+        return (_frame, tuple(fields))
+
+
+def _frame(path, index, position, orientation, *rest) -> Frame:
+    arr = (None if a is None else np.array(a, np.float64) for a in (position, orientation))
+    return Frame(path, index, *arr, *rest)
+
 
 def is_dicom_file(path: str) -> bool:
     """Cheap test: the 'DICM' preamble marker (files without a preamble are tried anyway)."""
@@ -61,15 +75,13 @@ def is_dicom_file(path: str) -> bool:
 _NATIVE_LE = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1"}  # implicit / explicit VR little endian
 
 
-def _fast_pixels(ds: pydicom.Dataset, offset: int) -> tuple[int, str] | None:
-    """Where the raw pixels start, if they can be read straight from the file."""
-    ts = str(getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", "") or "")
-    try:
-        bits, stored = int(ds.BitsAllocated), int(ds.get("BitsStored") or ds.BitsAllocated)
-        signed, spp = int(ds.get("PixelRepresentation") or 0), int(ds.get("SamplesPerPixel") or 1)
-        nframes = int(ds.get("NumberOfFrames") or 1)
-    except (AttributeError, TypeError, ValueError):
-        return None
+def _fast_pixels(info: dict, nframes: int, offset: int) -> tuple[int, str] | None:
+    """Where the raw pixels start, if they can be read straight from the file (``info``: the
+    header's checked integers and its TransferSyntaxUID, as the scan's record holds them)."""
+    bits = info["BitsAllocated"]
+    stored = info.get("BitsStored") or bits
+    signed, spp = info.get("PixelRepresentation") or 0, info.get("SamplesPerPixel") or 1
+    ts = str(info.get("TransferSyntaxUID") or "")
     if ts not in _NATIVE_LE or spp != 1 or nframes != 1 or bits not in (8, 16, 32):
         return None
     if signed and stored != bits:
@@ -143,21 +155,33 @@ def _val(ds: pydicom.Dataset, keyword: str):
         from pydicom.datadict import tag_for_keyword
 
         tag = _TAGS[keyword] = tag_for_keyword(keyword)
-    if tag not in ds:
+    elem = ds.get_item(tag)  # None when absent
+    if elem is None:
         return None
-    elem = ds.get_item(tag)
-    raw_vr = getattr(elem, "VR", None)
-    vr = raw_vr or pydicom.datadict.dictionary_VR(tag)
-    if isinstance(elem, pydicom.dataelem.RawDataElement) and vr in _STRING_VRS:
-        v = elem.value
-        if not v:
-            return None
-        txt = v.decode("latin-1").strip(" \x00")
-        if not txt:
-            return None
-        parts = [t.strip(" \x00") for t in txt.split("\\")]
-        return parts if len(parts) > 1 else parts[0]
-    return ds.get(keyword)
+    if isinstance(elem, pydicom.dataelem.RawDataElement):
+        vr = elem.VR or _vr(tag)
+        if vr in _STRING_VRS:
+            v = elem.value
+            if not v:
+                return None
+            txt = v.decode("latin-1").strip(" \x00")
+            if not txt:
+                return None
+            parts = [t.strip(" \x00") for t in txt.split("\\")]
+            return parts if len(parts) > 1 else parts[0]
+        if vr == "US" and elem.length == 2 and elem.value is not None:  # Rows, Columns...
+            return int.from_bytes(elem.value, "little" if elem.is_little_endian else "big")
+    return ds[tag].value
+
+
+def _vr(tag: int) -> str:
+    vr = _VRS.get(tag)
+    if vr is None:
+        vr = _VRS[tag] = pydicom.datadict.dictionary_VR(tag)
+    return vr
+
+
+_VRS: dict[int, str] = {}
 
 
 def _floats(value, n: int, name: str = "value", path=None, positive: bool = False):
@@ -231,7 +255,7 @@ def _frame_attrs(groups, path, where: str) -> dict:
     if pm is not None:
         ps = _floats(pm.get("PixelSpacing"), 2, f"{where} PixelSpacing", path, positive=True)
         if ps is not None:
-            out["pixel_spacing"] = (ps[0], ps[1])
+            out["pixel_spacing"] = (float(ps[0]), float(ps[1]))
         for k in ("SliceThickness", "SpacingBetweenSlices"):
             v = _number(pm, k, path)
             if v is not None:
@@ -285,7 +309,7 @@ def frames_of(ds: pydicom.Dataset, path: str) -> tuple[list[Frame], dict]:
         "orientation": _floats(
             _val(ds, "ImageOrientationPatient"), 6, "ImageOrientationPatient", path
         ),
-        "pixel_spacing": None if ps is None else (ps[0], ps[1]),
+        "pixel_spacing": None if ps is None else (float(ps[0]), float(ps[1])),
         "slope": slope,
         "intercept": _number(ds, "RescaleIntercept", path, default=0.0),
     }

@@ -49,6 +49,9 @@ INFO_KEYS = (
 )
 
 
+#: INFO_KEYS read as checked integers (the others as they are)
+_INTS = {"Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "BitsStored", "PixelRepresentation"}
+
 _IMPLICIT = "1.2.840.10008.1.2"
 _BIG_ENDIAN = "1.2.840.10008.1.2.2"
 _LONG_VRS = {b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"UN", b"UT", b"SQ", b"UC", b"UR"}
@@ -160,17 +163,18 @@ def _image_record(ds, offset: int, path: str, size: int, uid: str | None) -> tup
             "and 1, 3 or 4 samples; the header is damaged",
             path,
         )
-    info = {k: _val(ds, k) for k in INFO_KEYS}
-    for k in ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "BitsStored"):
-        info[k] = ds.get(k)
-    info["PixelRepresentation"] = ds.get("PixelRepresentation")
+    info = {k: _val(ds, k) for k in INFO_KEYS if k not in _INTS}
+    info["Rows"], info["Columns"] = rows, cols
+    for k in ("SamplesPerPixel", "BitsAllocated", "BitsStored", "PixelRepresentation"):
+        info[k] = _number(ds, k, path, integer=True)
     for k in ("SeriesNumber", "NumberOfFrames"):
         try:
             info[k] = int(info[k]) if info[k] not in (None, "") else None
         except (TypeError, ValueError):
             info[k] = None
-    info["SOPClassUID"] = ds.get("SOPClassUID")
-    info["TransferSyntaxUID"] = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    meta = getattr(ds, "file_meta", None)
+    ts = _val(meta, "TransferSyntaxUID") if meta is not None else None
+    info["TransferSyntaxUID"] = ts  # (the UIDs as plain str: they are pickled back to the pool)
     problem = _pixel_problem(
         path, offset, str(info["TransferSyntaxUID"] or ""), info, nframes, size
     )
@@ -178,7 +182,7 @@ def _image_record(ds, offset: int, path: str, size: int, uid: str | None) -> tup
         raise ReadError(problem, path)  # a multi-frame header that lies: no frames built
     frames, extra = frames_of(ds, path)
     if len(frames) == 1 and frames[0].index is None:
-        frames[0].fast = _fast_pixels(ds, offset)
+        frames[0].fast = _fast_pixels(info, nframes, offset)
     image_type = _val(ds, "ImageType") or []
     image_type = [image_type] if isinstance(image_type, str) else image_type
     localizer = "LOCALIZER" in [str(t).upper() for t in image_type]

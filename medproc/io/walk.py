@@ -96,8 +96,8 @@ def walk_inputs(
     walked: set[str] = set()  # real paths of the folders entered: each once, no loops
     excluded = {os.path.realpath(os.fspath(e)) for e in exclude}
 
-    def add(p: str):
-        real = os.path.realpath(p)
+    def add(p: str, real: str | None = None):
+        real = real or os.path.realpath(p)
         if real not in seen:
             seen.add(real)
             out.files.append(p)
@@ -119,6 +119,7 @@ def walk_inputs(
 
             for root, dirs, files in os.walk(p, onerror=onerror, followlinks=True):
                 dirs.sort()
+                real_root = os.path.realpath(root)  # once per folder: see the files below
                 for d in list(dirs):
                     full = os.path.join(root, d)
                     real = os.path.realpath(full)
@@ -146,6 +147,16 @@ def walk_inputs(
                     if keep is not None and not keep(name):
                         continue
                     full = os.path.join(root, name)
+                    try:
+                        st = os.lstat(full)
+                    except OSError:
+                        st = None
+                    if st is not None and stat.S_ISREG(st.st_mode):
+                        # a regular file (not a link): its real path is its folder's, one
+                        # system call instead of realpath's per path component (0.3 s for
+                        # 6,600 files on 2 cores, in the main process, before any work)
+                        add(full, os.path.join(real_root, name))
+                        continue
                     why, fmode = _kind(full)
                     if why is None:
                         add(full)
