@@ -131,7 +131,12 @@ class Server:
     def resample(self, vols, labs):
         from .resample import resample_batch
 
-        return resample_batch(vols, self.s.spec, device=self.s.device, labels=labs)
+        # one pipeline for every batch size; outputs not copied out of DALI's host buffer
+        # (they are copied into the arena at once)
+        s = self.s
+        return resample_batch(
+            vols, s.spec, device=s.device, labels=labs, batch_size=config.BATCH, copy=False
+        )
 
     def run(self, batch) -> None:
         """Resample a batch's pieces in place (those with labels apart from those without),

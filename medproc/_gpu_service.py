@@ -52,8 +52,10 @@ log = logging.getLogger("medproc.convert")
 
 __all__ = ["GpuService", "BATCH", "PER_WORKER"]
 
-#: requests resampled together at most
-BATCH = 8
+#: requests resampled together at most: a worker's reply waits for its whole batch, and
+#: batching saves little per case (a service's time per case is mostly copies), so a burst of
+#: requests (every worker's first case) is answered in a few small batches
+BATCH = 4
 #: arena bytes per worker: a 512x512x300 int16 series and its float32 output at 1 mm
 PER_WORKER = 448 * 2**20
 #: how long the service waits for room for an output before the worker is told to resample it

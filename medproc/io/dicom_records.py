@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from pydicom.uid import UID
+
 from ..errors import ReadError
 from .dicom_header import _fast_pixels, _number, _val, frames_of, n_frames, read_header
 from .safety import check_declared, check_file, os_error
@@ -174,7 +176,8 @@ def _image_record(ds, offset: int, path: str, size: int, uid: str | None) -> tup
             info[k] = None
     meta = getattr(ds, "file_meta", None)
     ts = _val(meta, "TransferSyntaxUID") if meta is not None else None
-    info["TransferSyntaxUID"] = ts  # (the UIDs as plain str: they are pickled back to the pool)
+    for k, v in (("TransferSyntaxUID", ts), ("SOPClassUID", info["SOPClassUID"])):
+        info[k] = UID(v) if isinstance(v, str) else v  # (names and kinds for the reports)
     problem = _pixel_problem(
         path, offset, str(info["TransferSyntaxUID"] or ""), info, nframes, size
     )

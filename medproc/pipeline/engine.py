@@ -188,15 +188,22 @@ class Engine:
         ]
         return out, restore
 
-    def run(self, jobs: Sequence[Job], graph: Graph = Graph(), as_torch: bool = False) -> list:
-        """Resample ``jobs``; one ``(image, *labels)`` tuple per job, in order."""
-        return [r for batch in self.map(jobs, graph, as_torch) for r in batch]
+    def run(
+        self, jobs: Sequence[Job], graph: Graph = Graph(), as_torch: bool = False, copy=True
+    ) -> list:
+        """Resample ``jobs``; one ``(image, *labels)`` tuple per job, in order (``copy``: see
+        :meth:`map`)."""
+        return [r for batch in self.map(jobs, graph, as_torch, copy) for r in batch]
 
     def map(
-        self, jobs: Iterable[Job], graph: Graph = Graph(), as_torch: bool = False
+        self, jobs: Iterable[Job], graph: Graph = Graph(), as_torch: bool = False, copy=True
     ) -> Iterator[list]:
         """Resample a stream of jobs in batches of ``batch_size``, feeding the next batch before
-        waiting for the current one; yields one list of ``(image, *labels)`` per batch."""
+        waiting for the current one; yields one list of ``(image, *labels)`` per batch.
+
+        ``copy=False`` (GPU, numpy out): the outputs are views of the host buffer DALI copied
+        the batch into (pinned memory, held while they are), not copies of it: for a caller
+        that copies them elsewhere at once."""
 
         def batches():
             chunk = []
@@ -208,11 +215,12 @@ class Engine:
             if chunk:
                 yield chunk, graph
 
-        for res, _ in self._pipelined(((b, g, None) for b, g in batches()), as_torch):
+        items = ((b, g, None) for b, g in batches())
+        for res, _ in self._pipelined(items, as_torch, copy=copy):
             yield res
 
     def _pipelined(
-        self, items: Iterable, as_torch: bool, stream=None, dense: bool = False
+        self, items: Iterable, as_torch: bool, stream=None, dense: bool = False, copy=True
     ) -> Iterator[tuple]:
         """(jobs, graph, extra) -> (results, extra), with batch n + 1 fed before n is waited on."""
         it = iter(items)
@@ -231,7 +239,7 @@ class Engine:
                 nrunner = self._runner(nxt[1], njobs)
                 if nrunner is not runner:
                     started = (nrunner, nrunner.start(njobs), nxt[2], nrestore)
-            res = runner.collect(n, as_torch, stream, dense)
+            res = runner.collect(n, as_torch, stream, dense, copy)
             if nxt is not None and started is None:
                 started = (runner, runner.start(njobs), nxt[2], nrestore)
             yield _restored(res, restore), extra

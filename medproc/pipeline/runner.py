@@ -134,9 +134,12 @@ class Runner:
                 out[n] = on_dev[at : at + a.nbytes].view(dt).view(a.shape)
         return out
 
-    def collect(self, n: int, as_torch: bool, stream=None, dense: bool = False) -> list[tuple]:
+    def collect(
+        self, n: int, as_torch: bool, stream=None, dense: bool = False, copy=True
+    ) -> list[tuple]:
         """The outputs of the oldest scheduled batch of ``n`` samples. ``dense`` (GPU, torch):
-        the samples of an output may be the rows of one batch tensor (see :func:`stacked`)."""
+        the samples of an output may be the rows of one batch tensor (see :func:`stacked`).
+        ``copy=False`` (GPU, numpy): views of the host copy DALI made, not copies of it."""
         try:
             outs = self.pipe.outputs()
         except BaseException:
@@ -145,7 +148,8 @@ class Runner:
         self.pending -= 1
         if self.device == "gpu" and not as_torch and "torch" not in sys.modules:
             outs = [o.as_cpu() for o in outs]  # numpy out: one copy per output column
-            cols = [[np.array(o[i]) for i in range(n)] for o in outs]
+            take = np.array if copy else np.asarray  # (a view keeps its column alive)
+            cols = [[take(o[i]) for i in range(n)] for o in outs]
         elif self.device == "gpu" and as_torch and dense:
             cols = [self._out_batch(o, n, stream) for o in outs]
         else:
