@@ -242,9 +242,12 @@ def _init_worker(parent: int, service=None) -> None:
         _SERVICE = service
 
 
-def _warm_up() -> None:
-    """Pool task: import DALI and the readers now (~0.15 s), while the main process is still
-    reading headers, so that this worker's first case starts at once."""
+def _warm_up(spec: Spec | None = None, threads: int | None = None) -> None:
+    """Pool task: import DALI and the readers now (~0.15 s) and, given the batch's ``spec``,
+    build the DALI pipeline its cases will use (a tiny volume resampled with ``threads``
+    DALI threads, ~0.1 s), while the main process is still reading or grouping headers, so
+    that this worker's first case starts at once. Best effort: a spec the tiny volume does
+    not suit leaves the pipeline to the first case."""
     from isal import isal_zlib  # noqa: F401
 
     from ._trace import span
@@ -252,7 +255,18 @@ def _warm_up() -> None:
     from .pipeline import dali_available
 
     with span("import_dali"):
-        dali_available()
+        ok = dali_available()
+    if spec is None or not ok:
+        return
+    from .resample import resample_batch
+    from .volume import Volume
+
+    with span("build_pipeline"):
+        tiny = Volume(np.zeros((8, 8, 8), np.int16), np.diag([2.0, 2.0, 2.0, 1.0]))
+        try:
+            resample_batch([tiny], spec, num_threads=threads)
+        except Exception:  # noqa: BLE001 - the first case builds it (and says what fails)
+            pass
 
 
 def plain_warning(message, category, filename, lineno, file=None, line=None):
