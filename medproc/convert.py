@@ -248,6 +248,8 @@ def prepare(
             size = want if reads or service else min(want, guess)
             if size < 1:
                 return None
+            if service:  # how much of its arena to commit at once (known after planning)
+                service.planned(guess)
             pool = fork_pool(size)  # forked: ms
             if service:
                 return pool
