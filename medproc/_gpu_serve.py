@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 
 import numpy as np
@@ -46,8 +45,6 @@ class Server:
 
     def loop(self) -> None:
         s, error = self.s, None
-        if s.commit_threads > 0 and self.k == 0:  # the pieces the first cases take
-            threading.Thread(target=self.commit, name="commit", daemon=True).start()
         try:
             self.warm_up()
         except Exception as e:  # noqa: BLE001 - answered to every request below
@@ -104,21 +101,6 @@ class Server:
                 self.s._send(r, message)
             except OSError:  # that worker is gone
                 pass
-
-    def commit(self) -> None:
-        """Commit the arena pieces the workers' first cases will take: ~150 MB (a CT and its
-        output) for each worker that will have a case (``GpuService.planned``: a guess from
-        the inputs listed, set before the services start; every worker if it has not said
-        within 5 s). From the start, while the headers are read and DALI warms up: on the
-        H200 node, begun after the warm-up it ended after the workers' first copies, which
-        then faulted page by page (0.13 s per case on average, against 0.04 s)."""
-        s, deadline = self.s, time.monotonic() + 5
-        while s._cases.value < 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        cases = s._cases.value if s._cases.value >= 0 else len(s.replies)
-        nbytes = min(len(s.replies), cases) * config.PER_WORKER // 3
-        with span("arena_commit", bytes=nbytes):
-            s.arena.commit(nbytes, s.commit_threads)
 
     def warm_up(self) -> None:
         """DALI, the CUDA context and the pipeline, before any case (no PyTorch: numpy in and
@@ -223,6 +205,32 @@ class Server:
             time.sleep(0.002)  # workers are writing and will give pieces back
             slot = self.s.arena.put(t)
         return slot
+
+
+def commit_arena(service, parent: int) -> None:
+    """The body of the process that commits the arena pieces the workers' first cases will
+    take: ~150 MB (a CT and its output) for each worker that will have a case
+    (``GpuService.planned``: a guess from the inputs listed, set before the services start;
+    every worker if it has not said within 5 s), from the start, while the headers are read
+    and the services warm up. On the H200 node, begun after a service's warm-up, it ended
+    after the workers' first copies, which faulted page by page (0.13 s per case on average,
+    against 0.04 s); in a thread of a service, it slowed that service's warm-up (DALI, CUDA)
+    from ~0.5 to 0.85 s: the kernel's page work and the warm-up's mappings share the
+    process's memory map."""
+    from ._procs import die_with_parent, ignore_sigint
+
+    ignore_sigint()
+    die_with_parent(parent, pdeathsig=True)
+    try:
+        s, deadline = service, time.monotonic() + 5
+        while s._cases.value < 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        cases = s._cases.value if s._cases.value >= 0 else len(s.replies)
+        nbytes = min(len(s.replies), cases) * config.PER_WORKER // 3
+        with span("arena_commit", bytes=nbytes):
+            s.arena.commit(nbytes, s.commit_threads)
+    finally:
+        os._exit(0)
 
 
 def _gather(requests, batch: list, limit: int, take) -> bool:

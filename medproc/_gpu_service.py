@@ -88,7 +88,8 @@ class GpuService:
 
         from ._proxy_arena import Arena, arena_bytes
 
-        #: threads committing the arena's first pieces once a service is warm (0: none)
+        #: threads committing the arena's first pieces from the start, in a process of its
+        #: own (``_gpu_serve.commit_arena``; 0: none)
         self.commit_threads = env_count("MEDPROC_ARENA_COMMIT", 8)
 
         ctx = self._ctx = multiprocessing.get_context("fork")
@@ -223,7 +224,7 @@ class GpuService:
         SIGINT stays blocked until they ignore it (Ctrl-C is the main process's to handle);
         they end with the main process. A thread of this process notes when one ends, however
         it ends, so that no worker waits for a reply from a service that is gone."""
-        from ._gpu_serve import Server
+        from ._gpu_serve import Server, commit_arena
         from ._procs import sigint_blocked
 
         self.policy.since.value = time.monotonic()
@@ -237,6 +238,15 @@ class GpuService:
                 )
                 p.start()
                 self._processes.append(p)
+            if self.commit_threads > 0:  # a process of its own (see commit_arena)
+                c = self._ctx.Process(
+                    target=commit_arena,
+                    args=(self, os.getpid()),
+                    name="medproc-arena-commit",
+                    daemon=True,
+                )
+                c.start()
+                threading.Thread(target=c.join, name="medproc-commit-reap", daemon=True).start()
 
         def watch(k: int, sentinel) -> None:  # (readable once it has ended; close() reaps it)
             from multiprocessing.connection import wait

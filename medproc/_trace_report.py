@@ -35,7 +35,8 @@ def load(folder: str) -> list[dict]:
 
 
 def lanes(events: list[dict]) -> dict[str, list[dict]]:
-    """Events by lane: ``main``, ``service K`` (the GPU service processes; ``service``: the
+    """Events by lane: ``main``, ``service K`` (the GPU service processes; ``commit``: the
+    process committing their arena; ``service``: the
     thread of the main process that was the service before commit 51dfebc, in older traces)
     and ``worker N``. The main process is the one that recorded its start (the ``medproc``
     program), or listed the inputs (``medproc.convert`` called from Python)."""
@@ -49,11 +50,14 @@ def lanes(events: list[dict]) -> dict[str, list[dict]]:
             "each run into a new folder"
         )
     service = sorted({e["pid"] for e in events if e["name"] == "service_warm_up"} - main)
-    workers = sorted({e["pid"] for e in events} - main - set(service))
+    commit = {e["pid"] for e in events if e["name"] == "arena_commit"} - main - set(service)
+    workers = sorted({e["pid"] for e in events} - main - set(service) - commit)
     out: dict[str, list[dict]] = defaultdict(list)
     for e in events:
         if e["pid"] in service:
             out[f"service {service.index(e['pid'])}"].append(e)
+        elif e["pid"] in commit:  # the arena's committer process
+            out["commit"].append(e)
         elif e["thread"] == "medproc-gpu":
             out["service"].append(e)
         elif e["pid"] in main:

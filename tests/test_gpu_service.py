@@ -373,6 +373,48 @@ def test_a_committed_arena_takes_a_copy_without_a_fault_per_page():
     np.testing.assert_array_equal(arena.array(slot), vol)
 
 
+def _resident(arena) -> np.ndarray:
+    """Which pages of the arena's memory exist (``mincore``: whoever allocated them)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    n = -(-arena.nbytes // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * n)()
+    rc = libc.mincore(ctypes.c_void_p(arena.bytes.ctypes.data), ctypes.c_size_t(arena.nbytes), vec)
+    assert rc == 0, ctypes.get_errno()
+    return np.frombuffer(vec, np.uint8) & 1
+
+
+@pytest.mark.skipif(
+    not (sys.platform.startswith("linux") and _kernel_at_least(5, 14)),
+    reason="MADV_POPULATE_* (Linux 5.14+)",
+)
+def test_the_services_commit_the_arena_pieces_of_the_cases_planned_from_the_start():
+    """Once the services start, the arena's pieces for the workers' first cases are committed
+    (a third of PER_WORKER per case planned), and only those: the pages exist for every
+    process sharing the arena, this one included, without its touching them."""
+    import mmap
+    import time
+
+    from medproc._gpu_service import PER_WORKER, GpuService
+
+    service = GpuService(2, Spec(spacing=2.0), nbytes=512 * 2**20, device="cpu")
+    assert _resident(service.arena).sum() == 0
+    service.planned(1)
+    service.start()
+    try:
+        want = -(-(PER_WORKER // 3) // mmap.PAGESIZE)
+        deadline = time.monotonic() + 60
+        while _resident(service.arena)[:want].sum() < want and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pages = _resident(service.arena)
+        assert pages[:want].all()
+        assert pages[want + 1 :].sum() == 0
+    finally:
+        service.close()
+
+
 def test_the_number_of_gpu_services(monkeypatch):
     from medproc._gpu_share import service_count
 
