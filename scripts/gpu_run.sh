@@ -118,7 +118,7 @@ if want convert; then
   python -X importtime -c "import torch" 2>&1 | tail -1
   # whole processes (as a user runs them: start-up included) + the per-stage breakdown
   timeout 500 python bench/convert.py /tmp/conv_all --workers 16 --device cpu gpu --skip inprocess \
-    --whole-process --no-sitk-serial --counts "${CONVERT_CASES:-48}" --jobs auto --repeats 2 --stages \
+    --whole-process --no-sitk-serial --counts "${CONVERT_CASES:-48}" --jobs auto --repeats "${CONVERT_REPEATS:-3}" --stages \
     --out "$OUT/convert_h200.json" > "$OUT/bench_convert.log" 2>&1
   grep -E "median|SimpleITK at its best|^  |per-stage" "$OUT/bench_convert.log"
 fi
