@@ -9,7 +9,9 @@ mixes outputs of two specs without saying so.
 Running: cases go to the workers one at a time (never more queued than workers run), so a first
 Ctrl-C starts no new case, lets the running ones finish and records them, then raises
 ``KeyboardInterrupt``; a second Ctrl-C ends the running ones at once (their rows say so) and
-kills the workers. The manifest is written after every case: a rerun continues.
+kills the workers. The manifest is written after every case: a rerun continues. A worker
+killed (out of memory) breaks the pool: the cases running and those left fail, saying so, and a
+rerun converts them.
 """
 
 from __future__ import annotations
@@ -106,12 +108,13 @@ class Batch:
             if progress:
                 progress(r)
 
-        def finish(res, row):
+        def finish(res, row, write: bool = True):
             case, status, info, err = res
             row.update(info, status=status, error=err)
             self.rows.append(row)
             with span("finish"):
-                write_manifest(manifest, self.kept + self.rows)  # atomically: resumable anywhere
+                if write:  # atomically: resumable anywhere
+                    write_manifest(manifest, self.kept + self.rows)
                 if progress:
                     progress(row)
 
@@ -167,14 +170,17 @@ class Batch:
         ex, queue, running = self.executor, iter(self.todo), {}
 
         def submit_next() -> None:
-            for t in queue:
-                self._start(t)
-                try:
-                    running[ex.submit(_worker, self._args(t))] = t
-                    return
-                except BrokenExecutor as e:  # a worker died (OOM killer...): no more cases
-                    err = f"{t.case.source}: not converted, the worker pool broke ({e})"
-                    finish((t.case, "failed", {}, err), t.row)
+            t = next(queue, None)
+            if t is None:
+                return
+            self._start(t)
+            try:
+                running[ex.submit(_worker, self._args(t))] = t
+            except BrokenExecutor as e:  # a worker died (OOM killer...): no more cases
+                left = [t, *queue]
+                for n, u in enumerate(left):  # their rows, the manifest written once
+                    err = f"{u.case.source}: not converted, the worker pool broke ({e})"
+                    finish((u.case, "failed", {}, err), u.row, write=n == len(left) - 1)
 
         for _ in range(max(1, self.workers)):
             submit_next()
@@ -185,17 +191,21 @@ class Batch:
                 done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                 for fut in done:
                     t = running.pop(fut)
-                    # the next case first: the worker is idle while this process does the
-                    # bookkeeping (the manifest, the progress bar); on the H200 node workers
-                    # waited up to 0.17 s for it
-                    if not stop.requested:
-                        submit_next()
                     try:
                         res = fut.result()
                     except Exception as e:  # noqa: BLE001 - a worker died (OOM killer...)
-                        err = f"{t.case.source}: the worker process died ({e})"
+                        err = (
+                            f"{t.case.source}: its worker died or the pool broke (a worker "
+                            f"killed, out of memory?) ({e}); run the same command again"
+                        )
                         res = (t.case, "failed", {}, err)
-                    finish(res, t.row)
+                    try:  # the next case first: the worker is idle while this process does
+                        # the bookkeeping (the manifest, the progress bar; on the H200 node
+                        # workers waited up to 0.17 s for it)
+                        if not stop.requested:
+                            submit_next()
+                    finally:  # (a second Ctrl-C meanwhile: this row is written all the same)
+                        finish(res, t.row)
         except KeyboardInterrupt:  # a second Ctrl-C: end the running cases now
             if hasattr(ex, "_processes"):
                 kill_pool(ex)

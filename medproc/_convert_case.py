@@ -244,10 +244,11 @@ def _init_worker(parent: int, service=None) -> None:
 
 def _warm_up(spec: Spec | None = None, threads: int | None = None) -> None:
     """Pool task: import DALI and the readers now (~0.15 s) and, given the batch's ``spec``,
-    build the DALI pipeline its cases will use (a tiny volume resampled with ``threads``
-    DALI threads, ~0.1 s), while the main process is still reading or grouping headers, so
-    that this worker's first case starts at once. Best effort: a spec the tiny volume does
-    not suit leaves the pipeline to the first case."""
+    build the DALI pipeline of its usual case (an int16 volume, no label map, on axes: a tiny
+    one resampled with ``threads`` DALI threads), while the main process is still reading or
+    grouping headers, so that this worker's first case starts sooner. Best effort: other
+    cases (float or unsigned voxels, label maps, oblique grids, another thread count) build
+    their own pipeline in their first case, as before."""
     from isal import isal_zlib  # noqa: F401
 
     from ._trace import span
@@ -258,13 +259,11 @@ def _warm_up(spec: Spec | None = None, threads: int | None = None) -> None:
         ok = dali_available()
     if spec is None or not ok:
         return
-    from .resample import resample_batch
-    from .volume import Volume
+    from .resample import resample_batch, tiny_volume
 
     with span("build_pipeline"):
-        tiny = Volume(np.zeros((8, 8, 8), np.int16), np.diag([2.0, 2.0, 2.0, 1.0]))
         try:
-            resample_batch([tiny], spec, num_threads=threads)
+            resample_batch([tiny_volume()], spec, num_threads=threads)
         except Exception:  # noqa: BLE001 - the first case builds it (and says what fails)
             pass
 

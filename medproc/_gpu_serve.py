@@ -1,6 +1,7 @@
 """The service processes' side of :mod:`medproc._gpu_service`: warm up (DALI, the CUDA context,
 the pipeline), then take the waiting requests batch by batch, resample them straight from the
-arena, copy each output into a piece of it and answer each worker exactly once."""
+arena, copy each output into a piece of it and answer each worker exactly once; and the body of
+the process that commits the arena's first pieces (:func:`commit_arena`)."""
 
 from __future__ import annotations
 
@@ -105,12 +106,11 @@ class Server:
     def warm_up(self) -> None:
         """DALI, the CUDA context and the pipeline, before any case (no PyTorch: numpy in and
         out, DALI copies to and from the GPU itself)."""
-        from .volume import Volume
+        from .resample import tiny_volume
 
         t = time.perf_counter()
-        tiny = Volume(np.zeros((8, 8, 8), np.int16), np.diag([2.0, 2.0, 2.0, 1.0]))
         with span("service_warm_up"):
-            self.resample([tiny], None)
+            self.resample([tiny_volume()], None)
         log.info("GPU service ready in %.2f s (DALI, CUDA, pipeline)", time.perf_counter() - t)
 
     def resample(self, vols, labs):

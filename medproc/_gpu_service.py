@@ -97,6 +97,7 @@ class GpuService:
         nbytes = nbytes or min(max(arena_bytes(), 64 * 2**20), workers * PER_WORKER)
         self.arena = Arena(nbytes, entries=4 * workers + 2 * BATCH, pin=False)
         self.requests = ctx.Queue()  # (its get(block=False) never waits for another reader)
+        self._committer = None  # the process committing the arena (see start)
         self.replies = [ctx.Pipe(duplex=False) for _ in range(workers)]
         self._claimed = ctx.Value("i", 0)
         self.n_services = max(1, int(services))
@@ -246,7 +247,7 @@ class GpuService:
                     daemon=True,
                 )
                 c.start()
-                threading.Thread(target=c.join, name="medproc-commit-reap", daemon=True).start()
+                self._committer = c
 
         def watch(k: int, sentinel) -> None:  # (readable once it has ended; close() reaps it)
             from multiprocessing.connection import wait
@@ -260,7 +261,8 @@ class GpuService:
             ).start()
 
     def planned(self, cases: int) -> None:
-        """The number of cases the batch will send (sizes the arena's commit)."""
+        """How many cases the batch will send, or a guess before the services start (the
+        arena's commit is sized by the value it finds when it starts)."""
         self._cases.value = int(cases)
 
     def close(self) -> None:
@@ -269,6 +271,11 @@ class GpuService:
         which the driver tears down the CUDA context, is reaped by a thread of this process,
         waited for by no one. Services still warming up (no case reached them: e.g. a rerun
         with nothing to do) are not waited for: they are terminated."""
+        committer, self._committer = self._committer, None
+        if committer is not None and committer.is_alive():  # (e.g. nothing to do after all)
+            committer.terminate()
+        if committer is not None:
+            threading.Thread(target=committer.join, name="medproc-reap", daemon=True).start()
         processes, self._processes = self._processes, []
         alive = [p for p in processes if p.is_alive()]
         warm = [k for k, p in enumerate(processes) if self._warm[k] and p.is_alive()]

@@ -35,10 +35,9 @@ def load(folder: str) -> list[dict]:
 
 
 def lanes(events: list[dict]) -> dict[str, list[dict]]:
-    """Events by lane: ``main``, ``service K`` (the GPU service processes; ``commit``: the
-    process committing their arena; ``service``: the
-    thread of the main process that was the service before commit 51dfebc, in older traces)
-    and ``worker N``. The main process is the one that recorded its start (the ``medproc``
+    """Events by lane: ``main``, ``service K`` (the GPU service processes; ``service``: the
+    thread of the main process that was the service before commit 51dfebc, in older traces),
+    ``commit`` (the process committing the services' arena) and ``worker N``. The main process is the one that recorded its start (the ``medproc``
     program), or listed the inputs (``medproc.convert`` called from Python)."""
     main = {e["pid"] for e in events if e["name"] == "start"}
     main = main or {e["pid"] for e in events if e["name"] == "find_cases"}

@@ -248,14 +248,16 @@ def prepare(
             size = want if reads or service else min(want, guess)
             if size < 1:
                 return None
-            if service:  # how much of its arena to commit at once (known after planning)
+            if service:  # how much of its arena to commit at once: a guess (before planning)
                 service.planned(guess)
             pool = fork_pool(size)  # forked: ms
             if service:
                 return pool
             # the workers import DALI and build the cases' pipeline while this process reads
-            # the headers, or (when they read them) once their share is read
-            warm_args = (spec, max(1, _cores() // size) if device == "cpu" else None)
+            # the headers, or (when they read them) once their share is read; with the DALI
+            # threads the batch will give each case (below) if the guess is right
+            n_guess = auto_workers(guess, fork=fork) if workers == "auto" else min(want, guess)
+            warm_args = (spec, max(1, _cores() // n_guess) if n_guess > 1 else None)
             warm = True
             if reads:
                 return _WarmAfter(pool, size, warm_args)

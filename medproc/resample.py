@@ -57,13 +57,15 @@ def resample_batch(
     labels : sequence of Volume, optional
         One label map per volume, on its grid (nearest neighbour, dtype kept).
     batch_size : int
-        Volumes per DALI batch.
+        Volumes per DALI batch: the pipeline is built for this many whatever the call's
+        count (one pipeline for calls of any size).
     num_threads : int, optional
         DALI's CPU threads (default: all cores; 1 in batch workers).
     copy : bool
-        ``False``: on the GPU with numpy inputs, the outputs are views of DALI's host buffers
-        (pinned memory, held while they are referenced) instead of copies of them, for a
-        caller that copies them elsewhere at once.
+        ``False``: on the GPU with numpy inputs and PyTorch not loaded, the outputs are views
+        of the host buffer DALI copied the batch's output into (one view keeps its whole
+        output column alive) instead of copies of it, for a caller that copies them
+        elsewhere at once.
 
     Returns
     -------
@@ -113,6 +115,11 @@ def resample_batch(
         img = v.with_array(res[0], p.out_affine, **meta)
         out.append(img if labs is None else (img, labs[n].with_array(res[1], p.out_affine, **meta)))
     return out
+
+
+def tiny_volume() -> Volume:
+    """An 8^3 int16 volume (2 mm, on axes) that builds a CT's pipeline in a warm-up."""
+    return Volume(np.zeros((8, 8, 8), np.int16), np.diag([2.0, 2.0, 2.0, 1.0]))
 
 
 def resample(

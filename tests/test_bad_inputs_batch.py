@@ -255,7 +255,7 @@ def test_a_worker_killed_fails_the_cases_left_and_the_batch_reports_them(tmp_pat
     by = {r["case"]: r for r in rows}
     assert len(by) == 6
     assert by["a"]["status"] == "ok"
-    assert by["b"]["status"] == "failed" and "worker process died" in by["b"]["error"]
+    assert by["b"]["status"] == "failed" and "its worker died" in by["b"]["error"]
     for c in "cdef":
         assert by[c]["status"] == "failed" and "worker pool broke" in by[c]["error"], by[c]
     assert {r["case"]: r["status"] for r in _manifest(out).values()} == {

@@ -269,8 +269,8 @@ def scan_dicom(
     strict : bool
         Raise on the first unreadable file instead of listing it.
     executor : concurrent.futures.Executor, optional
-        Read headers in parallel (chunks of :data:`CHUNK` files), e.g. the process pool of a
-        batch run, when there are :data:`POOL_MIN_FILES` files or more.
+        Read headers in parallel (a few tasks per worker, see :func:`_chunks`), e.g. the
+        process pool of a batch run, when there are :data:`POOL_MIN_FILES` files or more.
     exclude : iterable of str
         Folders never entered (e.g. an output folder inside an input tree).
     skip_outputs : bool

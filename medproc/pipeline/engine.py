@@ -189,21 +189,21 @@ class Engine:
         return out, restore
 
     def run(
-        self, jobs: Sequence[Job], graph: Graph = Graph(), as_torch: bool = False, copy=True
+        self, jobs: Sequence[Job], graph: Graph = Graph(), as_torch: bool = False, copy: bool = True
     ) -> list:
         """Resample ``jobs``; one ``(image, *labels)`` tuple per job, in order (``copy``: see
         :meth:`map`)."""
         return [r for batch in self.map(jobs, graph, as_torch, copy) for r in batch]
 
     def map(
-        self, jobs: Iterable[Job], graph: Graph = Graph(), as_torch: bool = False, copy=True
+        self, jobs: Iterable[Job], graph: Graph = Graph(), as_torch: bool = False, copy: bool = True
     ) -> Iterator[list]:
         """Resample a stream of jobs in batches of ``batch_size``, feeding the next batch before
         waiting for the current one; yields one list of ``(image, *labels)`` per batch.
 
-        ``copy=False`` (GPU, numpy out): the outputs are views of the host buffer DALI copied
-        the batch into (pinned memory, held while they are), not copies of it: for a caller
-        that copies them elsewhere at once."""
+        ``copy=False`` (GPU, numpy out, PyTorch not loaded): the outputs are views of the
+        host buffer DALI copied the batch's outputs into (one view keeps its whole column
+        alive), not copies of it: for a caller that copies them elsewhere at once."""
 
         def batches():
             chunk = []
@@ -220,7 +220,7 @@ class Engine:
             yield res
 
     def _pipelined(
-        self, items: Iterable, as_torch: bool, stream=None, dense: bool = False, copy=True
+        self, items: Iterable, as_torch: bool, stream=None, dense: bool = False, copy: bool = True
     ) -> Iterator[tuple]:
         """(jobs, graph, extra) -> (results, extra), with batch n + 1 fed before n is waited on."""
         it = iter(items)

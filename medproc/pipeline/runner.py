@@ -135,7 +135,7 @@ class Runner:
         return out
 
     def collect(
-        self, n: int, as_torch: bool, stream=None, dense: bool = False, copy=True
+        self, n: int, as_torch: bool, stream=None, dense: bool = False, copy: bool = True
     ) -> list[tuple]:
         """The outputs of the oldest scheduled batch of ``n`` samples. ``dense`` (GPU, torch):
         the samples of an output may be the rows of one batch tensor (see :func:`stacked`).
