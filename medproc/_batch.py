@@ -80,11 +80,18 @@ class Batch:
         return [(p, r) for p, r in self.skipped if is_annotation(r)]
 
     def close(self) -> None:
-        """Stop the pool this batch started and release the output folder."""
+        """Stop the pool this batch started and release the output folder; a Ctrl-C meanwhile
+        cuts short the step it lands in, not the others (then it is raised)."""
+        interrupted = False
         while self.closers:
             close = self.closers.pop(0)
-            with span("close", what=getattr(close, "__qualname__", "")):
-                close()
+            try:
+                with span("close", what=getattr(close, "__qualname__", "")):
+                    close()
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
 
     def __enter__(self) -> Batch:
         return self
@@ -118,12 +125,15 @@ class Batch:
                 if progress:
                     progress(row)
 
-        with _Interrupts(on_interrupt) as stop:
-            if self.executor is None:
-                self._run_here(stop, finish, on_started)
-            else:
-                self._run_pool(stop, finish, on_started)
-            interrupted = stop.requested
+        try:
+            with _Interrupts(on_interrupt) as stop:
+                if self.executor is None:
+                    self._run_here(stop, finish, on_started)
+                else:
+                    self._run_pool(stop, finish, on_started)
+                interrupted = stop.requested
+        finally:  # every row settled, whatever happened: a second Ctrl-C may have ended a
+            write_manifest(manifest, self.kept + self.rows)  # finish() before its write
         if interrupted:
             raise KeyboardInterrupt
         return sorted(self.rows, key=lambda r: r["case"])
@@ -207,15 +217,26 @@ class Batch:
                     finally:  # (a second Ctrl-C meanwhile: this row is written all the same)
                         finish(res, t.row)
         except KeyboardInterrupt:  # a second Ctrl-C: end the running cases now
+            # (those that finished meanwhile keep their row as it came back)
+            ended = {f: f.result() for f in running if f.done() and _ok(f)}
             if hasattr(ex, "_processes"):
                 kill_pool(ex)
             else:
                 for fut in running:
                     fut.cancel()
-            for t in running.values():
+            for fut, t in running.items():
+                if fut in ended:
+                    finish(ended[fut], t.row, write=False)
+                    continue
                 _remove_temporaries(t)  # a killed worker could not clean up after itself
-                finish((t.case, "failed", {}, f"{t.case.source}: {INTERRUPTED}"), t.row)
-            raise
+                err = f"{t.case.source}: {INTERRUPTED}"
+                finish((t.case, "failed", {}, err), t.row, write=False)
+            raise  # (the manifest is written once, by run())
+
+
+def _ok(fut) -> bool:
+    """Whether a done future holds a result (not an error, not cancelled)."""
+    return not fut.cancelled() and fut.exception() is None
 
 
 def _remove_temporaries(t: Todo) -> None:

@@ -268,6 +268,22 @@ def _warm_up(spec: Spec | None = None, threads: int | None = None) -> None:
             pass
 
 
+class _WarmAfter:
+    """A pool for the header scan that queues one warm-up per worker after the scan's tasks:
+    a worker takes one once no scan task is left (on the H200 node the workers stood idle
+    0.2-0.4 s between their last scan task and their first case)."""
+
+    def __init__(self, pool, n: int, args: tuple):
+        self.pool, self.n, self.args = pool, n, args
+        self._max_workers = pool._max_workers  # (how scan_dicom sizes its tasks)
+
+    def map(self, fn, *iterables):
+        results = self.pool.map(fn, *iterables)  # every task queued now
+        for _ in range(self.n):
+            self.pool.submit(_warm_up, *self.args)
+        return results
+
+
 def plain_warning(message, category, filename, lineno, file=None, line=None):
     """``warnings.showwarning`` for the command line: ``medproc: warning: <message>``."""
     import sys

@@ -26,11 +26,19 @@ exit when the main process dies.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import BrokenExecutor
 
 import numpy as np
 
 from ._batch import INTERRUPTED, Batch, plan_cases
-from ._convert_case import _init_worker, _warm_up, annotations_path, plain_warning, sidecar_path
+from ._convert_case import (
+    _init_worker,
+    _warm_up,
+    _WarmAfter,
+    annotations_path,
+    plain_warning,
+    sidecar_path,
+)
 from .cases import (
     DEFAULT_NAME,
     Case,
@@ -39,7 +47,7 @@ from .cases import (
     find_cases,
     read_annotation_table,
 )
-from .errors import UsageError
+from .errors import MedprocError, UsageError
 from .manifest import MANIFEST_FIELDS, output_options, prepare_outdir, read_manifest
 from .spec import Spec
 
@@ -267,13 +275,20 @@ def prepare(
 
         early = ex is None and want > 1 and fork and not dry_run
         with span("find_cases"):
-            cases, skipped = find_cases(
-                inputs,
-                labels_dir,
-                executor=ex,
-                exclude=[outdir],
-                on_files=on_files if early else None,
-            )
+            try:
+                cases, skipped = find_cases(
+                    inputs,
+                    labels_dir,
+                    executor=ex,
+                    exclude=[outdir],
+                    on_files=on_files if early else None,
+                )
+            except BrokenExecutor:  # a worker killed while reading headers (OOM killer...)
+                raise MedprocError(
+                    "a worker process died while the DICOM headers were read (killed: out "
+                    "of memory?); nothing was converted: run the same command again",
+                    outdir,
+                ) from None
         prior = read_manifest(os.path.join(outdir, "manifest.csv"), repair=not dry_run)
         opts = output_options(spec, fmt, nan)
         batch = plan_cases(
@@ -327,22 +342,6 @@ def prepare(
         for close in closers:
             close()
         raise
-
-
-class _WarmAfter:
-    """A pool for the header scan that queues one warm-up per worker after the scan's tasks:
-    a worker takes one once no scan task is left (on the H200 node the workers stood idle
-    0.2-0.4 s between their last scan task and their first case)."""
-
-    def __init__(self, pool, n: int, args: tuple):
-        self.pool, self.n, self.args = pool, n, args
-        self._max_workers = pool._max_workers  # (how scan_dicom sizes its tasks)
-
-    def map(self, fn, *iterables):
-        results = self.pool.map(fn, *iterables)  # every task queued now
-        for _ in range(self.n):
-            self.pool.submit(_warm_up, *self.args)
-        return results
 
 
 def _drop(pool, warm: bool) -> None:

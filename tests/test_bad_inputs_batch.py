@@ -265,3 +265,51 @@ def test_a_worker_killed_fails_the_cases_left_and_the_batch_reports_them(tmp_pat
     assert main(["convert", str(data), "-o", str(out), "--spacing", "3", "-j", "1", "-q"]) == 0
     again = {c: r["status"] for c, r in _manifest(out).items()}
     assert again == {"a": "skipped", **{c: "ok" for c in "bcdef"}}
+
+
+def test_a_second_ctrl_c_while_a_row_is_written_loses_no_row(tmp_path, monkeypatch):
+    """A Ctrl-C that lands while the manifest is written for a finished case (the case's
+    files are on disk) leaves the manifest with that case's row all the same."""
+    import medproc._batch as batch
+    from medproc.convert import convert
+
+    data = tmp_path / "in"
+    for n, name in enumerate("abc"):
+        _nifti(str(data / f"{name}.nii.gz"), seed=n)
+    real, calls = batch.write_manifest, []
+
+    def interrupted_at_the_last_case(path, rows):
+        calls.append(len(rows))
+        if len([r for r in rows if r.get("status") == "ok"]) == 3 and calls.count(-1) == 0:
+            calls.append(-1)
+            raise KeyboardInterrupt  # (as the signal would, before the file is replaced)
+        real(path, rows)
+
+    monkeypatch.setattr(batch, "write_manifest", interrupted_at_the_last_case)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        convert([str(data)], str(out), medproc.Spec(spacing=3.0), workers=1)
+    assert -1 in calls
+    assert {c: r["status"] for c, r in _manifest(out).items()} == dict.fromkeys("abc", "ok")
+
+
+def _scan_dies(files, strict=False):
+    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would, in a pool's worker
+
+
+def test_a_worker_killed_while_headers_are_read_is_a_clear_error(tmp_path, monkeypatch):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from medproc.convert import convert
+    from medproc.errors import MedprocError
+    from medproc.io import dicom_scan
+
+    data = tmp_path / "dicom"
+    _series(str(data / "s1"), "1.2.3.4")
+    monkeypatch.setattr(dicom_scan, "POOL_MIN_FILES", 1)
+    monkeypatch.setattr(dicom_scan, "_scan_files", _scan_dies)
+    out = tmp_path / "out"
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as ex:
+        with pytest.raises(MedprocError, match="worker process died while the DICOM headers"):
+            convert([str(data)], str(out), medproc.Spec(spacing=3.0), executor=ex, workers=1)
