@@ -247,6 +247,13 @@ def prepare(
                 service.start()
             return p
 
+        def workers_for(n):  # the CPU route's workers for n cases
+            return auto_workers(n, fork=fork) if workers == "auto" else max(1, min(workers, n))
+
+        def threads_for(n):  # DALI threads per case: the cores over the workers (1: default)
+            w = workers_for(n)
+            return max(1, _cores() // w) if w > 1 else None
+
         def on_files(files, n_cases):  # the inputs are listed, their headers not yet read
             nonlocal pool, size, warm
             from .io.dicom_scan import POOL_MIN_FILES
@@ -264,9 +271,7 @@ def prepare(
             # the workers import DALI and build the cases' pipeline while this process reads
             # the headers, or (when they read them) once their share is read; with the DALI
             # threads the batch will give each case (below) if the guess is right
-            n_guess = auto_workers(guess, fork=fork) if workers == "auto" else min(want, guess)
-            warm_args = (spec, max(1, _cores() // n_guess) if n_guess > 1 else None)
-            warm = True
+            warm_args, warm = (spec, threads_for(guess)), True
             if reads:
                 return _WarmAfter(pool, size, warm_args)
             for _ in range(size):
@@ -297,11 +302,7 @@ def prepare(
         batch.skipped, batch.spec, batch.device, batch.nan = skipped, spec, device, nan
         batch.dry_run, batch.closers = dry_run, closers
         n = len(batch.todo)
-        batch.workers = (
-            max(1, min(want, n))
-            if service
-            else (auto_workers(n, fork=fork) if workers == "auto" else max(1, min(workers, n)))
-        )
+        batch.workers = max(1, min(want, n)) if service else workers_for(n)
         if service is not None:  # its pool (of `want` workers), any count (never a dry run)
             service.planned(n)
             pool = pool or fork_pool(want)
@@ -319,7 +320,7 @@ def prepare(
             if pool is None:  # only now that we know it is worth it
                 pool = fork_pool(batch.workers)
             batch.executor = pool
-            batch.threads = max(1, _cores() // batch.workers) if device == "cpu" else None
+            batch.threads = threads_for(n) if device == "cpu" else None
         elif pool is not None and warm and _in_worker(batch.todo):
             batch.executor = pool  # one case, to a worker that imported DALI meanwhile
         elif pool is not None:  # one worker is enough: no pool

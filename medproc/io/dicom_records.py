@@ -52,7 +52,7 @@ INFO_KEYS = (
 
 
 #: INFO_KEYS read as checked integers (the others as they are)
-_INTS = {"Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "BitsStored", "PixelRepresentation"}
+_INTS = ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "BitsStored", "PixelRepresentation")
 
 _IMPLICIT = "1.2.840.10008.1.2"
 _BIG_ENDIAN = "1.2.840.10008.1.2.2"
@@ -151,10 +151,10 @@ def scan_file(path: str, strict: bool = False) -> tuple:
 
 def _image_record(ds, offset: int, path: str, size: int, uid: str | None) -> tuple:
     nframes = n_frames(ds, path)
-    rows = _number(ds, "Rows", path, integer=True)
-    cols = _number(ds, "Columns", path, integer=True)
-    spp = _number(ds, "SamplesPerPixel", path, default=1, integer=True)
-    bits = _number(ds, "BitsAllocated", path, default=16, integer=True)
+    ints = {k: _number(ds, k, path, integer=True) for k in _INTS}  # (each read once)
+    rows, cols = ints["Rows"], ints["Columns"]
+    spp = 1 if ints["SamplesPerPixel"] is None else ints["SamplesPerPixel"]
+    bits = 16 if ints["BitsAllocated"] is None else ints["BitsAllocated"]
     if rows is None or cols is None or rows < 1 or cols < 1:
         raise ReadError(
             f"Rows x Columns is {rows}x{cols}: expected both >= 1; the header is damaged", path
@@ -166,9 +166,7 @@ def _image_record(ds, offset: int, path: str, size: int, uid: str | None) -> tup
             path,
         )
     info = {k: _val(ds, k) for k in INFO_KEYS if k not in _INTS}
-    info["Rows"], info["Columns"] = rows, cols
-    for k in ("SamplesPerPixel", "BitsAllocated", "BitsStored", "PixelRepresentation"):
-        info[k] = _number(ds, k, path, integer=True)
+    info.update(ints)
     for k in ("SeriesNumber", "NumberOfFrames"):
         try:
             info[k] = int(info[k]) if info[k] not in (None, "") else None
