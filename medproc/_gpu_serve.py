@@ -29,6 +29,11 @@ class Server:
         #: seconds of the busy time spent resampling (host -> device, DALI, device -> host) and
         #: copying outputs into the arena (``-v`` reports them)
         self.seconds = {"resample": 0.0, "out": 0.0}
+        #: the arena page-locked in this process as it is used (``medproc.pipeline.hostmem``;
+        #: None: copies through pageable memory), and the pieces outputs were copied into
+        #: straight from the GPU, by their address, not yet handed to a worker
+        self.pins = None
+        self.made: dict[int, object] = {}
 
     def serve(self, parent: int) -> None:
         """The service process's body."""
@@ -56,14 +61,17 @@ class Server:
         while True:
             first = s.requests.get()
             if first is None:
+                pinned = len(self.pins.slabs) * self.pins.slab if self.pins else 0
                 log.info(
                     "GPU service%s: %d case(s), %.2f s busy (%.2f resampling, %.2f copying "
-                    "out); %d case(s) resampled by the workers so far",
+                    "out), %d MiB of the arena page-locked; %d case(s) resampled by the "
+                    "workers so far",
                     f" {self.k + 1} of {s.n_services}" if s.n_services > 1 else "",
                     self.served,
                     busy,
                     self.seconds["resample"],
                     self.seconds["out"],
+                    pinned >> 20,
                     s.policy.here.value + s.no_room,
                 )
                 return
@@ -111,6 +119,12 @@ class Server:
         t = time.perf_counter()
         with span("service_warm_up"):
             self.resample([tiny_volume()], None)
+            if self.s.device == "gpu" and self.s.pin:
+                from .pipeline import hostmem
+
+                if hostmem.available():
+                    a = self.s.arena
+                    self.pins = hostmem.Registered(a.bytes.ctypes.data, a.nbytes)
         log.info("GPU service ready in %.2f s (DALI, CUDA, pipeline)", time.perf_counter() - t)
 
     def resample(self, vols, labs):
@@ -119,9 +133,27 @@ class Server:
         # one pipeline for every batch size; outputs not copied out of DALI's host buffer
         # (they are copied into the arena at once)
         s = self.s
+        into = self.into if self.pins is not None else None
         return resample_batch(
-            vols, s.spec, device=s.device, labels=labs, batch_size=config.BATCH, copy=False
+            vols,
+            s.spec,
+            device=s.device,
+            labels=labs,
+            batch_size=config.BATCH,
+            copy=False,
+            into=into,
         )
+
+    def into(self, dhw_shape: tuple, dtype):
+        """A page-locked arena piece an output is copied into from the GPU (None: no room
+        right now, DALI's host copy then): no copy in this process."""
+        got = self.s.arena.take(dhw_shape, dtype)
+        if got is None:
+            return None
+        slot, view = got
+        self.pins.ensure(slot.offset, view.nbytes)
+        self.made[view.ctypes.data] = slot
+        return view
 
     def run(self, batch) -> None:
         """Resample a batch's pieces in place (those with labels apart from those without),
@@ -166,14 +198,33 @@ class Server:
         vols, labs = [], [] if with_label else None
         for r in part:
             arrays = [s.arena.array(x) for x in r[2]]
+            if self.pins is not None:  # DALI's copy to the GPU: one DMA transfer
+                for a in arrays:
+                    self.pins.ensure(a.ctypes.data - self.pins.base, a.nbytes)
             vols.append(Volume(arrays[0], r[3]))
             if with_label:
                 labs.append(Volume(arrays[1], r[3]))
+        try:  # the pieces outputs were copied into and no worker was handed go back
+            self._resample_answer(part, with_label, vols, labs, answered, given)
+        finally:
+            self.give_back_made()
+
+    def give_back_made(self) -> None:
+        """Give back the pieces outputs were copied into that no worker was handed (outputs
+        converted after the copy: a label map's dtype restored)."""
+        if self.made:
+            self.s._give_back(list(self.made.values()))
+            self.made.clear()
+
+    def _resample_answer(self, part, with_label, vols, labs, answered, given) -> None:
+        s = self.s
         t = time.perf_counter()
         with span("gpu_resample", n=len(vols)):
             results = self.resample(vols, labs)
         self.seconds["resample"] += time.perf_counter() - t
-        del vols, labs
+        del vols[:]
+        if labs:
+            del labs[:]
         t = time.perf_counter()
         for r in part:  # read: their room goes to the outputs
             s._give_back(r[2])
@@ -198,7 +249,15 @@ class Server:
         self.seconds["out"] += time.perf_counter() - t
 
     def to_host(self, t: np.ndarray):
-        """Copy an output into an arena piece (waiting a while for room); None if none."""
+        """The arena piece of an output: the one it was copied into from the GPU, else a
+        piece it is copied into (waiting a while for room); None if none."""
+        slot = self.made.pop(t.ctypes.data, None)
+        if slot is not None:
+            size = int(np.prod(slot.shape)) * np.dtype(slot.dtype).itemsize
+            if t.dtype == np.dtype(slot.dtype) and t.nbytes == size:
+                slot.shape = t.shape[2::-1] + t.shape[3:]  # (i, j, k[, C]) -> DHW[C]
+                return slot
+            self.s._give_back([slot])
         deadline = time.monotonic() + config.ROOM_WAIT_S
         slot = self.s.arena.put(t)
         while slot is None and time.monotonic() < deadline:

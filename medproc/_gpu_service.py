@@ -91,6 +91,9 @@ class GpuService:
         #: threads committing the arena's first pieces from the start, in a process of its
         #: own (``_gpu_serve.commit_arena``; 0: none)
         self.commit_threads = env_count("MEDPROC_ARENA_COMMIT", 8)
+        #: the services page-lock the arena as they use it (``medproc.pipeline.hostmem``;
+        #: ``MEDPROC_GPU_PIN=0``: copies through pageable memory, for comparison)
+        self.pin = env_count("MEDPROC_GPU_PIN", 1) > 0
 
         ctx = self._ctx = multiprocessing.get_context("fork")
         self.spec, self.device = spec, device  # "cpu": the same protocol on DALI's CPU backend

@@ -141,6 +141,12 @@ class Arena:
             return None
         return Slot(got[0], got[1], tuple(int(x) for x in dhw_shape), str(dtype))
 
+    def take(self, dhw_shape: tuple, dtype) -> tuple[Slot, np.ndarray] | None:
+        """A free piece for a C-ordered array of ``dhw_shape`` and ``dtype`` and that array (a
+        view of the piece, its pages mapped for writing); None when none is free right now."""
+        slot = self._alloc(dhw_shape, dtype)
+        return None if slot is None else (slot, self._dhw(slot, write=True))
+
     def put(self, region: np.ndarray) -> Slot | None:
         """Copy an ``(i, j, k[, C])`` region into a free piece in DALI's layout (one copy, in
         a worker); None when no piece of its size is free right now."""

@@ -42,6 +42,7 @@ def resample_batch(
     batch_size: int = 8,
     num_threads: int | None = None,
     copy: bool = True,
+    into=None,
 ):
     """Resample many volumes with one spec, batched through the engine.
 
@@ -66,6 +67,11 @@ def resample_batch(
         of the host buffer DALI copied the batch's output into (one view keeps its whole
         output column alive) instead of copies of it, for a caller that copies them
         elsewhere at once.
+    into : callable, optional
+        On the GPU with numpy inputs and PyTorch not loaded: ``into(shape, dtype)`` gives a
+        C-ordered host array (of DALI's ``(k, j, i, C)`` shape) that an output is copied into
+        straight from the GPU, or None for DALI's host copy (see
+        :meth:`medproc.pipeline.Engine.map`); the outputs are views of those arrays.
 
     Returns
     -------
@@ -108,7 +114,7 @@ def resample_batch(
     # their batch size: a GPU service's batches of 1 to 8 built up to 8, ~0.1 s each)
     engine = Engine(device, batch_size=max(1, batch_size), num_threads=num_threads)
     graph = Graph.from_spec(spec, labels=0 if labs is None else 1)
-    results = engine.run(jobs, graph, as_torch=on_gpu, copy=copy)
+    results = engine.run(jobs, graph, as_torch=on_gpu, copy=copy, into=into)
     out = []
     for n, (res, p, v) in enumerate(zip(results, plans, vols)):
         meta = {"resampled_from": v.meta.get("source"), "device": device}

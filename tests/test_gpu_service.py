@@ -314,10 +314,11 @@ def test_a_service_that_is_killed_is_noticed(monkeypatch):
 def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path):
     """The command as a user runs it (a fresh process: the service runs without PyTorch),
     images and label maps, against the CPU route's outputs."""
+    import re
     import subprocess
     import sys
 
-    from medproc.pipeline import gpu_available
+    from medproc.pipeline import gpu_available, hostmem
 
     if not gpu_available():
         pytest.skip("no GPU")
@@ -330,6 +331,9 @@ def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         if dev == "gpu":
             assert "GPU service process(es)" in r.stderr and "GPU service ready" in r.stderr
+            if hostmem.available():  # copies to and from the GPU through page-locked pieces
+                locked = re.findall(r"(\d+) MiB of the arena page-locked", r.stderr)
+                assert locked and max(int(x) for x in locked) > 0, r.stderr[-3000:]
     names = _outputs(tmp_path / "cpu")
     assert names == _outputs(tmp_path / "gpu") and any("_label" in f for f in names)
     for f in names:

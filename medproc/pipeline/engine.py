@@ -189,19 +189,32 @@ class Engine:
         return out, restore
 
     def run(
-        self, jobs: Sequence[Job], graph: Graph = Graph(), as_torch: bool = False, copy: bool = True
+        self,
+        jobs: Sequence[Job],
+        graph: Graph = Graph(),
+        as_torch: bool = False,
+        copy: bool = True,
+        into=None,
     ) -> list:
-        """Resample ``jobs``; one ``(image, *labels)`` tuple per job, in order (``copy``: see
-        :meth:`map`)."""
-        return [r for batch in self.map(jobs, graph, as_torch, copy) for r in batch]
+        """Resample ``jobs``; one ``(image, *labels)`` tuple per job, in order (``copy`` and
+        ``into``: see :meth:`map`)."""
+        return [r for batch in self.map(jobs, graph, as_torch, copy, into) for r in batch]
 
     def map(
-        self, jobs: Iterable[Job], graph: Graph = Graph(), as_torch: bool = False, copy: bool = True
+        self,
+        jobs: Iterable[Job],
+        graph: Graph = Graph(),
+        as_torch: bool = False,
+        copy: bool = True,
+        into=None,
     ) -> Iterator[list]:
         """Resample a stream of jobs in batches of ``batch_size``, feeding the next batch before
         waiting for the current one; yields one list of ``(image, *labels)`` per batch.
 
-        ``copy=False`` (GPU, numpy out, PyTorch not loaded): the outputs are views of the
+        GPU, numpy out, PyTorch not loaded: ``into(shape, dtype)`` may give, for each output
+        (DALI's ``(k, j, i, C)`` shape), a C-ordered host array to copy it into straight from
+        the GPU (page-locked: one DMA transfer; see :mod:`.hostmem`), or None; the outputs are
+        then views of those arrays. Otherwise, ``copy=False``: the outputs are views of the
         host buffer DALI copied the batch's outputs into (one view keeps its whole column
         alive), not copies of it: for a caller that copies them elsewhere at once."""
 
@@ -216,11 +229,17 @@ class Engine:
                 yield chunk, graph
 
         items = ((b, g, None) for b, g in batches())
-        for res, _ in self._pipelined(items, as_torch, copy=copy):
+        for res, _ in self._pipelined(items, as_torch, copy=copy, into=into):
             yield res
 
     def _pipelined(
-        self, items: Iterable, as_torch: bool, stream=None, dense: bool = False, copy: bool = True
+        self,
+        items: Iterable,
+        as_torch: bool,
+        stream=None,
+        dense: bool = False,
+        copy: bool = True,
+        into=None,
     ) -> Iterator[tuple]:
         """(jobs, graph, extra) -> (results, extra), with batch n + 1 fed before n is waited on."""
         it = iter(items)
@@ -239,7 +258,7 @@ class Engine:
                 nrunner = self._runner(nxt[1], njobs)
                 if nrunner is not runner:
                     started = (nrunner, nrunner.start(njobs), nxt[2], nrestore)
-            res = runner.collect(n, as_torch, stream, dense, copy)
+            res = runner.collect(n, as_torch, stream, dense, copy, into)
             if nxt is not None and started is None:
                 started = (runner, runner.start(njobs), nxt[2], nrestore)
             yield _restored(res, restore), extra

@@ -135,11 +135,19 @@ class Runner:
         return out
 
     def collect(
-        self, n: int, as_torch: bool, stream=None, dense: bool = False, copy: bool = True
+        self,
+        n: int,
+        as_torch: bool,
+        stream=None,
+        dense: bool = False,
+        copy: bool = True,
+        into=None,
     ) -> list[tuple]:
         """The outputs of the oldest scheduled batch of ``n`` samples. ``dense`` (GPU, torch):
         the samples of an output may be the rows of one batch tensor (see :func:`stacked`).
-        ``copy=False`` (GPU, numpy): views of the host copy DALI made, not copies of it."""
+        ``copy=False`` (GPU, numpy): views of the host copy DALI made, not copies of it.
+        ``into`` (GPU, numpy): ``into(shape, dtype)`` gives the host array each DALI output
+        sample (DHWC) is copied into straight from the GPU, or None (then as ``copy``)."""
         try:
             outs = self.pipe.outputs()
         except BaseException:
@@ -147,9 +155,17 @@ class Runner:
             raise
         self.pending -= 1
         if self.device == "gpu" and not as_torch and "torch" not in sys.modules:
-            outs = [o.as_cpu() for o in outs]  # numpy out: one copy per output column
-            take = np.array if copy else np.asarray  # (a view keeps its column alive)
-            cols = [[take(o[i]) for i in range(n)] for o in outs]
+            cols = _copied_out(outs, n, into) if into is not None else None
+            if cols is None or any(a is None for col in cols for a in col):
+                host = [o.as_cpu() for o in outs]  # numpy out: one copy per output column
+                take = np.array if copy else np.asarray  # (a view keeps its column alive)
+                cols = [
+                    [
+                        take(h[i]) if cols is None or cols[c][i] is None else cols[c][i]
+                        for i in range(n)
+                    ]
+                    for c, h in enumerate(host)
+                ]
         elif self.device == "gpu" and as_torch and dense:
             cols = [self._out_batch(o, n, stream) for o in outs]
         else:
@@ -278,6 +294,16 @@ def _torch_here(dhwc: list) -> bool:
     """Whether the feed goes through PyTorch: some input is a tensor, or PyTorch is loaded
     (then host inputs are staged in one pinned block, see :meth:`Runner._to_device`)."""
     return "torch" in sys.modules or any(_is_torch(a) for row in dhwc for a in row)
+
+
+def _copied_out(outs, n: int, into):
+    """The GPU outputs copied into the arrays ``into`` gives (see :meth:`Runner.collect`);
+    None without the CUDA bindings (:mod:`.hostmem`)."""
+    from . import hostmem
+
+    if not hostmem.available():
+        return None
+    return hostmem.copy_out(outs, n, into)
 
 
 def _from_dhwc(a):
