@@ -61,7 +61,7 @@ class Server:
         while True:
             first = s.requests.get()
             if first is None:
-                pinned = len(self.pins.slabs) * self.pins.slab if self.pins else 0
+                pinned = self.pins.locked if self.pins else 0
                 log.info(
                     "GPU service%s: %d case(s), %.2f s busy (%.2f resampling, %.2f copying "
                     "out), %d MiB of the arena page-locked; %d case(s) resampled by the "

@@ -1,4 +1,4 @@
-"""Page-locked copies of the GPU service (medproc.pipeline.hostmem): which slabs of the arena
+"""Page-locked copies of the GPU service (medproc.pipeline.hostmem): which parts of the arena
 are registered with CUDA, what happens when CUDA refuses, the service's bookkeeping of the
 pieces outputs are copied into straight from the GPU (on the CPU, with CUDA faked), and on the
 GPU the outputs landing in the arrays given, equal to DALI's own host copy."""
@@ -19,41 +19,57 @@ from medproc.pipeline import hostmem
 
 
 class FakeRuntime:
-    """cudaHostRegister recorded (refused from the ``refuse``-th call on)."""
+    """cudaHostRegister/Unregister recorded (registering refused from the ``refuse``-th on)."""
 
     def __init__(self, refuse: int | None = None):
-        self.calls: list[tuple[int, int]] = []
-        self.refuse, self.cleared = refuse, 0
+        self.calls: list[tuple] = []
+        self.refuse, self.cleared, self.registers = refuse, 0, 0
 
     def cudaHostRegister(self, ptr, size, flags):  # noqa: N802 - CUDA's name
-        self.calls.append((ptr, size))
-        return (1 if self.refuse is not None and len(self.calls) >= self.refuse else 0,)
+        self.registers += 1
+        self.calls.append(("register", ptr, size))
+        return (1 if self.refuse is not None and self.registers >= self.refuse else 0,)
+
+    def cudaHostUnregister(self, ptr):  # noqa: N802
+        self.calls.append(("unregister", ptr))
+        return (0,)
 
     def cudaGetLastError(self):  # noqa: N802
         self.cleared += 1
         return (0,)
 
 
-def test_the_slabs_holding_a_range_are_registered_once_each(monkeypatch):
+def test_each_piece_is_one_registration_and_overlapped_ones_are_undone(monkeypatch):
+    """A copy must lie within one registration (CUDA refuses one spanning two: on the H200
+    node every case failed when 100 MB pieces spanned 64 MiB slabs registered apart)."""
     rt = FakeRuntime()
     monkeypatch.setattr(hostmem, "_rt", lambda: rt)
-    mib = 1 << 20
-    pins = hostmem.Registered(base=1000 * mib, nbytes=10 * mib, slab=4 * mib)
-    assert pins.ensure(3 * mib, 2 * mib)  # bytes 3..5 MiB: slabs 0 and 1
-    assert rt.calls == [(1000 * mib, 4 * mib), (1004 * mib, 4 * mib)]
-    assert pins.ensure(5 * mib, mib) and len(rt.calls) == 2  # slab 1 again: nothing to do
-    assert pins.ensure(9 * mib, mib)  # the last slab stops at the block's end (2 MiB)
-    assert rt.calls[-1] == (1008 * mib, 2 * mib) and pins.slabs == {0, 1, 2}
+    page, base = hostmem.PAGE, 1 << 40
+    pins = hostmem.Registered(base=base, nbytes=100 * page)
+    assert pins.ensure(0, 10 * page) and pins.ensure(10 * page, 5 * page + 1)  # rounded out
+    assert rt.calls == [("register", base, 10 * page), ("register", base + 10 * page, 6 * page)]
+    assert pins.ensure(2 * page, 3 * page) and len(rt.calls) == 2  # inside one: nothing to do
+    # a piece over both (their pieces were given back, the room taken again): both undone
+    assert pins.ensure(5 * page, 8 * page)
+    assert rt.calls[2:] == [
+        ("unregister", base),
+        ("unregister", base + 10 * page),
+        ("register", base + 5 * page, 8 * page),
+    ]
+    assert pins.ranges == {5 * page: 13 * page} and pins.locked == 8 * page
+    assert pins.ensure(98 * page, 10 * page)  # cut at the block's end
+    assert rt.calls[-1] == ("register", base + 98 * page, 2 * page)
 
 
 def test_a_refused_registration_turns_page_locking_off_and_clears_the_error(monkeypatch):
     rt = FakeRuntime(refuse=2)
     monkeypatch.setattr(hostmem, "_rt", lambda: rt)
-    pins = hostmem.Registered(base=0, nbytes=64, slab=16)
-    assert pins.ensure(0, 16)
-    assert not pins.ensure(16, 16)  # refused: CUDA's last error is not left for DALI
+    page = hostmem.PAGE
+    pins = hostmem.Registered(base=0, nbytes=64 * page)
+    assert pins.ensure(0, page)
+    assert not pins.ensure(16 * page, page)  # refused: CUDA's last error is not left for DALI
     assert pins.off and rt.cleared == 1
-    assert not pins.ensure(40, 8) and len(rt.calls) == 2  # not tried again
+    assert not pins.ensure(40 * page, page) and rt.registers == 2  # not tried again
 
 
 def _server():
@@ -61,6 +77,10 @@ def _server():
     server = Server(service, 0)
     server.pins = hostmem.Registered(service.arena.bytes.ctypes.data, service.arena.nbytes)
     return service, server
+
+
+def slot_bytes(slot) -> int:
+    return int(np.prod(slot.shape)) * np.dtype(slot.dtype).itemsize
 
 
 def _taken(service) -> int:
@@ -79,7 +99,7 @@ def test_an_output_copied_into_an_arena_piece_is_handed_over_as_that_piece(monke
         slot = server.to_host(out)
         assert slot.shape == (5, 4, 3) and not server.made
         np.testing.assert_array_equal(service.arena.array(slot), out)
-        assert server.pins.slabs  # its slab page-locked
+        assert server.pins.locked >= slot_bytes(slot)  # its piece page-locked
         service._give_back([slot])
         assert _taken(service) == 0
     finally:
@@ -115,28 +135,41 @@ from medproc.pipeline import hostmem
 
 assert "torch" not in sys.modules
 rng = np.random.default_rng(0)
-vols = [Volume(rng.integers(-1000, 2000, (96, 80, 60 + 7 * n), dtype=np.int16),
-               np.diag([0.8, 0.8, 1.2, 1.0])) for n in range(3)]
+shapes = [(300, 260, 90 + 7 * n) for n in range(3)]  # ~14-16 MB int16 each
+arrays = [rng.integers(-1000, 2000, s, dtype=np.int16) for s in shapes]
+aff = np.diag([0.8, 0.8, 1.2, 1.0])
 spec = Spec(spacing=1.5)
-ref = resample_batch(vols, spec, device="gpu", batch_size=4)
-mm = mmap.mmap(-1, 64 << 20)
+ref = resample_batch([Volume(a, aff) for a in arrays], spec, device="gpu", batch_size=4)
+mm = mmap.mmap(-1, 128 << 20)
 block = np.frombuffer(mm, np.uint8)
-pins = hostmem.Registered(block.ctypes.data, block.nbytes, slab=16 << 20)
-given, at = [], [0]
-def into(shape, dtype):
-    n = int(np.prod(shape)) * dtype.itemsize
+pins = hostmem.Registered(block.ctypes.data, block.nbytes)
+at = [0]
+
+def piece(shape, dtype):  # the next page-aligned piece of the block, page-locked
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
     a = block[at[0]: at[0] + n].view(dtype).reshape(shape)
     assert pins.ensure(at[0], n)
     at[0] += -(-n // 4096) * 4096
-    given.append(a)
     return a
-got = resample_batch(vols, spec, device="gpu", batch_size=4, into=into)
-assert len(given) == 3 and pins.slabs and not pins.off
-for g, r, a in zip(got, ref, given):
-    assert np.shares_memory(g.array, a)
-    np.testing.assert_array_equal(g.array, r.array)
-    np.testing.assert_allclose(g.affine, r.affine)
-print("ok", len(pins.slabs))
+
+for start in (0, 7 << 20):  # then pieces over the first round's (re-registered)
+    at[0] = start
+    vols = []
+    for a in arrays:  # inputs in the block, as the service's (k, j, i) pieces
+        p = piece(a.shape[::-1], a.dtype)
+        p[...] = a.transpose(2, 1, 0)
+        vols.append(Volume(p.transpose(2, 1, 0), aff))
+    given = []
+    def into(shape, dtype):
+        given.append(piece(shape, dtype))
+        return given[-1]
+    got = resample_batch(vols, spec, device="gpu", batch_size=4, into=into)
+    assert len(given) == 3 and not pins.off
+    for g, r, a in zip(got, ref, given):
+        assert np.shares_memory(g.array, a)
+        np.testing.assert_array_equal(g.array, r.array)
+        np.testing.assert_allclose(g.affine, r.affine)
+print("ok", len(pins.ranges), pins.locked)
 """
 
 

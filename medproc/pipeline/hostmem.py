@@ -3,7 +3,7 @@ outputs back into memory it owns (``medproc convert --device gpu``'s service pro
 NVIDIA's CUDA Python bindings (``cuda-bindings``; no PyTorch).
 
 - :class:`Registered` page-locks the parts of an existing block (the service's shared arena) as
-  they are first used, in slabs of :data:`SLAB` bytes: DALI's host -> device copy of a volume
+  they are used, each piece a registration of its own: DALI's host -> device copy of a volume
   read from there is then a DMA transfer, not a copy through the driver's staging buffers.
 - :func:`copy_out` copies GPU outputs straight into host arrays (one DMA transfer each when
   they are registered), instead of DALI's host copy followed by a copy into the arena.
@@ -12,7 +12,8 @@ Measured on the H200 node (``scripts/probe_pin.py``), a batch of 4 CT volumes (4
 int16 in, 4 x 42 MB float32 out) through a GPU resize: feeding from pageable memory took 53-64
 ms of the process's CPU, from registered memory 11 ms; the outputs through DALI's host copy and a
 copy into shared memory 42 ms, copied into registered memory 13 ms. Registering pages already
-in memory costs ~4 ms per 128 MiB, pages never touched ~0.4 ms per MB (they are committed).
+in memory costs ~4 ms per 128 MiB, undoing it ~2 ms; pages never touched ~0.4 ms per MB (they
+are committed).
 
 Without ``cuda-bindings`` (or when CUDA refuses a registration) everything still works, through
 pageable memory.
@@ -21,15 +22,15 @@ pageable memory.
 from __future__ import annotations
 
 import logging
+import mmap
 
 import numpy as np
 
 log = logging.getLogger(__name__)
 
-__all__ = ["available", "Registered", "copy_out", "SLAB"]
+__all__ = ["available", "Registered", "copy_out"]
 
-#: bytes page-locked at a time (aligned in the block): a CT volume's piece spans one or two
-SLAB = 64 << 20
+PAGE = mmap.PAGESIZE
 
 
 def _rt():
@@ -59,35 +60,44 @@ def _check(res, what: str) -> None:
 
 
 class Registered:
-    """Page-locks ``[base, base + nbytes)`` of this process's memory with CUDA slab by slab, as
-    :meth:`ensure` asks for its parts. After a refusal it stops trying (said once at INFO):
-    copies then go through pageable memory, as without it."""
+    """Page-locks the parts of ``[base, base + nbytes)`` (this process's memory) that
+    :meth:`ensure` asks for, each as a registration of its own: a copy to or from the GPU must
+    lie within one registration (one spanning two, e.g. slabs registered apart, is refused by
+    CUDA: invalid argument). A range not inside a registered one is registered after the
+    registrations it overlaps (pieces given back since, whose room was taken again) are undone.
+    After a refusal it stops trying (said once at INFO): copies then go through pageable memory,
+    as without it."""
 
-    def __init__(self, base: int, nbytes: int, slab: int = SLAB):
-        self.base, self.nbytes, self.slab = int(base), int(nbytes), int(slab)
-        self.slabs: set[int] = set()  # numbers of the slabs registered
+    def __init__(self, base: int, nbytes: int):
+        self.base, self.nbytes = int(base), int(nbytes)
+        self.ranges: dict[int, int] = {}  # registered: start -> end (offsets, page-rounded)
         self.off = False
 
+    @property
+    def locked(self) -> int:
+        """Bytes page-locked now."""
+        return sum(e - s for s, e in self.ranges.items())
+
     def ensure(self, offset: int, nbytes: int) -> bool:
-        """Page-lock the slabs holding ``[offset, offset + nbytes)`` of the block (those not
-        already); True when all of them are."""
+        """Page-lock ``[offset, offset + nbytes)`` of the block (pages rounded out) unless it
+        lies inside a registered range; True when it is page-locked."""
         if self.off:
             return False
-        first, last = offset // self.slab, (offset + max(1, nbytes) - 1) // self.slab
-        for k in range(first, last + 1):
-            if k in self.slabs:
-                continue
-            at = k * self.slab
-            size = min(self.slab, self.nbytes - at)
-            if size <= 0:
-                return False
-            rt = _rt()
-            if not _ok(rt.cudaHostRegister(self.base + at, size, 0)):
-                rt.cudaGetLastError()  # not left behind as CUDA's last error for DALI to see
-                self.off = True
-                log.info("page-locking the arena was refused: copies through pageable memory")
-                return False
-            self.slabs.add(k)
+        start = offset // PAGE * PAGE
+        end = min(self.nbytes, -(-(offset + max(1, nbytes)) // PAGE) * PAGE)
+        if any(s <= start and end <= e for s, e in self.ranges.items()):
+            return True
+        rt = _rt()
+        for s in [s for s, e in self.ranges.items() if s < end and start < e]:
+            del self.ranges[s]
+            if not _ok(rt.cudaHostUnregister(self.base + s)):
+                rt.cudaGetLastError()
+        if not _ok(rt.cudaHostRegister(self.base + start, end - start, 0)):
+            rt.cudaGetLastError()  # not left behind as CUDA's last error for DALI to see
+            self.off = True
+            log.info("page-locking the arena was refused: copies through pageable memory")
+            return False
+        self.ranges[start] = end
         return True
 
 
