@@ -167,6 +167,9 @@ class Server:
                 try:
                     self.answer(part, with_label, answered, given)
                 except Exception as e:  # noqa: BLE001 - find the case(s) that fail, one by one
+                    if self.pins is not None:  # not again: through pageable memory from now
+                        log.info("GPU service: page-locked copies stopped (%s)", e)
+                        self.pins = None
                     for r in part:
                         if id(r) in answered:
                             continue
