@@ -5,7 +5,8 @@ resampling (~0.17 s of ~0.45 s per 512x512x153 series on the H200 node). Spawned
 each importing torch and DALI and making its own CUDA context, cost more than that (the GPU
 route was 3x slower than the CPU route). So the workers are forked CPU workers (milliseconds;
 they import neither DALI nor PyTorch), and right after them the main process forks the
-services (2 on 8 cores or more, see :func:`medproc._gpu_share.service_count`), each of which
+services (1, or 2 on 8 cores or more without page-locked copies, see
+:func:`medproc._gpu_share.service_count`), each of which
 imports DALI, makes its own CUDA context and builds its pipeline while the workers scan and
 read (their loop: :mod:`medproc._gpu_serve`). A thread of the main process did it until the
 node's trace (``MEDPROC_TRACE``, 32 series) showed the cost of sharing that process's
@@ -45,7 +46,7 @@ import time
 
 import numpy as np
 
-from ._gpu_share import SharePolicy, env_count
+from ._gpu_share import SharePolicy, env_count, pinned_copies
 from ._trace import span
 
 log = logging.getLogger("medproc.convert")
@@ -93,7 +94,7 @@ class GpuService:
         self.commit_threads = env_count("MEDPROC_ARENA_COMMIT", 8)
         #: the services page-lock the arena as they use it (``medproc.pipeline.hostmem``;
         #: ``MEDPROC_GPU_PIN=0``: copies through pageable memory, for comparison)
-        self.pin = env_count("MEDPROC_GPU_PIN", 1) > 0
+        self.pin = pinned_copies()
 
         ctx = self._ctx = multiprocessing.get_context("fork")
         self.spec, self.device = spec, device  # "cpu": the same protocol on DALI's CPU backend
@@ -231,6 +232,10 @@ class GpuService:
         from ._gpu_serve import Server, commit_arena
         from ._procs import sigint_blocked
 
+        if self.pin and self.device == "gpu":  # imported once here, not in every service
+            from .pipeline import hostmem
+
+            hostmem.available()
         self.policy.since.value = time.monotonic()
         with sigint_blocked():
             for k in range(self.n_services):

@@ -107,11 +107,28 @@ def service_wanted(device: str, executor, dask, dry_run: bool) -> bool:
 
 
 def service_count(cores: int) -> int:
-    """How many GPU service processes a batch runs: ``MEDPROC_GPU_SERVICES``, else 2 on a
-    machine of 8 cores or more (one service was the batch's serial stage on the H200 node:
-    busy ~80% of it at ~50 ms per 512 x 512 x 200 series, mostly copies between host memory
-    and the GPU made by the CPU), else 1."""
-    return env_count("MEDPROC_GPU_SERVICES", 2 if cores >= 8 else 1, low=1)
+    """How many GPU service processes a batch runs: ``MEDPROC_GPU_SERVICES``, else 1 when
+    the services page-lock their arena (:func:`pinned_copies`: their copies to and from the
+    GPU are DMA transfers; on the H200 node two such services were busy 21-25% of a 32-series
+    batch each, and one service with a 15th worker took 3.17 and 3.46 s against 3.66 and 3.48
+    s for two), else 2 on a machine of 8 cores or more (with copies through pageable memory,
+    made by the CPU, one service was the batch's serial stage there: busy ~80% of it at ~50 ms
+    per 512 x 512 x 200 series), else 1."""
+    default = 2 if cores >= 8 and not pinned_copies() else 1
+    return env_count("MEDPROC_GPU_SERVICES", default, low=1)
+
+
+def pinned_copies() -> bool:
+    """Whether the GPU services will page-lock their arena: ``MEDPROC_GPU_PIN`` is not 0 and
+    NVIDIA's CUDA Python bindings are installed (found, not imported)."""
+    import importlib.util
+
+    if env_count("MEDPROC_GPU_PIN", 1) == 0:
+        return False
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except (ImportError, ValueError):  # no "cuda" package at all
+        return False
 
 
 def env_count(name: str, default: int, low: int = 0) -> int:

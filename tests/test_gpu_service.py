@@ -420,10 +420,15 @@ def test_the_services_commit_the_arena_pieces_of_the_cases_planned_from_the_star
 
 
 def test_the_number_of_gpu_services(monkeypatch):
-    from medproc._gpu_share import service_count
+    from medproc._gpu_share import pinned_copies, service_count
 
     monkeypatch.delenv("MEDPROC_GPU_SERVICES", raising=False)
+    monkeypatch.setenv("MEDPROC_GPU_PIN", "0")  # copies through pageable memory: 2 on 8+
+    assert not pinned_copies()
     assert (service_count(2), service_count(8), service_count(16)) == (1, 2, 2)
+    monkeypatch.delenv("MEDPROC_GPU_PIN")
+    if pinned_copies():  # page-locked copies (cuda-bindings installed): one is enough
+        assert (service_count(2), service_count(8), service_count(16)) == (1, 1, 1)
     monkeypatch.setenv("MEDPROC_GPU_SERVICES", "3")
     assert service_count(2) == 3
     from medproc.errors import UsageError
