@@ -10,10 +10,11 @@ NVIDIA's CUDA Python bindings (``cuda-bindings``; no PyTorch).
 
 Measured on the H200 node (``scripts/probe_pin.py``), a batch of 4 CT volumes (4 x 100 MB
 int16 in, 4 x 42 MB float32 out) through a GPU resize: feeding from pageable memory took 53-64
-ms of the process's CPU, from registered memory 11 ms; the outputs through DALI's host copy and a
-copy into shared memory 42 ms, copied into registered memory 13 ms. Registering pages already
-in memory costs ~4 ms per 128 MiB, undoing it ~2 ms; pages never touched ~0.4 ms per MB (they
-are committed).
+ms of the process's CPU, from registered memory 11 ms; the outputs through DALI's host copy and
+a copy into shared memory 42 ms, copied there straight from the GPU by one ``cudaMemcpyAsync``
+each 13 ms (into pageable memory in that probe; the service registers its output pieces too).
+Registering pages already in memory costs ~4 ms per 128 MiB, undoing it ~2 ms; pages never
+touched ~0.4 ms per MB (they are committed).
 
 Without ``cuda-bindings`` (or when CUDA refuses a registration) everything still works, through
 pageable memory.
