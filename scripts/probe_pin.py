@@ -3,10 +3,14 @@
 - cudaHostRegister of already-committed shared pages: 128 MiB pieces, 1 GiB, an uncommitted
   256 MiB (wall and CPU seconds);
 - a DALI GPU pipeline (external_source on the GPU -> resize -> float32) fed 4 CT-sized int16
-  volumes from pageable vs registered shared memory, outputs taken by as_cpu + a copy into the
-  arena vs copy_to_external straight into registered arena memory (CPU seconds of the process).
+  volumes from private, shared and registered shared memory, its outputs taken three ways:
+  ``as_cpu`` + a copy into shared memory; one ``cudaMemcpyAsync`` per sample on the output's
+  stream into shared memory (not registered here); DALI's ``copy_to_external`` (refused for a
+  host pointer: it copies device to device). CPU seconds of the process (synchronising spins).
 
     PYTHONPATH=/tmp/site:/tmp/cb python scripts/probe_pin.py
+
+Its output on the node is quoted in docs/benchmarks.md (third round).
 """
 
 import ctypes
