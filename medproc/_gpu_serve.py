@@ -33,6 +33,7 @@ class Server:
         #: None: copies through pageable memory), and the pieces outputs were copied into
         #: straight from the GPU, by their address, not yet handed to a worker
         self.pins = None
+        self.pins_stopped: str | None = None  # why page-locking was turned off, if it was
         self.made: dict[int, object] = {}
 
     def serve(self, parent: int) -> None:
@@ -64,14 +65,15 @@ class Server:
                 pinned = self.pins.locked if self.pins else 0
                 log.info(
                     "GPU service%s: %d case(s), %.2f s busy (%.2f resampling, %.2f copying "
-                    "out), %d MiB of the arena page-locked; %d case(s) resampled by the "
-                    "workers so far",
+                    "out), %s; %d case(s) resampled by the workers so far",
                     f" {self.k + 1} of {s.n_services}" if s.n_services > 1 else "",
                     self.served,
                     busy,
                     self.seconds["resample"],
                     self.seconds["out"],
-                    pinned >> 20,
+                    f"page-locking stopped ({self.pins_stopped})"
+                    if self.pins_stopped
+                    else f"{pinned >> 20} MiB of the arena page-locked",
                     s.policy.here.value + s.no_room,
                 )
                 return
@@ -158,7 +160,7 @@ class Server:
     def run(self, batch) -> None:
         """Resample a batch's pieces in place (those with labels apart from those without),
         answer every request exactly once, then give the input pieces back."""
-        send = self.s._send
+        tell = self._tell
         answered: set[int] = set()  # requests replied to
         given: set[int] = set()  # requests whose input pieces are back already
         try:
@@ -167,30 +169,60 @@ class Server:
                 try:
                     self.answer(part, with_label, answered, given)
                 except Exception as e:  # noqa: BLE001 - find the case(s) that fail, one by one
-                    if self.pins is not None:  # not again: through pageable memory from now
-                        log.info("GPU service: page-locked copies stopped (%s)", e)
-                        self.pins = None
                     for r in part:
                         if id(r) in answered:
                             continue
                         if id(r) in given:  # its input is gone: cannot be tried alone
-                            send(r, f"{type(e).__name__}: {e}")
+                            tell(r, f"{type(e).__name__}: {e}")
                             answered.add(id(r))
                             continue
                         try:
-                            self.answer([r], with_label, answered, given)
+                            self.answer_alone(r, with_label, answered, given)
                         except Exception as e:  # noqa: BLE001
-                            send(r, f"{type(e).__name__}: {e}")
+                            tell(r, f"{type(e).__name__}: {e}")
                             answered.add(id(r))
         except BaseException as e:
             for r in batch:  # never leave a worker waiting
                 if id(r) not in answered:
-                    send(r, f"{type(e).__name__}: {e}")
+                    tell(r, f"{type(e).__name__}: {e}")
             raise
         finally:
             for r in batch:
                 if id(r) not in given:
                     self.s._give_back(r[2])
+
+    def answer_alone(self, r, with_label: bool, answered: set, given: set) -> None:
+        """Answer one request of a batch that failed. If it fails with page-locked copies
+        and then not without them, they stay off for the rest of the run (said once); if it
+        fails either way, the case is at fault and they stay on."""
+        try:
+            self.answer([r], with_label, answered, given)
+            return
+        except Exception as e:
+            if self.pins is None or id(r) in given or id(r) in answered:
+                raise
+            first = e
+        pins, self.pins = self.pins, None
+        try:
+            self.answer([r], with_label, answered, given)
+        except Exception:
+            self.pins = pins
+            raise
+        self.pins_stopped = f"{type(first).__name__}: {first}"
+        log.warning(
+            "GPU service: a case failed with page-locked copies and not without them; they "
+            "stay off (%s)",
+            self.pins_stopped,
+        )
+
+    def _tell(self, r, message) -> bool:
+        """Send ``message`` (an error, or None: resample it yourself) to ``r``'s worker;
+        False if that worker is gone."""
+        try:
+            self.s._send(r, message)
+        except OSError:
+            return False
+        return True
 
     def answer(self, part, with_label: bool, answered: set, given: set) -> None:
         from .volume import Volume
@@ -236,18 +268,28 @@ class Server:
             raise RuntimeError(f"{len(part)} volumes resampled into {len(results)}")
         for r, res in zip(part, results):
             outs = res if with_label else (res,)
-            with span("copy_out"):
-                slots = [self.to_host(np.asarray(o.array)) for o in outs]
-            if any(x is None for x in slots):  # no room: the worker resamples it itself
+            slots: list = []
+            try:
+                with span("copy_out"):
+                    for o in outs:
+                        slots.append(self.to_host(np.asarray(o.array)))
+                if any(x is None for x in slots):  # no room: the worker resamples it itself
+                    s._give_back([x for x in slots if x is not None])
+                    slots = []
+                    self._tell(r, None)
+                    with s._no_room.get_lock():
+                        s._no_room.value += 1
+                else:
+                    s._send(r, (slots, outs[0].affine))
+                    self.served += 1
+                    with s._served.get_lock():
+                        s._served.value += 1
+            except BaseException as e:  # its pieces go back, unless its worker has them
                 s._give_back([x for x in slots if x is not None])
-                s._send(r, None)
-                with s._no_room.get_lock():
-                    s._no_room.value += 1
-            else:
-                s._send(r, (slots, outs[0].affine))
-                self.served += 1
-                with s._served.get_lock():
-                    s._served.value += 1
+                if isinstance(e, OSError):  # that worker is gone: no one to answer
+                    answered.add(id(r))
+                    continue
+                raise
             answered.add(id(r))
         self.seconds["out"] += time.perf_counter() - t
 

@@ -45,11 +45,6 @@ def populate(mm, start: int = 0, length: int = 0, write: bool = False) -> None:
         pass
 
 
-def _unregister(cudart, ptr: int, pid: int) -> None:
-    if os.getpid() == pid:  # never in a forked worker: CUDA does not exist there
-        cudart.cudaHostUnregister(ptr)
-
-
 class Slot:
     """A reference to a filled piece: its entry in the table, byte offset, and the ``shape``
     and ``dtype`` of the C-ordered DHW[C] array in it."""
@@ -99,20 +94,19 @@ class Arena:
         self._size = ctx.RawArray("q", int(entries))
 
     def _pin(self) -> bool:
-        """Page-lock the block (``cudaHostRegister``) for this process's copies to the GPU;
-        True when it is."""
+        """Page-lock the block whole (one ``cudaHostRegister``, :mod:`medproc.pipeline.hostmem`)
+        for this process's copies to the GPU, undone when the arena goes; True when it is."""
         import weakref
 
-        import torch
+        from .pipeline import hostmem
 
-        cudart = torch.cuda.cudart()
-        ptr = self.bytes.ctypes.data
-        pinned = int(cudart.cudaHostRegister(ptr, self.bytes.nbytes, 0)) == 0
-        if pinned:  # unregistered before the memory goes back (it may be reused)
-            weakref.finalize(self, _unregister, cudart, ptr, os.getpid())
-        else:  # a failed registration must not linger as CUDA's last error
-            cudart.cudaGetLastError()
-        return pinned
+        if not hostmem.available():
+            return False
+        pins = hostmem.Registered(self.bytes.ctypes.data, self.bytes.nbytes)
+        if not pins.ensure(0, self.bytes.nbytes):
+            return False
+        weakref.finalize(self, pins.close)  # (before the memory goes back: it may be reused)
+        return True
 
     def _take(self, size: int) -> tuple[int, int] | None:
         """(entry, offset) of a free piece of ``size`` bytes (first fit), taken; None if none."""

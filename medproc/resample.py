@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ def resample_batch(
     batch_size: int = 8,
     num_threads: int | None = None,
     copy: bool = True,
-    into=None,
+    into: Callable[[tuple, np.dtype], np.ndarray | None] | None = None,
 ):
     """Resample many volumes with one spec, batched through the engine.
 
@@ -68,10 +68,11 @@ def resample_batch(
         output column alive) instead of copies of it, for a caller that copies them
         elsewhere at once.
     into : callable, optional
-        On the GPU with numpy inputs and PyTorch not loaded: ``into(shape, dtype)`` gives a
-        C-ordered host array (of DALI's ``(k, j, i, C)`` shape) that an output is copied into
-        straight from the GPU, or None for DALI's host copy (see
-        :meth:`medproc.pipeline.Engine.map`); the outputs are views of those arrays.
+        Numpy outputs (host inputs): ``into(shape, dtype)`` gives the C-ordered host array
+        (of DALI's ``(k, j, i, C)`` shape and the output's dtype) each output is copied into,
+        or None for a new one; on the GPU the copy goes straight from the device (page-locked
+        arrays: one DMA transfer). The outputs are views of those arrays (see
+        :meth:`medproc.pipeline.Engine.map`).
 
     Returns
     -------
@@ -101,6 +102,8 @@ def resample_batch(
         vols = [v.numpy() for v in vols]
         labs = [lb.numpy() for lb in labs] if labs else labs
         on_gpu = False
+    if into is not None and on_gpu:
+        raise UsageError("into: for numpy outputs; these inputs are CUDA tensors (outputs too)")
     plans = [
         make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None) for v in vols
     ]

@@ -427,8 +427,23 @@ def test_the_number_of_gpu_services(monkeypatch):
     assert not pinned_copies()
     assert (service_count(2), service_count(8), service_count(16)) == (1, 2, 2)
     monkeypatch.delenv("MEDPROC_GPU_PIN")
-    if pinned_copies():  # page-locked copies (cuda-bindings installed): one is enough
-        assert (service_count(2), service_count(8), service_count(16)) == (1, 1, 1)
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(  # page-locked copies (cuda-bindings installed): one is enough
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "cuda.bindings" else real(name, *a),
+    )
+    assert pinned_copies()
+    assert (service_count(2), service_count(8), service_count(16)) == (1, 1, 1)
+    monkeypatch.setattr(  # without them: 2 on 8 cores or more
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "cuda.bindings" else real(name, *a),
+    )
+    assert not pinned_copies() and service_count(8) == 2
+    monkeypatch.setattr(importlib.util, "find_spec", real)
     monkeypatch.setenv("MEDPROC_GPU_SERVICES", "3")
     assert service_count(2) == 3
     from medproc.errors import UsageError

@@ -211,12 +211,13 @@ class Engine:
         """Resample a stream of jobs in batches of ``batch_size``, feeding the next batch before
         waiting for the current one; yields one list of ``(image, *labels)`` per batch.
 
-        GPU, numpy out, PyTorch not loaded: ``into(shape, dtype)`` may give, for each output
-        (DALI's ``(k, j, i, C)`` shape), a C-ordered host array to copy it into straight from
-        the GPU (page-locked: one DMA transfer; see :mod:`.hostmem`), or None; the outputs are
-        then views of those arrays. Otherwise, ``copy=False``: the outputs are views of the
-        host buffer DALI copied the batch's outputs into (one view keeps its whole column
-        alive), not copies of it: for a caller that copies them elsewhere at once."""
+        Numpy out: ``into(shape, dtype)`` gives, for each output (DALI's ``(k, j, i, C)``
+        shape), the C-ordered host array it is copied into (checked; a new one where it gives
+        None), on the GPU straight from the device (page-locked: one DMA transfer; see
+        :mod:`.hostmem`); the outputs are views of those arrays. Otherwise, ``copy=False``
+        (GPU, numpy out, PyTorch not loaded): the outputs are views of the host buffer DALI
+        copied the batch's outputs into (one view keeps its whole column alive), not copies
+        of it: for a caller that copies them elsewhere at once."""
 
         def batches():
             chunk = []

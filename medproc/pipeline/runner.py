@@ -146,26 +146,21 @@ class Runner:
         """The outputs of the oldest scheduled batch of ``n`` samples. ``dense`` (GPU, torch):
         the samples of an output may be the rows of one batch tensor (see :func:`stacked`).
         ``copy=False`` (GPU, numpy): views of the host copy DALI made, not copies of it.
-        ``into`` (GPU, numpy): ``into(shape, dtype)`` gives the host array each DALI output
-        sample (DHWC) is copied into straight from the GPU, or None (then as ``copy``)."""
+        ``into`` (numpy out): each DALI output sample (DHWC) is copied into the array
+        ``into(shape, dtype)`` gives (a new one where it gives None); from the GPU straight,
+        with the CUDA bindings (:func:`.hostmem.copy_out`)."""
         try:
             outs = self.pipe.outputs()
         except BaseException:
             self.broken = True
             raise
         self.pending -= 1
-        if self.device == "gpu" and not as_torch and "torch" not in sys.modules:
-            cols = _copied_out(outs, n, into) if into is not None else None
-            if cols is None or any(a is None for col in cols for a in col):
-                host = [o.as_cpu() for o in outs]  # numpy out: one copy per output column
-                take = np.array if copy else np.asarray  # (a view keeps its column alive)
-                cols = [
-                    [
-                        take(h[i]) if cols is None or cols[c][i] is None else cols[c][i]
-                        for i in range(n)
-                    ]
-                    for c, h in enumerate(host)
-                ]
+        if into is not None and not as_torch:
+            cols = _into(self.device, outs, n, into)
+        elif self.device == "gpu" and not as_torch and "torch" not in sys.modules:
+            outs = [o.as_cpu() for o in outs]  # numpy out: one copy per output column
+            take = np.array if copy else np.asarray  # (a view keeps its column alive)
+            cols = [[take(o[i]) for i in range(n)] for o in outs]
         elif self.device == "gpu" and as_torch and dense:
             cols = [self._out_batch(o, n, stream) for o in outs]
         else:
@@ -296,14 +291,23 @@ def _torch_here(dhwc: list) -> bool:
     return "torch" in sys.modules or any(_is_torch(a) for row in dhwc for a in row)
 
 
-def _copied_out(outs, n: int, into):
-    """The GPU outputs copied into the arrays ``into`` gives (see :meth:`Runner.collect`);
-    None without the CUDA bindings (:mod:`.hostmem`)."""
+def _into(device: str, outs, n: int, into) -> list[list]:
+    """The output columns copied into the arrays ``into`` gives (see :meth:`Runner.collect`)."""
     from . import hostmem
 
-    if not hostmem.available():
-        return None
-    return hostmem.copy_out(outs, n, into)
+    if device == "gpu" and hostmem.available():
+        return hostmem.copy_out(outs, n, into)
+    host = [o.as_cpu() for o in outs] if device == "gpu" else outs
+    cols = []
+    for h in host:
+        col = []
+        for i in range(n):
+            src = np.asarray(h[i])
+            dst = hostmem.destination(into, src.shape, src.dtype)
+            np.copyto(dst, src)
+            col.append(dst)
+        cols.append(col)
+    return cols
 
 
 def _from_dhwc(a):
