@@ -132,8 +132,9 @@ class Server:
     def resample(self, vols, labs):
         from .resample import resample_batch
 
-        # one pipeline for every batch size; outputs not copied out of DALI's host buffer
-        # (they are copied into the arena at once)
+        # one pipeline for every batch size; outputs copied from the GPU straight into
+        # page-locked arena pieces (``into``), or, without page-locking, not copied out of
+        # DALI's host buffer (they are copied into the arena at once)
         s = self.s
         into = self.into if self.pins is not None else None
         return resample_batch(
@@ -147,8 +148,9 @@ class Server:
         )
 
     def into(self, dhw_shape: tuple, dtype):
-        """A page-locked arena piece an output is copied into from the GPU (None: no room
-        right now, DALI's host copy then): no copy in this process."""
+        """A page-locked arena piece an output is copied into from the GPU, no copy in this
+        process (None: no room right now; the output then goes to a new array, copied into
+        the arena by :meth:`to_host`, which waits for room)."""
         got = self.s.arena.take(dhw_shape, dtype)
         if got is None:
             return None
