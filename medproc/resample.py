@@ -72,7 +72,8 @@ def resample_batch(
         (of DALI's ``(k, j, i, C)`` shape and the output's dtype) each output is copied into,
         or None for a new one; on the GPU the copy goes straight from the device (page-locked
         arrays: one DMA transfer). The outputs are views of those arrays (see
-        :meth:`medproc.pipeline.Engine.map`).
+        :meth:`medproc.pipeline.Engine.map`), but label maps of a dtype DALI does not take
+        (bool, int32, int64...), cast back to it afterwards: new arrays.
 
     Returns
     -------

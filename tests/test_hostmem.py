@@ -219,6 +219,16 @@ def test_into_is_honoured_on_the_cpu_backend_too():
         np.testing.assert_array_equal(g.array, r.array)
     with pytest.raises(ValueError, match="into"):
         resample_batch(vols, spec, device="cpu", num_threads=1, into=lambda s, d: np.empty(3, d))
+    # a label map DALI takes in another dtype comes back in its own (a new array)
+    labs = [Volume((v.array > 0).astype(np.int32) * 7, v.affine) for v in vols]
+    ref = resample_batch(vols, spec, device="cpu", labels=labs, num_threads=1)
+    got = resample_batch(
+        vols, spec, device="cpu", labels=labs, num_threads=1, into=lambda s, d: np.empty(s, d)
+    )
+    for (gi, gl), (ri, rl) in zip(got, ref):
+        assert gl.array.dtype == np.int32
+        np.testing.assert_array_equal(gl.array, rl.array)
+        np.testing.assert_array_equal(gi.array, ri.array)
 
 
 def _server():
