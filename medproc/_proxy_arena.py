@@ -145,10 +145,11 @@ class Arena:
         """Copy an ``(i, j, k[, C])`` region into a free piece in DALI's layout (one copy, in
         a worker); None when no piece of its size is free right now."""
         dhw = region.transpose(2, 1, 0) if region.ndim == 3 else region.transpose(2, 1, 0, 3)
-        slot = self._alloc(dhw.shape, dhw.dtype)
-        if slot is not None:
-            np.copyto(self._dhw(slot, write=True), dhw)
-        return slot
+        got = self.take(dhw.shape, dhw.dtype)
+        if got is None:
+            return None
+        np.copyto(got[1], dhw)
+        return got[0]
 
     def _dhw(self, slot: Slot, write: bool = False) -> np.ndarray:
         dt = np.dtype(slot.dtype)

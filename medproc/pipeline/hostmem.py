@@ -148,18 +148,13 @@ def copy_out(tensor_lists, n: int, dest) -> list[list]:
     from nvidia.dali.types import to_numpy_type
 
     rt = _rt()
-    plan = []
+    plan = []  # (column, [(sample, its destination)])
     for tl in tensor_lists:
-        samples = [tl[i] for i in range(n)]
-        plan.append(
-            (
-                tl,
-                [
-                    (t, destination(dest, tuple(t.shape()), np.dtype(to_numpy_type(t.dtype))))
-                    for t in samples
-                ],
-            )
-        )
+        col = []
+        for t in (tl[i] for i in range(n)):
+            shape, dtype = tuple(t.shape()), np.dtype(to_numpy_type(t.dtype))
+            col.append((t, destination(dest, shape, dtype)))
+        plan.append((tl, col))
     kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
     streams: set[int] = set()
     done = False
