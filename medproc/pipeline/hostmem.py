@@ -148,13 +148,18 @@ def copy_out(tensor_lists, n: int, dest) -> list[list]:
     from nvidia.dali.types import to_numpy_type
 
     rt = _rt()
-    plan = []  # (column, [(sample, its destination)])
+    plan = []
     for tl in tensor_lists:
-        col = []
-        for t in (tl[i] for i in range(n)):
-            shape, dtype = tuple(t.shape()), np.dtype(to_numpy_type(t.dtype))
-            col.append((t, destination(dest, shape, dtype)))
-        plan.append((tl, col))
+        samples = [tl[i] for i in range(n)]
+        plan.append(
+            (
+                tl,
+                [
+                    (t, destination(dest, tuple(t.shape()), np.dtype(to_numpy_type(t.dtype))))
+                    for t in samples
+                ],
+            )
+        )
     kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
     streams: set[int] = set()
     done = False
