@@ -121,6 +121,7 @@ class Server:
         t = time.perf_counter()
         with span("service_warm_up"):
             self.resample([tiny_volume()], None)
+            self.give_back_made()  # (its output went to an arena piece too)
             if self.s.device == "gpu" and self.s.pin:
                 from .pipeline import hostmem
 
@@ -132,30 +133,23 @@ class Server:
     def resample(self, vols, labs):
         from .resample import resample_batch
 
-        # one pipeline for every batch size; outputs copied from the GPU straight into
-        # page-locked arena pieces (``into``), or, without page-locking, not copied out of
-        # DALI's host buffer (they are copied into the arena at once)
+        # one pipeline for every batch size; outputs copied from the GPU straight into arena
+        # pieces (``into``), page-locked ones unless page-locking is off
         s = self.s
-        into = self.into if self.pins is not None else None
         return resample_batch(
-            vols,
-            s.spec,
-            device=s.device,
-            labels=labs,
-            batch_size=config.BATCH,
-            copy=False,
-            into=into,
+            vols, s.spec, device=s.device, labels=labs, batch_size=config.BATCH, into=self.into
         )
 
     def into(self, dhw_shape: tuple, dtype):
-        """A page-locked arena piece an output is copied into from the GPU, no copy in this
-        process (None: no room right now; the output then goes to a new array, copied into
-        the arena by :meth:`to_host`, which waits for room)."""
+        """An arena piece an output is copied into from the GPU (page-locked unless that is
+        off), no copy in this process (None: no room right now; the output then goes to a new
+        array, copied into the arena by :meth:`to_host`, which waits for room)."""
         got = self.s.arena.take(dhw_shape, dtype)
         if got is None:
             return None
         slot, view = got
-        self.pins.ensure(slot.offset, view.nbytes)
+        if self.pins is not None:
+            self.pins.ensure(slot.offset, view.nbytes)
         self.made[view.ctypes.data] = slot
         return view
 

@@ -41,7 +41,6 @@ def resample_batch(
     labels: Sequence[Volume] | None = None,
     batch_size: int = 8,
     num_threads: int | None = None,
-    copy: bool = True,
     into: Callable[[tuple, np.dtype], np.ndarray | None] | None = None,
 ):
     """Resample many volumes with one spec, batched through the engine.
@@ -62,11 +61,6 @@ def resample_batch(
         count (one pipeline for calls of any size).
     num_threads : int, optional
         DALI's CPU threads (default: all cores; 1 in batch workers).
-    copy : bool
-        ``False``: on the GPU with numpy inputs and PyTorch not loaded, the outputs are views
-        of the host buffer DALI copied the batch's output into (one view keeps its whole
-        output column alive) instead of copies of it, for a caller that copies them
-        elsewhere at once.
     into : callable, optional
         Numpy outputs (host inputs): ``into(shape, dtype)`` gives the C-ordered host array
         (of DALI's ``(k, j, i, C)`` shape and the output's dtype) each output is copied into,
@@ -118,7 +112,7 @@ def resample_batch(
     # their batch size: a GPU service's batches of 1 to 8 built up to 8, ~0.1 s each)
     engine = Engine(device, batch_size=max(1, batch_size), num_threads=num_threads)
     graph = Graph.from_spec(spec, labels=0 if labs is None else 1)
-    results = engine.run(jobs, graph, as_torch=on_gpu, copy=copy, into=into)
+    results = engine.run(jobs, graph, as_torch=on_gpu, into=into)
     out = []
     for n, (res, p, v) in enumerate(zip(results, plans, vols)):
         meta = {"resampled_from": v.meta.get("source"), "device": device}

@@ -363,9 +363,9 @@ def test_an_error_after_the_outputs_were_placed_gives_every_piece_back(monkeypat
     server.resample = resample
     try:
         server.run([_request(service, 0)])
-        # tried in the batch, alone, alone without page-locking: failed each time, the case's
-        # fault, so page-locking stays on
-        assert placed == [1, 1, 0] and server.pins is not None
+        # tried in the batch, alone, alone without page-locking (outputs still copied into
+        # an arena piece): failed each time, the case's fault, so page-locking stays on
+        assert placed == [1, 1, 1] and server.pins is not None
         assert len(sent) == 1 and "after the copy" in sent[0]
         assert _taken(service) == 0 and not server.made
     finally:

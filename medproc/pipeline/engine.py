@@ -193,19 +193,17 @@ class Engine:
         jobs: Sequence[Job],
         graph: Graph = Graph(),
         as_torch: bool = False,
-        copy: bool = True,
         into=None,
     ) -> list:
-        """Resample ``jobs``; one ``(image, *labels)`` tuple per job, in order (``copy`` and
-        ``into``: see :meth:`map`)."""
-        return [r for batch in self.map(jobs, graph, as_torch, copy, into) for r in batch]
+        """Resample ``jobs``; one ``(image, *labels)`` tuple per job, in order (``into``: see
+        :meth:`map`)."""
+        return [r for batch in self.map(jobs, graph, as_torch, into) for r in batch]
 
     def map(
         self,
         jobs: Iterable[Job],
         graph: Graph = Graph(),
         as_torch: bool = False,
-        copy: bool = True,
         into=None,
     ) -> Iterator[list]:
         """Resample a stream of jobs in batches of ``batch_size``, feeding the next batch before
@@ -214,10 +212,7 @@ class Engine:
         Numpy out: ``into(shape, dtype)`` gives, for each output (DALI's ``(k, j, i, C)``
         shape), the C-ordered host array it is copied into (checked; a new one where it gives
         None), on the GPU straight from the device (page-locked: one DMA transfer; see
-        :mod:`.hostmem`); the outputs are views of those arrays. Otherwise, ``copy=False``
-        (GPU, numpy out, PyTorch not loaded): the outputs are views of the host buffer DALI
-        copied the batch's outputs into (one view keeps its whole column alive), not copies
-        of it: for a caller that copies them elsewhere at once."""
+        :mod:`.hostmem`); the outputs are views of those arrays."""
 
         def batches():
             chunk = []
@@ -230,7 +225,7 @@ class Engine:
                 yield chunk, graph
 
         items = ((b, g, None) for b, g in batches())
-        for res, _ in self._pipelined(items, as_torch, copy=copy, into=into):
+        for res, _ in self._pipelined(items, as_torch, into=into):
             yield res
 
     def _pipelined(
@@ -239,7 +234,6 @@ class Engine:
         as_torch: bool,
         stream=None,
         dense: bool = False,
-        copy: bool = True,
         into=None,
     ) -> Iterator[tuple]:
         """(jobs, graph, extra) -> (results, extra), with batch n + 1 fed before n is waited on."""
@@ -259,7 +253,7 @@ class Engine:
                 nrunner = self._runner(nxt[1], njobs)
                 if nrunner is not runner:
                     started = (nrunner, nrunner.start(njobs), nxt[2], nrestore)
-            res = runner.collect(n, as_torch, stream, dense, copy, into)
+            res = runner.collect(n, as_torch, stream, dense, into)
             if nxt is not None and started is None:
                 started = (runner, runner.start(njobs), nxt[2], nrestore)
             yield _restored(res, restore), extra

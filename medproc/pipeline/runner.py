@@ -140,12 +140,10 @@ class Runner:
         as_torch: bool,
         stream=None,
         dense: bool = False,
-        copy: bool = True,
         into=None,
     ) -> list[tuple]:
         """The outputs of the oldest scheduled batch of ``n`` samples. ``dense`` (GPU, torch):
         the samples of an output may be the rows of one batch tensor (see :func:`stacked`).
-        ``copy=False`` (GPU, numpy): views of the host copy DALI made, not copies of it.
         ``into`` (numpy out): each DALI output sample (DHWC) is copied into the array
         ``into(shape, dtype)`` gives (a new one where it gives None); from the GPU straight,
         with the CUDA bindings (:func:`.hostmem.copy_out`)."""
@@ -159,8 +157,7 @@ class Runner:
             cols = _into(self.device, outs, n, into)
         elif self.device == "gpu" and not as_torch and "torch" not in sys.modules:
             outs = [o.as_cpu() for o in outs]  # numpy out: one copy per output column
-            take = np.array if copy else np.asarray  # (a view keeps its column alive)
-            cols = [[take(o[i]) for i in range(n)] for o in outs]
+            cols = [[np.array(o[i]) for i in range(n)] for o in outs]
         elif self.device == "gpu" and as_torch and dense:
             cols = [self._out_batch(o, n, stream) for o in outs]
         else:
