@@ -8,7 +8,7 @@ import os
 import re
 import sys
 
-__all__ = ["check_layouts", "write_layouts"]
+__all__ = ["check_layouts", "check_cases", "write_layouts"]
 
 _NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
 
@@ -62,6 +62,18 @@ def check_layouts(a) -> dict:
     elif a.validation:
         raise UsageError("--validation goes with --layout monai (nnU-Net makes its own splits)")
     return out
+
+
+def check_cases(a, batch) -> None:
+    """--validation names, checked against the batch's cases once they are known (before any
+    conversion): a name that is no case is a usage error."""
+    from .errors import UsageError
+
+    cases = {r["case"] for r in batch.decided} | {t.row["case"] for t in batch.todo}
+    unknown = sorted(set(a.validation or ()) - cases)
+    if unknown:
+        some = ", ".join(sorted(cases)[:10]) + (", ..." if len(cases) > 10 else "")
+        raise UsageError(f"--validation {' '.join(unknown)}: no such case (cases: {some})")
 
 
 def write_layouts(a, targets: dict, batch, con) -> int:

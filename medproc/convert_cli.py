@@ -87,6 +87,12 @@ def add_convert_parser(sub) -> None:
         help="image interpolation; labels are always nearest",
     )
     g.add_argument("--antialias", action="store_true", help="low-pass when downsampling")
+    g.add_argument(
+        "--grid",
+        default="centred",
+        choices=["centred", "monai"],
+        help="where a --spacing grid lies: centred on the field of view, or MONAI Spacingd's",
+    )
     g.add_argument("--crop", type=int, nargs=3, metavar="N", help="centred crop/pad (i j k)")
     g.add_argument("--clip", type=float, nargs=2, metavar=("LO", "HI"), help="intensity window")
     g.add_argument(
@@ -193,6 +199,7 @@ def _spec(a):
             orientation=a.orientation,
             interp=a.interp,
             antialias=a.antialias,
+            grid=a.grid,
             crop=a.crop,
             dtype=a.dtype,
             intensity=Intensity(
@@ -226,7 +233,7 @@ def _print_plan(batch, con) -> None:
 def _cmd_convert(a) -> int:
     import time
 
-    from ._convert_layouts import check_layouts, write_layouts
+    from ._convert_layouts import check_cases, check_layouts, write_layouts
     from ._trace import span
     from .cli import plain_console
     from .convert import prepare, summary
@@ -251,6 +258,7 @@ def _cmd_convert(a) -> int:
         nan=a.nan,
         dry_run=a.dry_run,
     ) as batch:
+        check_cases(a, batch)
         if a.dry_run:
             _print_plan(batch, plain_console())
             return 0

@@ -102,6 +102,18 @@ def test_bad_arguments_stop_before_any_work(case, sample_data, tmp_path, capsys)
     assert not out.exists()  # nothing was written, not even the output folder
 
 
+def test_a_validation_name_that_is_no_case_stops_before_any_conversion(
+    sample_data, tmp_path, capsys
+):
+    images = os.path.join(sample_data, "nifti", "images")
+    out = tmp_path / "out"
+    args = ["convert", images, "-o", str(out), "--spacing", "3", "--layout", "monai"]
+    assert main(args + ["--validation", "case002", "case999"]) == 2
+    err = capsys.readouterr().err
+    assert "--validation case999: no such case (cases: case001, case002)" in err, err
+    assert [f for f in os.listdir(out) if not f.startswith(".")] == []  # nothing converted
+
+
 def test_workers_and_output_folder_checked_before_any_work(sample_data, tmp_path, capsys):
     image = os.path.join(sample_data, "nifti", "images", "case001.nii.gz")
     with pytest.raises(SystemExit) as e:  # argparse: -j takes a number >= 1 or auto

@@ -260,3 +260,23 @@ def test_dicom_headers_are_read_once(sample_data, tmp_path, monkeypatch, workers
     # none), or here when the pool is spawned (this process holds DALI: as under pytest)
     forked = workers == "2" and "nvidia.dali" not in sys.modules
     assert sorted(read) == ([] if forked else files)
+
+
+def test_grid_monai_writes_monai_spacingd_s_grid(sample_data, tmp_path):
+    """``--grid monai``: the output lies on the grid MONAI's Spacingd makes (shape, affine to
+    1e-5 mm), not medproc's centred one; the grid is part of the recorded options."""
+    from monai.transforms import Compose, LoadImaged, Spacingd
+
+    src = os.path.join(_images(sample_data), "case001.nii.gz")
+    ref = Compose([LoadImaged("x", ensure_channel_first=True), Spacingd("x", pixdim=1.5)])(
+        {"x": src}
+    )["x"]
+    out = tmp_path / "o"
+    assert main(["convert", src, "-o", str(out), "--spacing", "1.5", "--grid", "monai", "-q"]) == 0
+    img = nib.load(str(out / "case001.nii.gz"))
+    assert img.shape == tuple(ref.shape[1:])
+    np.testing.assert_allclose(img.affine, np.asarray(ref.affine), atol=1e-5)
+    centred = tmp_path / "c"
+    assert main(["convert", src, "-o", str(centred), "--spacing", "1.5", "-q"]) == 0
+    assert nib.load(str(centred / "case001.nii.gz")).shape != img.shape  # (200 vs 199 here)
+    assert json.load(open(out / "case001.json"))["spec"]["grid"] == "monai"

@@ -84,6 +84,9 @@ def test_nnunet_from_label_maps(converted, tmp_path):
     # the DICOM series have no label: inference images
     assert len(os.listdir(os.path.join(d, "imagesTs"))) == 2
     assert [f for f in os.listdir(tmp_path / "raw") if f.startswith(".")] == []  # no leftovers
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert os.stat(d).st_mode & 0o777 == 0o777 & ~mask  # not mkdtemp's owner-only 0700
     nnunet = pytest.importorskip("nnunetv2.experiment_planning.verify_dataset_integrity")
     nnunet.verify_dataset_integrity(d, num_processes=1)
 
@@ -266,7 +269,7 @@ def test_rtstruct_labels_land_on_the_output_grid_by_roi_name(converted, sample_d
 
 
 def test_monai_datalist_reads_with_monai(converted, sample_data, tmp_path):
-    from monai.data import load_decathlon_datalist
+    from monai.data import load_decathlon_datalist, load_decathlon_properties
 
     out, rows = converted
     p = write_monai_datalist(out, os.path.join(out, "datalist.json"), validation=["case002"])
@@ -280,6 +283,15 @@ def test_monai_datalist_reads_with_monai(converted, sample_data, tmp_path):
     )
     for x in json.load(open(p))["training"]:  # relative paths: the folder can move
         assert not os.path.isabs(x["image"]) and not os.path.isabs(x["label"])
+    props = load_decathlon_properties(p, ["labels", "numTraining", "numTest", "name"])
+    assert props["numTraining"] == 2 and props["numTest"] == len(test)
+    assert props["labels"]["0"] == "background"
+    # every list is there, empty or not; a validation name that is no case is an error
+    p0 = write_monai_datalist(out, os.path.join(out, "all.json"))
+    assert load_decathlon_datalist(p0, data_list_key="validation") == []
+    with pytest.raises(ValueError, match=r"not among the converted cases: case999 "):
+        write_monai_datalist(out, os.path.join(out, "bad.json"), validation=["case999"])
+    assert not os.path.exists(os.path.join(out, "bad.json"))
     # labels from a SEG elsewhere are written beside the list, on the output grid; the label
     # maps' values are named like the SEG's segments, so the classes agree
     image, lab = _axial_label(sample_data)

@@ -8,7 +8,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 
-__all__ = ["atomic_path", "atomic_write"]
+__all__ = ["atomic_path", "atomic_write", "atomic_dir"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -24,6 +24,15 @@ def atomic_path(path: str) -> str:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=f".part{ext}", dir=d)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_UMASK)
+    return tmp
+
+
+def atomic_dir(path: str, kind: str = "part") -> str:
+    """A new temporary folder beside ``path``, for a folder built then renamed into place; with
+    the usual permissions (0777 less the umask), not mkdtemp's private 0700."""
+    d, name = os.path.split(os.path.abspath(path))
+    tmp = tempfile.mkdtemp(prefix=f".{name}.{kind}-", dir=d)
+    os.chmod(tmp, 0o777 & ~_UMASK)
     return tmp
 
 
