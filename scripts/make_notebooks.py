@@ -106,7 +106,8 @@ for e in inspect_paths("sample_data"):
             "code",
             """import tempfile
 from medproc.sample_data import ct_phantom, grid_affine, write_dicom_series, make_broken
-tmp = tempfile.mkdtemp()
+scratch = tempfile.TemporaryDirectory()  # removed when the kernel ends
+tmp = scratch.name
 shape, spacing = (64, 64, 20), (2.0, 2.0, 2.5)          # (i, j, k): 64 x 64 pixels, 20 slices
 aff = grid_affine(shape, spacing, (-64, -64, -25), tilt_deg=15)
 img, _ = ct_phantom(shape, aff, [])
@@ -205,7 +206,8 @@ for les in lesions.on_grid(out.affine, out.shape):
             """import tempfile
 from medproc.qc import qc_figure
 from IPython.display import Image, display
-png = os.path.join(tempfile.mkdtemp(), "qc.png")
+scratch = tempfile.TemporaryDirectory()  # removed when the kernel ends
+png = os.path.join(scratch.name, "qc.png")
 display(Image(qc_figure(vol, out, png, lesions=marks, title="before / after")))""",
         ),
         (
@@ -294,7 +296,8 @@ else:
             """sys.path.insert(0, os.path.join(ROOT, "examples"))
 import tempfile
 import train_monai
-work = tempfile.mkdtemp()
+scratch = tempfile.TemporaryDirectory()  # removed when the kernel ends
+work = scratch.name
 t0 = time.time()
 net, losses = train_monai.train(steps=100, device="cpu", cache_dir=os.path.join(work, "cache"), lr=3e-3)
 print("trained %d steps in %.0f s; loss first 5: %.3f  last 5: %.3f" % (len(losses), time.time() - t0, np.mean(losses[:5]), np.mean(losses[-5:])))
@@ -398,10 +401,11 @@ from medproc.monai import PatchLoader
 from medproc.monai.loader import Augment, PosNeg
 dl = [{"image": p, "label": p.replace("images", "labels")} for p in sorted(glob.glob("sample_data/nifti/images/*.nii.gz"))]
 spec = medproc.Spec(spacing=2.0, orientation="RAS", intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1)))
+scratch = tempfile.TemporaryDirectory()  # removed when the kernel ends
 t0 = time.perf_counter()
 loader = PatchLoader(dl, spec, (32, 32, 32), batch_size=4, sampling=PosNeg(pos=1, neg=1, num_samples=16),
                      augment=Augment(flip_prob=0.5, scale_intensity_prob=1.0, intensity_factors=0.05),
-                     cache_dir=tempfile.mkdtemp())                # a fresh cache: built here
+                     cache_dir=scratch.name)                      # a fresh cache: built here
 cache_s = time.perf_counter() - t0
 next(iter(loader))                                               # warm-up: pipelines built
 n, t0 = 0, time.perf_counter()
