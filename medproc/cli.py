@@ -58,8 +58,12 @@ def _styled(text: str, style: str):
 def _cmd_inspect(a) -> int:
     from rich.table import Table
 
+    from .errors import UsageError
     from .inspect import inspect_paths
 
+    for p in a.paths:  # a mistyped path is not an empty dataset
+        if not os.path.lexists(p):
+            raise UsageError("no such file or folder; check the path", p)
     entries = inspect_paths(a.paths)
     vols = [e for e in entries if e.kind in ("dicom", "nifti", "itk") and not e.error]
     failed = [e for e in entries if e.error and e.kind not in ("skipped", "annotation")]
@@ -67,7 +71,8 @@ def _cmd_inspect(a) -> int:
     if a.json:
         print(json.dumps([e.as_dict() for e in entries], indent=1, default=str))
         return rc
-    con = plain_console(width=a.width)
+    width = a.width or (None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 1000)
+    con = plain_console(width=width)  # piped: wide rows that grep and less show whole
     shown = [e for e in entries if e.kind != "skipped"]
     t = Table(title=f"{len(vols)} volume(s) found, {len(failed)} in error", show_lines=False)
     for col in (
@@ -162,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("paths", nargs="+", help="DICOM folders/files, NIfTI, NRRD or MHA files")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--max-skipped", type=int, default=20, help="skipped files to list")
-    i.add_argument("--width", type=int, help="table width (default: the terminal's)")
+    i.add_argument(
+        "--width", type=int, help="table width (default: the terminal's; piped: unlimited)"
+    )
     i.set_defaults(func=_cmd_inspect)
     add_convert_parser(sub)
     t = sub.add_parser(

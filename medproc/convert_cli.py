@@ -77,7 +77,13 @@ def add_convert_parser(sub) -> None:
     add("inputs", nargs="+", metavar="INPUT", help="folders, image/DICOM files or CSV case lists")
     add("-o", "--outdir", required=True, help="output folder (created; locked while running)")
     g = c.add_argument_group("output grid and voxels (recorded; a rerun must match them)")
-    g.add_argument("--spacing", type=float, nargs="+", metavar="MM", help="1 or 3 values (i j k)")
+    g.add_argument(
+        "--spacing",
+        type=float,
+        nargs="+",
+        metavar="MM",
+        help="1 or 3 values (i j k) (default: keep the input's)",
+    )
     g.add_argument("--shape", type=int, nargs=3, metavar="N", help="output size instead")
     g.add_argument("--orientation", help="axis codes such as RAS (default: keep the input's)")
     g.add_argument(

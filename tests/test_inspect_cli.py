@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pytest
@@ -99,6 +100,18 @@ def test_inspect_exits_1_when_anything_is_in_error_and_lists_it(sample_data, tmp
     out = capsys.readouterr().out
     assert "1 volume(s) found, 1 in error" in out and f"{bad}:" in out
     assert f"{tmp_path / 'notes.txt'}: not a DICOM or image file" in out
+
+
+def test_a_path_that_does_not_exist_is_a_usage_error(sample_data, tmp_path, capsys):
+    """A mistyped path stops inspect (exit 2, naming it), as it stops convert; piped, the
+    table is as wide as its rows (rich assumed 80 columns and folded folders into slivers)."""
+    assert main(["inspect", sample_data, str(tmp_path / "nope")]) == 2
+    assert "nope: no such file or folder" in capsys.readouterr().err
+    assert main(["inspect", sample_data]) == 0  # (capsys: not a terminal)
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) > 120
+    folder = os.path.join(sample_data, "dicom", "ct_axial")
+    assert any(folder in line for line in lines)  # whole, on one line
 
 
 @pytest.mark.parametrize("extra", [[], ["--json"]])
