@@ -98,14 +98,14 @@ PY
 }
 if want convtrace; then
   # where a whole convert process's time goes (medproc._trace), each route traced in turn;
-  # CONVTRACE: the runs, "<name>:<env>:<options>" (env "-" for none)
+  # CONVTRACE: the runs, "<name>:<env>:<options>" (env "-" for none; several: A=1,B=2)
   conv_data
   mkdir -p "$OUT/traces"
   for run in ${CONVTRACE:-cpu:-:--device=cpu gpu:-:--device=gpu gpu_all:MEDPROC_GPU_SHARE=0:--device=gpu cpu2:-:--device=cpu gpu2:-:--device=gpu}; do
     IFS=: read -r name envs opts <<< "$run"
     rm -rf /tmp/conv_out; [ "$envs" = - ] && envs="X=0"
     s=$(date +%s.%N)
-    env $envs MEDPROC_TRACE="$OUT/traces/$name" python -m medproc -v convert /tmp/conv_all \
+    env ${envs//,/ } MEDPROC_TRACE="$OUT/traces/$name" python -m medproc -v convert /tmp/conv_all \
       -o /tmp/conv_out --spacing 1.5 $opts > "$OUT/traces/$name.log" 2>&1
     echo "== $name ($envs $opts): rc $? $(python3 -c "print(round($(date +%s.%N) - $s, 3))") s"
     grep -E "GPU service|case\(s\) to convert|converted," "$OUT/traces/$name.log" | cut -c1-220
