@@ -65,15 +65,16 @@ def check_layouts(a) -> dict:
 
 
 def check_cases(a, batch) -> None:
-    """--validation names, checked against the batch's cases once they are known (before any
-    conversion): a name that is no case is a usage error."""
+    """--validation names, checked against the output folder's cases once they are known
+    (before any conversion): a name that is no case is a usage error."""
     from .errors import UsageError
+    from .layouts import check_validation
 
-    cases = {r["case"] for r in batch.decided} | {t.row["case"] for t in batch.todo}
-    unknown = sorted(set(a.validation or ()) - cases)
-    if unknown:
-        some = ", ".join(sorted(cases)[:10]) + (", ..." if len(cases) > 10 else "")
-        raise UsageError(f"--validation {' '.join(unknown)}: no such case (cases: {some})")
+    cases = {r["case"] for r in batch.kept + batch.decided} | {t.row["case"] for t in batch.todo}
+    try:  # this run's cases and the earlier runs' the output folder holds: the datalist's
+        check_validation(a.validation or (), cases)
+    except ValueError as e:
+        raise UsageError(f"--validation: {e}") from None
 
 
 def write_layouts(a, targets: dict, batch, con) -> int:

@@ -120,8 +120,10 @@ class Server:
 
         t = time.perf_counter()
         with span("service_warm_up"):
-            self.resample([tiny_volume()], None)
-            self.give_back_made()  # (its output went to an arena piece too)
+            try:
+                self.resample([tiny_volume()], None)
+            finally:
+                self.give_back_made()  # (its output went to an arena piece too)
             if self.s.device == "gpu" and self.s.pin:
                 from .pipeline import hostmem
 

@@ -111,9 +111,9 @@ def service_count(cores: int) -> int:
     the services page-lock their arena (:func:`pinned_copies`: their copies to and from the
     GPU are DMA transfers; on the H200 node two such services were busy 21-25% of a 32-series
     batch each, and one service with a 15th worker took 3.17 and 3.46 s against 3.66 and 3.48
-    s for two), else 2 on a machine of 8 cores or more (with copies through pageable memory,
-    made by the CPU, one service was the batch's serial stage there: busy ~80% of it at ~50 ms
-    per 512 x 512 x 200 series), else 1."""
+    s for two), else 2 on a machine of 8 cores or more (copies through pageable memory are
+    the CPU's work: with DALI's host copies, one service was the batch's serial stage there,
+    busy ~80% of it at ~50 ms per 512 x 512 x 200 series), else 1."""
     default = 2 if cores >= 8 and not pinned_copies() else 1
     return env_count("MEDPROC_GPU_SERVICES", default, low=1)
 

@@ -168,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--max-skipped", type=int, default=20, help="skipped files to list")
     i.add_argument(
-        "--width", type=int, help="table width (default: the terminal's; piped: unlimited)"
+        "--width",
+        type=int,
+        help="table width (default: the terminal's; piped: 1000 unless COLUMNS is set)",
     )
     i.set_defaults(func=_cmd_inspect)
     add_convert_parser(sub)

@@ -59,6 +59,7 @@ def _workers(text: str):
 def add_convert_parser(sub) -> None:
     """Add ``convert`` (and its options) to the ``medproc`` subparsers ``sub``."""
     from .cases import NAME_FIELDS
+    from .spec import GRIDS
 
     c = sub.add_parser(
         "convert",
@@ -96,7 +97,7 @@ def add_convert_parser(sub) -> None:
     g.add_argument(
         "--grid",
         default="centred",
-        choices=["centred", "monai"],
+        choices=GRIDS,
         help="where a --spacing grid lies: centred on the field of view, or MONAI Spacingd's",
     )
     g.add_argument("--crop", type=int, nargs=3, metavar="N", help="centred crop/pad (i j k)")

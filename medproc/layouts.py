@@ -21,11 +21,12 @@ import json
 import os
 import re
 import shutil
+import warnings
 
 import numpy as np
 
 from ._layout_labels import find_dicom_labels, gather_labels, label_on_grid
-from .errors import MedprocError
+from .errors import MedprocError, MedprocWarning
 from .io.atomic import atomic_dir
 from .volume import Volume
 
@@ -34,16 +35,21 @@ __all__ = ["write_nnunet", "write_monai_datalist", "find_dicom_labels", "label_o
 _NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
 
 
-def _finished_rows(source) -> list[dict]:
-    """Manifest rows (from an output folder, a manifest.csv, or rows) whose output exists."""
-    rows = [dict(r) for r in source] if not isinstance(source, (str, os.PathLike)) else None
-    if rows is None:
-        path = os.fspath(source)
-        path = os.path.join(path, "manifest.csv") if os.path.isdir(path) else path
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{path}: no manifest.csv; run medproc convert first")
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
+def _manifest_rows(source) -> list[dict]:
+    """Manifest rows, from an output folder, a manifest.csv, or rows."""
+    if not isinstance(source, (str, os.PathLike)):
+        return [dict(r) for r in source]
+    path = os.fspath(source)
+    path = os.path.join(path, "manifest.csv") if os.path.isdir(path) else path
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no manifest.csv; run medproc convert first")
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _finished_rows(source, rows=None) -> list[dict]:
+    """Manifest rows whose case finished (status ok or skipped) and whose output exists."""
+    rows = _manifest_rows(source) if rows is None else rows
     done = [r for r in rows if r.get("status") in ("ok", "skipped") and os.path.exists(r["output"])]
     if not done:
         raise MedprocError("no finished case in the manifest (status ok or skipped)", str(source))
@@ -72,6 +78,17 @@ def _write_label(vol: Volume, key: dict, index: dict, link: str | None, dst: str
     lut[list(pairs)] = list(pairs.values())
     arr = np.clip(np.asarray(vol.array).astype(np.int64), 0, len(lut) - 1)
     save(Volume(lut[arr], vol.affine), dst)
+
+
+def check_validation(validation, cases) -> None:
+    """Raise ValueError if a name in ``validation`` is not among ``cases`` (the case names a
+    datalist could hold), TypeError if it is one string instead of a list of names."""
+    if isinstance(validation, (str, bytes)):
+        raise TypeError(f"validation: a list of case names, not one string ({validation!r})")
+    unknown = sorted(set(validation) - set(cases))
+    if unknown:
+        some = ", ".join(sorted(cases)[:10]) + (", ..." if len(cases) > 10 else "")
+        raise ValueError(f"validation case(s) {', '.join(unknown)}: no such case (cases: {some})")
 
 
 def _swap_in(tmp: str, target: str) -> None:
@@ -200,8 +217,8 @@ def write_monai_datalist(
     (each list always there, maybe empty) with paths relative to the JSON's folder
     (``load_decathlon_datalist`` resolves them there), and the decathlon's properties ("labels",
     "name", "description", "tensorImageSize", "numTraining", "numTest"). Cases named in
-    ``validation`` go to "validation" (a name that is not a converted case is an error), cases
-    without a label to "test".
+    ``validation`` go to "validation" (a name that is no case of the manifest is an error; one
+    whose case failed is left out, with a warning), cases without a label to "test".
     ``labels`` and ``label_names`` as in :func:`write_nnunet`; labels made from DICOM SEG or
     RTSTRUCT (or renumbered) are written to ``labels_dir`` (default: ``labels/`` beside the
     JSON); "labels" names the classes (as the decathlon's dataset.json). Returns ``path``.
@@ -210,13 +227,16 @@ def write_monai_datalist(
 
     path = os.path.abspath(os.fspath(path))
     base = os.path.dirname(path)
-    rows = _finished_rows(source)
-    unknown = sorted(set(validation) - {r["case"] for r in rows})
-    if unknown:
-        known = ", ".join(sorted(r["case"] for r in rows)[:10])
-        raise ValueError(
-            f"validation case(s) not among the converted cases: {', '.join(unknown)} "
-            f"(cases: {known}{', ...' if len(rows) > 10 else ''})"
+    every = _manifest_rows(source)
+    check_validation(validation, {r["case"] for r in every})
+    rows = _finished_rows(source, every)
+    failed = sorted(set(validation) - {r["case"] for r in rows})
+    if failed:  # in the manifest, not converted: the list is written without them
+        warnings.warn(
+            f"validation case(s) {', '.join(failed)} did not convert (see manifest.csv): "
+            "left out of the datalist",
+            MedprocWarning,
+            stacklevel=2,
         )
     cases, index = gather_labels(rows, labels, label_names, device)
     labels_dir = labels_dir or os.path.join(base, "labels")

@@ -98,7 +98,8 @@ PY
 }
 if want convtrace; then
   # where a whole convert process's time goes (medproc._trace), each route traced in turn;
-  # CONVTRACE: the runs, "<name>:<env>:<options>" (env "-" for none; several: A=1,B=2)
+  # CONVTRACE: the runs, "<name>:<env>:<options>" (env "-" for none; several: A=1,B=2; so no
+  # value may hold ":" or ",")
   conv_data
   mkdir -p "$OUT/traces"
   for run in ${CONVTRACE:-cpu:-:--device=cpu gpu:-:--device=gpu gpu_all:MEDPROC_GPU_SHARE=0:--device=gpu cpu2:-:--device=cpu gpu2:-:--device=gpu}; do

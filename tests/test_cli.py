@@ -3,6 +3,7 @@
 ``--dry-run`` (lists the cases and their outputs, writes nothing). In-process unless the
 process itself is what is tested."""
 
+import json
 import os
 import subprocess
 import sys
@@ -110,8 +111,17 @@ def test_a_validation_name_that_is_no_case_stops_before_any_conversion(
     args = ["convert", images, "-o", str(out), "--spacing", "3", "--layout", "monai"]
     assert main(args + ["--validation", "case002", "case999"]) == 2
     err = capsys.readouterr().err
-    assert "--validation case999: no such case (cases: case001, case002)" in err, err
+    assert "--validation: validation case(s) case999: no such case (cases: case001, case002)" in err
     assert [f for f in os.listdir(out) if not f.startswith(".")] == []  # nothing converted
+    # a case an earlier run put in the folder may be named: the datalist holds it
+    labels = ["--labels", os.path.join(sample_data, "nifti", "labels"), "--spacing", "3"]
+    one = ["convert", os.path.join(images, "case001.nii.gz"), "-o", str(out), *labels]
+    assert main(one + ["-q"]) == 0
+    two = ["convert", os.path.join(images, "case002.nii.gz"), "-o", str(out), *labels]
+    assert main(two + ["--layout", "monai", "--validation", "case001", "-q"]) == 0
+    doc = json.load(open(out / "datalist.json"))
+    assert [x["image"] for x in doc["validation"]] == ["case001.nii.gz"]
+    assert [x["image"] for x in doc["training"]] == ["case002.nii.gz"]
 
 
 def test_workers_and_output_folder_checked_before_any_work(sample_data, tmp_path, capsys):

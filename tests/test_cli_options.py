@@ -280,3 +280,5 @@ def test_grid_monai_writes_monai_spacingd_s_grid(sample_data, tmp_path):
     assert main(["convert", src, "-o", str(centred), "--spacing", "1.5", "-q"]) == 0
     assert nib.load(str(centred / "case001.nii.gz")).shape != img.shape  # (200 vs 199 here)
     assert json.load(open(out / "case001.json"))["spec"]["grid"] == "monai"
+    # the grid is part of the result: a rerun with the other one refuses, saying so
+    assert main(["convert", src, "-o", str(out), "--spacing", "1.5", "-q"]) == 2

@@ -246,6 +246,29 @@ def _taken(service) -> int:
     return sum(1 for s in service.arena._size[:] if s)
 
 
+def test_the_warm_up_gives_its_output_piece_back_even_when_it_fails(monkeypatch):
+    """The warm-up's tiny output lands in an arena piece (``into``), page-locked or not: it
+    goes back, also when the warm-up raises after taking it."""
+    monkeypatch.setattr(hostmem, "_rt", lambda: FakeRuntime())
+    service, server = _server()
+    try:
+        server.warm_up()
+        assert _taken(service) == 0 and not server.made
+        real = server.resample
+
+        def fails(vols, labs):
+            real(vols, labs)
+            assert server.made  # its output is in a piece by now
+            raise RuntimeError("after the copy")
+
+        server.resample = fails
+        with pytest.raises(RuntimeError, match="after the copy"):
+            server.warm_up()
+        assert _taken(service) == 0 and not server.made
+    finally:
+        service.close()
+
+
 def test_an_output_copied_into_an_arena_piece_is_handed_over_as_that_piece(monkeypatch):
     """The piece ``into`` gave is the worker's output piece (no copy), with the (i, j, k)
     output's DHW shape (DALI's channel of 1 dropped)."""
@@ -424,6 +447,18 @@ for (gi, gl), (ri, rl) in zip(got, ref):
     np.testing.assert_array_equal(gi.array, ri.array)
     np.testing.assert_array_equal(gl.array, rl.array)
     assert gl.array.dtype == np.uint8 and gl.array.base is not None
+# pieces that are not page-locked (the service with page-locking off): copied all the same
+plain = np.zeros(64 << 20, np.uint8)
+at[0] = 0
+def pageable(shape, dtype):
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    a = plain[at[0]: at[0] + n].view(dtype).reshape(shape)
+    at[0] += -(-n // 4096) * 4096
+    return a
+got = resample_batch([Volume(a, aff) for a in arrays], spec, device="gpu", into=pageable)
+for g, r in zip(got, ref):
+    assert np.shares_memory(g.array, plain)
+    np.testing.assert_array_equal(g.array, r[0].array)
 print("ok", len(pins.ranges), pins.locked)
 """
 

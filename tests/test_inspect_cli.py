@@ -103,11 +103,16 @@ def test_inspect_exits_1_when_anything_is_in_error_and_lists_it(sample_data, tmp
 
 
 def test_a_path_that_does_not_exist_is_a_usage_error(sample_data, tmp_path, capsys):
-    """A mistyped path stops inspect (exit 2, naming it), as it stops convert; piped, the
-    table is as wide as its rows (rich assumed 80 columns and folded folders into slivers)."""
+    """A mistyped path stops inspect (exit 2, naming it), as it stops convert."""
     assert main(["inspect", sample_data, str(tmp_path / "nope")]) == 2
     assert "nope: no such file or folder" in capsys.readouterr().err
-    assert main(["inspect", sample_data]) == 0  # (capsys: not a terminal)
+
+
+def test_piped_the_table_is_as_wide_as_its_rows(sample_data, capsys, monkeypatch):
+    """Not a terminal (capsys) and no COLUMNS: rows are not folded to rich's 80 columns
+    (which cut folders into slivers)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["inspect", sample_data]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert max(map(len, lines)) > 120
     folder = os.path.join(sample_data, "dicom", "ct_axial")

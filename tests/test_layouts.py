@@ -84,9 +84,6 @@ def test_nnunet_from_label_maps(converted, tmp_path):
     # the DICOM series have no label: inference images
     assert len(os.listdir(os.path.join(d, "imagesTs"))) == 2
     assert [f for f in os.listdir(tmp_path / "raw") if f.startswith(".")] == []  # no leftovers
-    mask = os.umask(0o022)
-    os.umask(mask)
-    assert os.stat(d).st_mode & 0o777 == 0o777 & ~mask  # not mkdtemp's owner-only 0700
     nnunet = pytest.importorskip("nnunetv2.experiment_planning.verify_dataset_integrity")
     nnunet.verify_dataset_integrity(d, num_processes=1)
 
@@ -289,9 +286,16 @@ def test_monai_datalist_reads_with_monai(converted, sample_data, tmp_path):
     # every list is there, empty or not; a validation name that is no case is an error
     p0 = write_monai_datalist(out, os.path.join(out, "all.json"))
     assert load_decathlon_datalist(p0, data_list_key="validation") == []
-    with pytest.raises(ValueError, match=r"not among the converted cases: case999 "):
+    with pytest.raises(ValueError, match=r"case999: no such case \(cases: case001, case002, "):
         write_monai_datalist(out, os.path.join(out, "bad.json"), validation=["case999"])
+    with pytest.raises(TypeError, match="not one string"):  # (a str is a list of letters)
+        write_monai_datalist(out, os.path.join(out, "bad.json"), validation="case002")
     assert not os.path.exists(os.path.join(out, "bad.json"))
+    # a validation case that failed to convert is left out, with a warning
+    failed = [dict(r, status="failed") if k == "case002" else r for k, r in rows.items()]
+    with pytest.warns(UserWarning, match="case002 did not convert"):
+        p3 = write_monai_datalist(failed, os.path.join(out, "f.json"), validation=["case002"])
+    assert load_decathlon_datalist(p3, data_list_key="validation") == []
     # labels from a SEG elsewhere are written beside the list, on the output grid; the label
     # maps' values are named like the SEG's segments, so the classes agree
     image, lab = _axial_label(sample_data)
@@ -322,3 +326,15 @@ def test_label_on_grid_is_exact_nearest_neighbour():
     assert up.dtype == np.uint8 and np.array_equal(up[::2, ::2], lab.array)  # on the voxels
     shifted = lab.affine @ np.array([[1, 0, 0, 20.0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
     assert not label_on_grid(lab, shifted, lab.shape).array.any()  # outside: 0
+
+
+def test_a_dataset_folder_gets_the_usual_permissions(converted, tmp_path, monkeypatch):
+    """Built in a temporary folder then renamed: it ends with 0777 less the umask (as
+    os.makedirs would make it), not mkdtemp's owner-only 0700, which shut out the other users
+    of a shared nnUNet_raw."""
+    import medproc.io.atomic as atomic
+
+    out, _ = converted
+    monkeypatch.setattr(atomic, "_UMASK", 0o022)
+    d = write_nnunet(out, tmp_path / "Dataset007_Perm", link="copy")
+    assert os.stat(d).st_mode & 0o777 == 0o755
