@@ -299,10 +299,12 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
     for c in cases:
         nm = base = c.name(name)
         n = 1
-        while nm in seen:
+        # the stems a case writes: its image and its label (case "x" with a label and an image
+        # named "x_label" would write one file)
+        while {nm, f"{nm}_label"} & seen:
             nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
             n += 1
-        seen.add(nm)
+        seen |= {nm, f"{nm}_label"} if c.label else {nm}
         out_path = os.path.join(outdir, f"{nm}.{fmt}")
         label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
         row = {"case": nm, "source": c.source, "output": out_path, "label_output": label_path or ""}
@@ -322,7 +324,8 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             os.path.exists(out_path)
             and (label_path is None or os.path.exists(label_path))
             and (table is None or os.path.exists(annotations_path(out_path)))
-        )
+            and not (qc and not os.path.exists(os.path.join(outdir, "qc", f"{nm}.png")))
+        )  # (a file a rerun adds, --labels/--annotations/--qc: the case is redone for it)
         if done and recorded:
             try:
                 made_with = json.loads(old.get("options") or "null")

@@ -140,12 +140,20 @@ def _seg_on_image(path: str, image: Volume) -> Volume:
     return image.with_array(out, source=path, format="dicom-seg", segments=names)
 
 
-def _values(arr: np.ndarray) -> list[int]:
+def _values(arr: np.ndarray, path: str) -> list[int]:
+    """The classes (values > 0) of a label map; an error naming ``path`` for what no training
+    layout can hold: not 3-D, non-integer or negative values."""
     arr = np.asarray(arr)
+    if arr.ndim != 3:
+        raise MedprocError(f"a label map must be 3-D, this one is {arr.shape}", path)
     if arr.dtype.kind == "f":
         if not np.all(arr == np.round(arr)):
-            raise MedprocError("label map holds non-integer values; is it an image?")
+            raise MedprocError("label map holds non-integer values; is it an image?", path)
         arr = arr.astype(np.int64)
+    if arr.size and arr.min() < 0:
+        raise MedprocError(
+            f"label map holds negative values (min {arr.min()}): classes are >= 0", path
+        )
     if arr.size and arr.min() >= 0 and arr.max() < 1 << 20:
         return [int(v) for v in np.flatnonzero(np.bincount(arr.ravel())) if v > 0]
     return [int(v) for v in np.unique(arr) if v > 0]
@@ -169,7 +177,8 @@ def gather_labels(rows, labels, label_names, device):
         else:
             cases.append((r, None, None, {}))
             continue
-        key = {v: (names or label_names).get(v, v) for v in _values(vol.array)}
+        where = os.fspath(src) if src else r["label_output"]
+        key = {v: (names or label_names).get(v, v) for v in _values(vol.array, where)}
         for v, k in key.items():
             first[k] = min(first.get(k, v), v)
         from_dicom |= {k for k in key.values() if names}

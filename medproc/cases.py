@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 
-from .errors import ReadError, UsageError
+from .errors import MedprocWarning, ReadError, UsageError
 from .io import IMAGE_EXT as _IMAGE_EXT
 from .io import stem as _stem
 from .io.tables import read_csv_rows
@@ -153,6 +154,8 @@ def check_inputs(inputs, labels_dir: str | None = None) -> None:
     if labels_dir is not None and not os.path.isdir(labels_dir):
         what = "is not a folder" if os.path.exists(labels_dir) else "does not exist"
         raise UsageError(f"the labels folder (--labels) {what}; check the path", labels_dir)
+    if labels_dir is not None and not os.access(labels_dir, os.R_OK | os.X_OK):
+        raise UsageError("the labels folder (--labels) cannot be read (permissions)", labels_dir)
     missing = [p for p in inputs if not os.path.lexists(p)]
     if len(missing) == 1:
         raise UsageError("no such file or folder; check the input path", missing[0])
@@ -195,6 +198,11 @@ def find_cases(
         if c.error or real not in seen:
             seen.add(real)
             cases.append(c)
+        elif origin.lower().endswith(".csv"):  # a case list's row: same image, other case?
+            first = next(x for x in cases if os.path.realpath(x.source) == real)
+            if (c.label, c.fields["name"]) != (first.label, first.fields["name"]):
+                c.error = f"listed again ({origin}) with another label or name: list it once"
+                cases.append(c)
         found_by[origin] = found_by.get(origin, 0) + 1
 
     tree_inputs = []
@@ -280,6 +288,8 @@ def find_cases(
         else:
             reason = mine[0][1] if mine else "not a DICOM or image file"
         cases.append(_failed(inp, reason))
+    if labels_dir:
+        _check_label_pairs(cases, labels_dir)
     for c in cases:
         c.fields.setdefault("uid_hash", _uid_hash(c.source))
         c.fields.setdefault("series_number", 0)
@@ -301,6 +311,35 @@ def _annotation_reason(reason: str) -> str:
             "uses it as a label)"
         )
     return reason
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return os.path.normpath(a) == os.path.normpath(b)
+
+
+def _check_label_pairs(cases: list[Case], labels_dir: str) -> None:
+    """Labels paired by file name: one label file named like two images fits neither for sure
+    (both cases fail, saying so); a labels folder that gave no case a label is said."""
+    by_label: dict[str, list[Case]] = {}
+    for c in cases:
+        if c.label and not c.error and _same_dir(os.path.dirname(c.label), labels_dir):
+            by_label.setdefault(c.label, []).append(c)
+    for lab, group in by_label.items():
+        if len(group) > 1:
+            names = ", ".join(c.source for c in group)
+            for c in group:
+                c.error = (
+                    f"the label {lab} is named like {len(group)} images ({names}): which one it "
+                    "belongs to is ambiguous; pair them in a case list (CSV: image,label)"
+                )
+    images = [c for c in cases if not c.error and not c.series]
+    if images and not any(c.label for c in cases):
+        warnings.warn(
+            f"--labels {labels_dir}: no label file is named like any of the {len(images)} "
+            "image(s); the cases are converted without labels",
+            MedprocWarning,
+            stacklevel=3,
+        )
 
 
 def _cases_from_csv(path: str) -> list[Case]:
@@ -329,6 +368,22 @@ def read_annotation_table(path: str) -> dict:
     from .annotations import read_json, read_luna_csv
 
     return read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
+
+
+def warn_unmatched(cases: list[Case], table: dict | None) -> None:
+    """Say which keys of a lesion table match no case (their lesions are not used)."""
+    if not table:
+        return
+    used = {c.dicom.uid for c in cases if c.dicom is not None}
+    used |= {c.fields.get(k) for c in cases for k in ("stem", "name")}
+    left = sorted(str(k) for k in table if k not in used)
+    if left:
+        warnings.warn(
+            f"--annotations: {len(left)} image key(s) of the lesion file match no case, their "
+            f"lesions are not used: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}",
+            MedprocWarning,
+            stacklevel=2,
+        )
 
 
 def lesions_for(case: Case, table: dict | None):

@@ -46,6 +46,7 @@ from .cases import (
     check_template,
     find_cases,
     read_annotation_table,
+    warn_unmatched,
 )
 from .errors import MedprocError, UsageError
 from .manifest import MANIFEST_FIELDS, output_options, prepare_outdir, read_manifest
@@ -296,6 +297,7 @@ def prepare(
                 ) from None
         prior = read_manifest(os.path.join(outdir, "manifest.csv"), repair=not dry_run)
         opts = output_options(spec, fmt, nan)
+        warn_unmatched(cases, table)
         batch = plan_cases(
             cases, outdir, prior, opts, fmt=fmt, name=name, force=force, qc=qc, table=table
         )

@@ -191,6 +191,11 @@ def test_inspect_reports_every_header_problem_without_a_traceback(corpus_run):
                 problems.append(f"{c.name}: inspect ({key}) crashed: {res[key]}")
         if "crash" in res["inspect"]:
             continue
+        if res["inspect"]["rc"] == 2:  # a path that does not exist: a usage error, no table
+            for key in ("inspect", "table"):
+                if not re.search(c.match, res[key]["err"]) or c.name not in res[key]["err"]:
+                    problems.append(f"{c.name}: inspect ({key}) exit 2 unexplained: {res[key]}")
+            continue
         entries = json.loads(res["inspect"]["out"])
         errors = [f"{e['source']}: {e['error']}" for e in entries if e["kind"] != "skipped"]
         errors = [e for e, x in zip(errors, entries) if x["error"]]

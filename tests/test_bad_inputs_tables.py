@@ -204,17 +204,20 @@ def test_case_list_names_cannot_escape_the_output_folder(image, tmp_path, capsys
     before = set(os.listdir(tmp_path))
     out = tmp_path / "deep" / "out"
     rc, err = _run(["convert", p, "-o", str(out), "--spacing", "3"], capsys)
-    assert rc == 1  # the missing image is a failed row, the others are one case, converted once
+    # the missing image is a failed row; the image is converted once, the rows that list it
+    # again under another name fail, saying so (none is dropped unsaid)
     assert set(os.listdir(tmp_path)) == before | {"deep"} and os.listdir(tmp_path / "deep") == [
         "out"
     ]
     import csv
 
     m = list(csv.DictReader(open(out / "manifest.csv")))
-    assert [r["status"] for r in m].count("ok") == 1 and len(m) == 2
+    assert rc == 1 and [r["status"] for r in m].count("ok") == 1 and len(m) == 8
     for r in m:
         assert os.path.dirname(r["output"]) == str(out) and not r["case"].startswith(".")
-    missing = next(r for r in m if r["status"] == "failed")
+    again = [r for r in m if "listed again" in r["error"]]
+    assert len(again) == 6 and all("with another label or name" in r["error"] for r in again)
+    missing = next(r for r in m if "missing.nii.gz" in r["error"])
     assert "missing.nii.gz: no such file or folder" in missing["error"]
 
 

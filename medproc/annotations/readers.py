@@ -105,6 +105,10 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
         ) from None
     except RecursionError:
         raise ReadError("is nested too deeply to be a lesion file", path) from None
+    except ValueError as e:  # e.g. an integer of thousands of digits (Python's limit)
+        raise ReadError(
+            f"holds a value that cannot be read as a number ({e}); fix it", path
+        ) from None
     if not isinstance(doc, dict):
         raise ReadError(
             f"the top level is a JSON {type(doc).__name__}; expected an object with a 'cases' list",

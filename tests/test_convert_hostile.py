@@ -1,0 +1,160 @@
+"""``medproc convert`` against inputs a hostile-input review found mishandled: names that
+collide with another case's label, labels paired by file name that fit two images, label
+folders that pair nothing, case lists naming an image twice, values float32 cannot hold,
+unreadable numbers in lesion files, lesion keys that match no case, a rerun adding --qc, label
+maps no training layout can hold, and output grids whose resampling would not fit in memory."""
+
+import csv
+import os
+import shutil
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+import medproc
+from medproc.cli import main
+
+
+def _images(sample_data):
+    return os.path.join(sample_data, "nifti", "images")
+
+
+def _labels(sample_data):
+    return os.path.join(sample_data, "nifti", "labels")
+
+
+def _manifest(out):
+    with open(os.path.join(out, "manifest.csv"), newline="") as f:
+        return {r["case"]: r for r in csv.DictReader(f)}
+
+
+def test_an_image_named_like_another_case_s_label_does_not_overwrite_it(sample_data, tmp_path):
+    """Case "case001" (with a label) writes case001_label.nii.gz: an image named
+    "case001_label" gets another name instead of overwriting that label (or being overwritten)."""
+    i, lab = tmp_path / "i", tmp_path / "l"
+    i.mkdir(), lab.mkdir()
+    shutil.copy(os.path.join(_images(sample_data), "case001.nii.gz"), i)
+    shutil.copy(os.path.join(_images(sample_data), "case002.nii.gz"), i / "case001_label.nii.gz")
+    shutil.copy(os.path.join(_labels(sample_data), "case001.nii.gz"), lab)
+    out = tmp_path / "o"
+    assert (
+        main(["convert", str(i), "--labels", str(lab), "-o", str(out), "--spacing", "3", "-q"]) == 0
+    )
+    m = _manifest(out)
+    files = [r["output"] for r in m.values()] + [r["label_output"] for r in m.values()]
+    files = [f for f in files if f]
+    assert len(files) == len(set(files)) == 3  # two images, one label: three files
+    label = np.asarray(nib.load(m["case001"]["label_output"]).dataobj)
+    assert label.dtype == np.uint8 and set(np.unique(label)) <= {0, 1, 2}  # the label, not CT
+
+
+def test_one_label_named_like_two_images_fails_both_saying_why(sample_data, tmp_path):
+    i, lab = tmp_path / "i", tmp_path / "l"
+    (i / "a").mkdir(parents=True), (i / "b").mkdir(), lab.mkdir()
+    for d in ("a", "b"):
+        shutil.copy(os.path.join(_images(sample_data), "case001.nii.gz"), i / d)
+    shutil.copy(os.path.join(_labels(sample_data), "case001.nii.gz"), lab)
+    out = tmp_path / "o"
+    assert (
+        main(["convert", str(i), "--labels", str(lab), "-o", str(out), "--spacing", "3", "-q"]) == 1
+    )
+    rows = list(_manifest(out).values())
+    assert len(rows) == 2 and all(r["status"] == "failed" for r in rows)
+    assert all("is named like 2 images" in r["error"] and "ambiguous" in r["error"] for r in rows)
+
+
+def test_a_labels_folder_that_pairs_nothing_is_said(sample_data, tmp_path, capsys):
+    empty = tmp_path / "l"
+    empty.mkdir()
+    out = tmp_path / "o"
+    assert main(["convert", _images(sample_data), "--labels", str(empty), "-o", str(out)]) == 0
+    assert "no label file is named like any of the 2 image(s)" in capsys.readouterr().err
+
+
+def test_a_case_list_naming_an_image_twice_as_two_cases_fails_the_second(sample_data, tmp_path):
+    img = os.path.join(_images(sample_data), "case001.nii.gz")
+    lab = os.path.join(_labels(sample_data), "case001.nii.gz")
+    p = tmp_path / "list.csv"
+    p.write_text(f"image,label,name\n{img},{lab},a\n{img},,b\n")
+    out = tmp_path / "o"
+    assert main(["convert", str(p), "-o", str(out), "--spacing", "3", "-q"]) == 1
+    m = _manifest(out)
+    assert m["a"]["status"] == "ok" and m["b"]["status"] == "failed"
+    assert "listed again" in m["b"]["error"] and str(p) in m["b"]["error"]
+
+
+def test_values_beyond_float32_fail_the_case_naming_the_file(tmp_path):
+    d = tmp_path / "i"
+    d.mkdir()
+    nib.save(nib.Nifti1Image(np.full((6, 6, 6), 1e300), np.eye(4)), str(d / "big.nii.gz"))
+    nib.save(nib.Nifti1Image(np.full((6, 6, 6), 1e30), np.eye(4)), str(d / "fine.nii.gz"))
+    out = tmp_path / "o"
+    assert main(["convert", str(d), "-o", str(out), "-q"]) == 1
+    m = _manifest(out)
+    assert m["fine"]["status"] == "ok" and m["big"]["status"] == "failed"
+    assert "big.nii.gz" in m["big"]["error"] and "beyond float32's range" in m["big"]["error"]
+    assert np.isfinite(np.asarray(nib.load(m["fine"]["output"]).dataobj)).all()
+
+
+def test_a_lesion_file_with_an_unreadable_number_is_a_usage_error(sample_data, tmp_path, capsys):
+    f = tmp_path / "les.json"
+    f.write_text(
+        '{"cases": [{"image": "case001", "lesions": [{"points": [[1' + "0" * 5000 + "]]}]}]}"
+    )
+    out = tmp_path / "o"
+    assert main(["convert", _images(sample_data), "-o", str(out), "--annotations", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}: holds a value that cannot be read as a number" in err and "bug" not in err
+
+
+def test_lesion_keys_that_match_no_case_are_said(sample_data, tmp_path, capsys):
+    f = tmp_path / "les.csv"
+    rows = open(os.path.join(sample_data, "lesions.csv")).read()
+    f.write_text(rows + "9.9.9.9,1,2,3,5\n")
+    out = tmp_path / "o"
+    assert main(["convert", _images(sample_data), "-o", str(out), "--annotations", str(f)]) == 0
+    err = capsys.readouterr().err
+    assert "match no case" in err and "9.9.9.9" in err and "case001" not in err.split("used:")[1]
+
+
+def test_a_rerun_adding_qc_makes_the_pictures(sample_data, tmp_path):
+    out = tmp_path / "o"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3", "-q"]
+    assert main(args) == 0 and not (out / "qc").exists()
+    assert main(args + ["--qc"]) == 0
+    assert sorted(os.listdir(out / "qc")) == ["case001.png", "case002.png"]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda a: a.astype(np.int16) - 3, "negative values"),
+        (lambda a: np.stack([a, a], -1), "must be 3-D"),
+        (lambda a: a.astype(np.float32) + 0.5, "non-integer values"),
+    ],
+)
+def test_label_maps_no_layout_can_hold_fail_it_naming_the_file(sample_data, tmp_path, bad, message):
+    from medproc.layouts import write_nnunet
+
+    src = medproc.load(os.path.join(_labels(sample_data), "case001.nii.gz"))
+    lab = tmp_path / "lab.nii.gz"
+    nib.save(nib.Nifti1Image(bad(np.asarray(src.array)), src.affine), str(lab))
+    image = os.path.join(_images(sample_data), "case001.nii.gz")
+    out = tmp_path / "o"
+    assert main(["convert", image, "-o", str(out), "--spacing", "3", "-q"]) == 0
+    uid = next(iter(_manifest(out)))
+    with pytest.raises(medproc.errors.MedprocError, match=message) as e:
+        write_nnunet(str(out), tmp_path / "Dataset009_Bad", labels={uid: str(lab)})
+    assert str(lab) in str(e.value)
+    assert not (tmp_path / "Dataset009_Bad").exists()
+
+
+def test_an_output_whose_resampling_would_not_fit_is_refused(monkeypatch):
+    """The check counts the resampling's peak (about twice the float32 output, and the input),
+    not the output alone: an output of half the cap is refused."""
+    vol = medproc.Volume(np.zeros((10, 10, 10), np.int16), np.diag([1.0, 1.0, 1.0, 1.0]))
+    monkeypatch.setenv("MEDPROC_MAX_BYTES", str(2 * 40**3 * 4))  # twice the output below
+    medproc.resample(vol, shape=(38, 38, 38))  # needs ~2 x 219 KB + 2 KB: fits
+    with pytest.raises(medproc.errors.UsageError, match="twice the output"):
+        medproc.resample(vol, shape=(40, 40, 40))  # output = half the cap, resampling more
