@@ -58,6 +58,9 @@ def check_layouts(a) -> dict:
         path = a.dataset if a.dataset and "nnunet" not in kinds else None
         if path is None or os.path.isdir(path):
             path = os.path.join(path or a.outdir, "datalist.json")
+        parent = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"--layout monai: cannot write {path} (the folder is read-only)")
         out["monai"] = path
     elif a.validation:
         raise UsageError("--validation goes with --layout monai (nnU-Net makes its own splits)")

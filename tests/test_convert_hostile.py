@@ -158,3 +158,15 @@ def test_an_output_whose_resampling_would_not_fit_is_refused(monkeypatch):
     medproc.resample(vol, shape=(38, 38, 38))  # needs ~2 x 219 KB + 2 KB: fits
     with pytest.raises(medproc.errors.UsageError, match="twice the output"):
         medproc.resample(vol, shape=(40, 40, 40))  # output = half the cap, resampling more
+
+
+def test_a_read_only_datalist_target_stops_before_any_work(sample_data, tmp_path, monkeypatch):
+    """(As root every folder is writable: the permission check is faked for the target.)"""
+    target = tmp_path / "ro"
+    target.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == str(target) else real(p, m))
+    out = tmp_path / "o"
+    args = ["convert", _images(sample_data), "-o", str(out), "--layout", "monai"]
+    assert main(args + ["--dataset", str(target / "d.json")]) == 2
+    assert not out.exists()
