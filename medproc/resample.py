@@ -21,7 +21,9 @@ def _check_output_size(vol: Volume, plan) -> None:
     from .io.safety import human, max_bytes
 
     nbytes = int(np.prod(plan.out_shape, dtype=object)) * max(vol.channels, 1) * 4
-    need = 2 * nbytes + int(np.prod(vol.shape, dtype=object)) * np.dtype(vol.dtype).itemsize
+    a = vol.array  # numpy, or a torch tensor (CUDA: medproc.load(..., device="gpu"))
+    item = a.itemsize if isinstance(a, np.ndarray) else a.element_size()
+    need = 2 * nbytes + int(np.prod(a.shape, dtype=object)) * item
     if need > max_bytes():
         raise UsageError(
             f"the output grid would be {'x'.join(map(str, plan.out_shape))} voxels = "

@@ -170,3 +170,12 @@ def test_a_read_only_datalist_target_stops_before_any_work(sample_data, tmp_path
     args = ["convert", _images(sample_data), "-o", str(out), "--layout", "monai"]
     assert main(args + ["--dataset", str(target / "d.json")]) == 2
     assert not out.exists()
+
+
+def test_the_output_size_check_takes_tensors_too():
+    """Volumes holding torch tensors (medproc.load(..., device="gpu") gives CUDA ones) are
+    sized by their element size: the check broke every GPU read once (torch dtypes are not
+    numpy's)."""
+    torch = pytest.importorskip("torch")
+    vol = medproc.Volume(torch.zeros((10, 10, 10), dtype=torch.int16), np.eye(4))
+    assert medproc.resample(vol, spacing=2.0).shape == (5, 5, 5)
