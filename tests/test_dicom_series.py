@@ -328,3 +328,22 @@ def test_orientation_clustering_agrees_with_numpy_allclose():
     nan = np.array([np.nan, 0, 0, 0, 1, 0])
     assert not _same_orientation(nan, nan) and not np.allclose(nan, nan, atol=1e-4)
     assert _same_orientation(None, None) and not _same_orientation(None, np.zeros(6))
+
+
+def test_a_file_without_orientation_in_an_oriented_series_is_named(tmp_path, sample_data):
+    """One file of a series lost ImageOrientationPatient: not a 1-slice volume of its own on a
+    made-up grid (with its series failing for a gap it does not name), but an error of the
+    series naming that file."""
+    from medproc.inspect import inspect_paths
+
+    d = tmp_path / "s"
+    shutil.copytree(os.path.join(sample_data, "dicom", "ct_axial"), d)
+    f = sorted(os.listdir(d))[10]
+    ds = pydicom.dcmread(d / f)
+    del ds.ImageOrientationPatient
+    ds.save_as(d / f)
+    entries = [e for e in inspect_paths([str(d)]) if e.kind == "dicom"]
+    assert len(entries) == 1  # one series, not two volumes
+    assert f in entries[0].error and "no ImageOrientationPatient" in entries[0].error
+    with pytest.raises(medproc.errors.MedprocError, match=f"{f}.*no ImageOrientationPatient"):
+        medproc.load(str(d))

@@ -249,7 +249,24 @@ def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
                         f"it and {other} carry the same SOPInstanceUID {sop} but differ",
                     )
                 )
-    return groups
+    return _without_stray_geometry(groups)
+
+
+def _without_stray_geometry(groups: list[DicomSeries]) -> list[DicomSeries]:
+    """Files without ImageOrientationPatient in a series whose other files have it are not a
+    volume of their own (with a made-up grid): they are problems of that series, named."""
+    oriented = {g.uid for g in groups if g.frames[0].orientation is not None}
+    out = []
+    for g in groups:
+        if g.frames[0].orientation is not None or g.uid not in oriented:
+            out.append(g)
+            continue
+        for other in (h for h in groups if h.uid == g.uid and h.frames[0].orientation is not None):
+            other.problems += [
+                (p, "no ImageOrientationPatient, while the other files of its series have one")
+                for p in g.files
+            ]
+    return out
 
 
 def scan_dicom(
