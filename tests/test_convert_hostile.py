@@ -179,3 +179,24 @@ def test_the_output_size_check_takes_tensors_too():
     torch = pytest.importorskip("torch")
     vol = medproc.Volume(torch.zeros((10, 10, 10), dtype=torch.int16), np.eye(4))
     assert medproc.resample(vol, spacing=2.0).shape == (5, 5, 5)
+
+
+def test_a_nifti_whose_gzip_check_fails_is_refused_naming_it(sample_data, tmp_path):
+    """nibabel stops reading at the voxels' end, so a .nii.gz with a damaged gzip trailer (its
+    CRC-32) read as valid: the whole stream is checked now."""
+    src = os.path.join(_images(sample_data), "case001.nii.gz")
+    data = bytearray(open(src, "rb").read())
+    data[-8] ^= 0xFF  # the CRC-32 of the trailer
+    d = tmp_path / "i"
+    d.mkdir()
+    (d / "bad.nii.gz").write_bytes(bytes(data))
+    shutil.copy(os.path.join(_images(sample_data), "case002.nii.gz"), d)
+    with pytest.raises(medproc.errors.ReadError, match="bad.nii.gz: its gzip data is damaged"):
+        medproc.load(str(d / "bad.nii.gz"))
+    good = medproc.load(src)
+    np.testing.assert_array_equal(good.array, np.asanyarray(nib.load(src).dataobj))
+    assert good.array.flags.writeable
+    out = tmp_path / "o"
+    assert main(["convert", str(d), "-o", str(out), "--spacing", "3", "-q"]) == 1
+    m = _manifest(out)
+    assert m["bad"]["status"] == "failed" and m["case002"]["status"] == "ok"

@@ -145,6 +145,8 @@ def _read_errors(path: str, memory: str, oserror: str, other: str):
     said), ``other`` for anything else; ``{e}`` is the original message."""
     try:
         yield
+    except ReadError:
+        raise  # said already
     except MemoryError:
         raise ReadError(memory, path) from None
     except OSError as e:
@@ -181,6 +183,24 @@ def open_nifti(path: str):
     return img
 
 
+def _whole_gzip(img, path):
+    """The image re-read from its whole file decompressed by ISA-L: the gzip trailer's CRC-32
+    and length are checked (nibabel stops reading at the voxels' end, so a damaged file read
+    as valid), and it is ~1.7x faster than nibabel's zlib stream (0.087 vs 0.15 s for a
+    239 x 239 x 119 float32 image on the 2-core machine). After the header checks: the
+    declared size is known to fit."""
+    from isal import igzip
+
+    with open(path, "rb") as f:
+        packed = f.read()
+    try:
+        raw = igzip.decompress(packed)
+    except (OSError, EOFError, ValueError) as e:  # BadGzipFile (CRC, length), truncation
+        raise ReadError(f"its gzip data is damaged ({e}): the file is corrupt", path) from None
+    del packed
+    return type(img).from_bytes(raw)
+
+
 def load_nifti(path: str, nan: str = "error") -> Volume:
     """Read a NIfTI-1/2 file (see :func:`medproc.load`)."""
     img = open_nifti(path)
@@ -195,7 +215,11 @@ def load_nifti(path: str, nan: str = "error") -> Volume:
         oserror="the voxel data cannot be read ({e}): truncated or damaged?",
         other="the voxel data cannot be read ({e}): the file is truncated or damaged",
     ):
+        if str(path).lower().endswith(".nii.gz"):
+            img = _whole_gzip(img, path)
         data = np.asanyarray(img.dataobj)  # applies scl_slope/scl_inter like every reader
+        if not data.flags.writeable:  # a view of the decompressed bytes
+            data = data.copy()
     check_dtype(data.dtype, path)  # scaling may change it
     if data.ndim == 2:
         data = data[:, :, None]
