@@ -15,10 +15,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import warnings
 from dataclasses import dataclass, field
 
-from .errors import MedprocWarning, ReadError, UsageError
+from ._case_checks import check_label_pairs
+from .errors import ReadError, UsageError
 from .io import IMAGE_EXT as _IMAGE_EXT
 from .io import stem as _stem
 from .io.tables import read_csv_rows
@@ -149,7 +149,8 @@ def _under(path: str, root: str) -> bool:
 
 def check_inputs(inputs, labels_dir: str | None = None) -> None:
     """Raise :class:`~medproc.errors.UsageError` for an input path that does not exist, or a
-    labels folder that is missing or is also an input (before any work)."""
+    labels folder that is missing or is also an input, and ``ReadError`` for a malformed case
+    list (before any work)."""
     inputs = [os.fspath(p) for p in inputs]
     if labels_dir is not None and not os.path.isdir(labels_dir):
         what = "is not a folder" if os.path.exists(labels_dir) else "does not exist"
@@ -161,6 +162,9 @@ def check_inputs(inputs, labels_dir: str | None = None) -> None:
         raise UsageError("no such file or folder; check the input path", missing[0])
     if missing:
         raise UsageError(f"no such files or folders: {', '.join(missing)}; check the input paths")
+    for p in inputs:  # a malformed case list stops the run before its output folder is made
+        if p.lower().endswith(".csv") and os.path.isfile(p):
+            _cases_from_csv(p)
     if labels_dir and os.path.realpath(labels_dir) in {os.path.realpath(p) for p in inputs}:
         raise UsageError(
             "the labels folder (--labels) is also an input; give the images and the labels as "
@@ -289,7 +293,7 @@ def find_cases(
             reason = mine[0][1] if mine else "not a DICOM or image file"
         cases.append(_failed(inp, reason))
     if labels_dir:
-        _check_label_pairs(cases, labels_dir)
+        check_label_pairs(cases, labels_dir)
     for c in cases:
         c.fields.setdefault("uid_hash", _uid_hash(c.source))
         c.fields.setdefault("series_number", 0)
@@ -311,35 +315,6 @@ def _annotation_reason(reason: str) -> str:
             "uses it as a label)"
         )
     return reason
-
-
-def _same_dir(a: str, b: str) -> bool:
-    return os.path.normpath(a) == os.path.normpath(b)
-
-
-def _check_label_pairs(cases: list[Case], labels_dir: str) -> None:
-    """Labels paired by file name: one label file named like two images fits neither for sure
-    (both cases fail, saying so); a labels folder that gave no case a label is said."""
-    by_label: dict[str, list[Case]] = {}
-    for c in cases:
-        if c.label and not c.error and _same_dir(os.path.dirname(c.label), labels_dir):
-            by_label.setdefault(c.label, []).append(c)
-    for lab, group in by_label.items():
-        if len(group) > 1:
-            names = ", ".join(c.source for c in group)
-            for c in group:
-                c.error = (
-                    f"the label {lab} is named like {len(group)} images ({names}): which one it "
-                    "belongs to is ambiguous; pair them in a case list (CSV: image,label)"
-                )
-    images = [c for c in cases if not c.error and not c.series]
-    if images and not any(c.label for c in cases):
-        warnings.warn(
-            f"--labels {labels_dir}: no label file is named like any of the {len(images)} "
-            "image(s); the cases are converted without labels",
-            MedprocWarning,
-            stacklevel=3,
-        )
 
 
 def _cases_from_csv(path: str) -> list[Case]:
@@ -368,22 +343,6 @@ def read_annotation_table(path: str) -> dict:
     from .annotations import read_json, read_luna_csv
 
     return read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
-
-
-def warn_unmatched(cases: list[Case], table: dict | None) -> None:
-    """Say which keys of a lesion table match no case (their lesions are not used)."""
-    if not table:
-        return
-    used = {c.dicom.uid for c in cases if c.dicom is not None}
-    used |= {c.fields.get(k) for c in cases for k in ("stem", "name")}
-    left = sorted(str(k) for k in table if k not in used)
-    if left:
-        warnings.warn(
-            f"--annotations: {len(left)} image key(s) of the lesion file match no case, their "
-            f"lesions are not used: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}",
-            MedprocWarning,
-            stacklevel=2,
-        )
 
 
 def lesions_for(case: Case, table: dict | None):

@@ -31,6 +31,7 @@ from concurrent.futures import BrokenExecutor
 import numpy as np
 
 from ._batch import INTERRUPTED, Batch, plan_cases
+from ._case_checks import warn_unmatched
 from ._convert_case import (
     _init_worker,
     _warm_up,
@@ -46,7 +47,6 @@ from .cases import (
     check_template,
     find_cases,
     read_annotation_table,
-    warn_unmatched,
 )
 from .errors import MedprocError, UsageError
 from .manifest import MANIFEST_FIELDS, output_options, prepare_outdir, read_manifest

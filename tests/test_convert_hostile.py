@@ -200,3 +200,15 @@ def test_a_nifti_whose_gzip_check_fails_is_refused_naming_it(sample_data, tmp_pa
     assert main(["convert", str(d), "-o", str(out), "--spacing", "3", "-q"]) == 1
     m = _manifest(out)
     assert m["bad"]["status"] == "failed" and m["case002"]["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    "text", ["img,x\nfoo,bar\n", "image\n\x00\n", "image,label\n,lab.nii.gz\n"]
+)
+def test_a_malformed_case_list_stops_before_the_output_folder_is_made(tmp_path, capsys, text):
+    p = tmp_path / "list.csv"
+    p.write_text(text)
+    out = tmp_path / "o"
+    assert main(["convert", str(p), "-o", str(out)]) == 2
+    assert str(p) in capsys.readouterr().err
+    assert not out.exists()  # not even the lock file

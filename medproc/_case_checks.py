@@ -1,0 +1,56 @@
+"""Checks of the cases found, that say what would otherwise pass unsaid (:mod:`medproc.cases`):
+labels paired by file name that fit two images or none, lesion-table keys that match no case."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from .errors import MedprocWarning
+
+__all__ = ["check_label_pairs", "warn_unmatched"]
+
+
+def _same_dir(a: str, b: str) -> bool:
+    return os.path.normpath(a) == os.path.normpath(b)
+
+
+def check_label_pairs(cases: list, labels_dir: str) -> None:
+    """Labels paired by file name: one label file named like two images fits neither for sure
+    (both cases fail, saying so); a labels folder that gave no case a label is said."""
+    by_label: dict[str, list] = {}
+    for c in cases:
+        if c.label and not c.error and _same_dir(os.path.dirname(c.label), labels_dir):
+            by_label.setdefault(c.label, []).append(c)
+    for lab, group in by_label.items():
+        if len(group) > 1:
+            names = ", ".join(c.source for c in group)
+            for c in group:
+                c.error = (
+                    f"the label {lab} is named like {len(group)} images ({names}): which one it "
+                    "belongs to is ambiguous; pair them in a case list (CSV: image,label)"
+                )
+    images = [c for c in cases if not c.error and not c.series]
+    if images and not any(c.label for c in cases):
+        warnings.warn(
+            f"--labels {labels_dir}: no label file is named like any of the {len(images)} "
+            "image(s); the cases are converted without labels",
+            MedprocWarning,
+            stacklevel=3,
+        )
+
+
+def warn_unmatched(cases: list, table: dict | None) -> None:
+    """Say which keys of a lesion table match no case (their lesions are not used)."""
+    if not table:
+        return
+    used = {c.dicom.uid for c in cases if c.dicom is not None}
+    used |= {c.fields.get(k) for c in cases for k in ("stem", "name")}
+    left = sorted(str(k) for k in table if k not in used)
+    if left:
+        warnings.warn(
+            f"--annotations: {len(left)} image key(s) of the lesion file match no case, their "
+            f"lesions are not used: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}",
+            MedprocWarning,
+            stacklevel=2,
+        )
