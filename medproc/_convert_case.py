@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import numpy as np
 
 from .cases import Case
-from .errors import MedprocError
+from .errors import MedprocError, MedprocWarning
 from .io import atomic_write
 from .spec import Spec
 
@@ -63,6 +64,10 @@ def _convert_one(
             f"{vol.shape}, or a different affine); give a label map made on this image",
             case.source,
         )
+    clipped = _dtype_clips(vol, spec)
+    if clipped:  # said per case (warning line, manifest, sidecar): the cast saturates
+        vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), clipped]
+        warnings.warn(f"{case.source}: {clipped}", MedprocWarning, stacklevel=1)
     got = None
     if _SERVICE is not None:
         with span("to_service", case=case.source):
@@ -113,6 +118,29 @@ def _convert_one(
         "lesions": n_les,
         "warnings": " | ".join(str(w) for w in vol.meta.get("warnings") or []),
     }
+
+
+def _dtype_clips(vol, spec: Spec) -> str | None:
+    """Why an integer output ``--dtype`` saturates this case's values, or None: the values
+    reaching the cast are the intensity step's range (scale, else clip), else the input's
+    (interpolation stays inside it); z-scores and percentiles are not known here."""
+    dt = np.dtype(spec.dtype)
+    if dt.kind not in "iu":
+        return None
+    it = spec.intensity
+    if it is not None and (it.zscore or it.percentiles) and not (it.scale or it.clip):
+        return None
+    if it is not None and (it.scale or it.clip):
+        lo, hi = it.scale or it.clip
+    else:
+        lo, hi = float(vol.array.min()), float(vol.array.max())
+    info = np.iinfo(dt)
+    if lo >= info.min and hi <= info.max:
+        return None
+    return (
+        f"values {lo:g}..{hi:g} reach the {dt.name} output, whose range is {info.min}.."
+        f"{info.max}: those outside are clipped (use --scale, --clip or a wider --dtype)"
+    )
 
 
 def _write_case(
@@ -228,7 +256,6 @@ def _worker_id() -> str:
 def _init_worker(parent: int, service=None) -> None:
     """Pool initializer: end with the parent (even on kill -9); warnings as one plain line;
     attach to the main process's GPU service when there is one."""
-    import warnings
 
     global _SERVICE
 

@@ -212,3 +212,19 @@ def test_a_malformed_case_list_stops_before_the_output_folder_is_made(tmp_path, 
     assert main(["convert", str(p), "-o", str(out)]) == 2
     assert str(p) in capsys.readouterr().err
     assert not out.exists()  # not even the lock file
+
+
+def test_an_integer_dtype_that_clips_the_values_is_said(sample_data, tmp_path, capsys):
+    """--dtype uint8 on CT saturates every negative HU: said per case (warning line and the
+    manifest), not when a scale maps the values into the type's range."""
+    out = tmp_path / "o"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3", "--dtype", "uint8"]
+    assert main(args) == 0
+    assert "reach the uint8 output, whose range is 0..255" in capsys.readouterr().err
+    m = _manifest(out)
+    assert all("those outside are clipped" in r["warnings"] for r in m.values())
+    out2 = tmp_path / "o2"
+    scaled = ["--clip", "-100", "200", "--scale", "0", "255"]
+    assert main(args[:2] + ["-o", str(out2)] + args[4:] + scaled) == 0
+    assert "clipped" not in capsys.readouterr().err
+    assert not any("clipped" in r["warnings"] for r in _manifest(out2).values())
