@@ -192,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_cmd_trace)
     for parser in (i, sub.choices["convert"], t):
         _add_verbosity(parser, argparse.SUPPRESS)
+        parser.set_defaults(command_parser=parser)  # (its usage for errors found after parsing)
     p.set_defaults(verbose=False, quiet=False)
     return p
 
@@ -232,7 +233,13 @@ def main(argv=None) -> int:
     from ._convert_case import plain_warning
 
     _safe_streams()
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a, extra = parser.parse_known_args(argv)
+    command = a.command_parser
+    if extra:  # said with the command's usage, not medproc's
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    if a.verbose and a.quiet:  # (one before the command, one after it)
+        command.error("argument -q/--quiet: not allowed with argument -v/--verbose")
     with warnings.catch_warnings():  # (put back after: main() may be called from Python)
         warnings.showwarning = plain_warning  # "medproc: warning: ..." (forked workers too)
         if getattr(a, "quiet", False):  # -q: errors only (forked workers inherit it)

@@ -216,3 +216,18 @@ def test_the_program_converts_exactly_as_the_library(sample_data, tmp_path):
     np.testing.assert_array_equal(a.affine, b.affine)
     keys = ("status", "in_shape", "out_shape", "out_spacing", "options", "series_uid")
     assert [rows[0][k] for k in keys] == [rows[1][k] for k in keys]
+
+
+def test_an_unknown_option_and_v_with_q_get_the_command_s_usage(sample_data, capsys):
+    for args, message in (
+        (
+            ["convert", sample_data, "-o", "/nonexistent/o", "--bogus"],
+            "unrecognized arguments: --bogus",
+        ),
+        (["-v", "inspect", sample_data, "-q"], "-q/--quiet: not allowed with argument -v"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and message in err
+        assert f"usage: medproc {args[0] if args[0] != '-v' else args[1]}" in err
