@@ -147,30 +147,40 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def check_inputs(inputs, labels_dir: str | None = None) -> None:
+def check_exist(paths) -> None:
+    """Raise :class:`~medproc.errors.UsageError` naming the paths that do not exist (a
+    mistyped path is not an empty dataset)."""
+    missing = [p for p in paths if not os.path.lexists(p)]
+    if len(missing) == 1:
+        raise UsageError("no such file or folder; check the input path", missing[0])
+    if missing:
+        raise UsageError(f"no such files or folders: {', '.join(missing)}; check the input paths")
+
+
+def check_inputs(inputs, labels_dir: str | None = None) -> dict[str, list[Case]]:
     """Raise :class:`~medproc.errors.UsageError` for an input path that does not exist, or a
     labels folder that is missing or is also an input, and ``ReadError`` for a malformed case
-    list (before any work)."""
+    list (before any work); returns the case lists' cases, by list."""
     inputs = [os.fspath(p) for p in inputs]
     if labels_dir is not None and not os.path.isdir(labels_dir):
         what = "is not a folder" if os.path.exists(labels_dir) else "does not exist"
         raise UsageError(f"the labels folder (--labels) {what}; check the path", labels_dir)
     if labels_dir is not None and not os.access(labels_dir, os.R_OK | os.X_OK):
         raise UsageError("the labels folder (--labels) cannot be read (permissions)", labels_dir)
-    missing = [p for p in inputs if not os.path.lexists(p)]
-    if len(missing) == 1:
-        raise UsageError("no such file or folder; check the input path", missing[0])
-    if missing:
-        raise UsageError(f"no such files or folders: {', '.join(missing)}; check the input paths")
-    for p in inputs:  # a malformed case list stops the run before its output folder is made
-        if p.lower().endswith(".csv") and os.path.isfile(p):
-            _cases_from_csv(p)
+    check_exist(inputs)
+    # a malformed case list stops the run before its output folder is made
+    lists = {p: _cases_from_csv(p) for p in inputs if _is_case_list(p)}
     if labels_dir and os.path.realpath(labels_dir) in {os.path.realpath(p) for p in inputs}:
         raise UsageError(
             "the labels folder (--labels) is also an input; give the images and the labels as "
             "two separate folders",
             labels_dir,
         )
+    return lists
+
+
+def _is_case_list(p: str) -> bool:
+    return p.lower().endswith(".csv") and os.path.isfile(p)
 
 
 def find_cases(
@@ -190,7 +200,7 @@ def find_cases(
     from .io.walk import walk_inputs
 
     inputs = [os.fspath(p) for p in inputs]
-    check_inputs(inputs, labels_dir)
+    lists = check_inputs(inputs, labels_dir)
     exclude = list(exclude) + ([labels_dir] if labels_dir else [])
     cases: list[Case] = []
     skipped: list[tuple[str, str]] = []
@@ -211,8 +221,8 @@ def find_cases(
 
     tree_inputs = []
     for inp in inputs:
-        if inp.lower().endswith(".csv") and os.path.isfile(inp):
-            for c in _cases_from_csv(inp):
+        if inp in lists:
+            for c in lists[inp]:
                 add(c, inp)
         elif inp.lower().endswith(_IMAGE_EXT) and not os.path.isdir(inp):
             add(_image_case(inp), inp)  # a missing or unreadable one fails when loaded

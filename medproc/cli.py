@@ -58,12 +58,10 @@ def _styled(text: str, style: str):
 def _cmd_inspect(a) -> int:
     from rich.table import Table
 
-    from .errors import UsageError
+    from .cases import check_exist
     from .inspect import inspect_paths
 
-    for p in a.paths:  # a mistyped path is not an empty dataset
-        if not os.path.lexists(p):
-            raise UsageError("no such file or folder; check the path", p)
+    check_exist(a.paths)
     entries = inspect_paths(a.paths)
     vols = [e for e in entries if e.kind in ("dicom", "nifti", "itk") and not e.error]
     failed = [e for e in entries if e.error and e.kind not in ("skipped", "annotation")]

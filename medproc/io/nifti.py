@@ -41,7 +41,11 @@ def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
         return array
     finite = np.isfinite(array)
     if finite.all():
-        big = float(np.abs(array).max()) if array.itemsize > 4 and array.size else 0.0
+        big = (
+            max(-float(array.min()), float(array.max()))
+            if array.itemsize > 4 and array.size
+            else 0.0
+        )
         if big > np.finfo(np.float32).max:  # float32 inside DALI: they would become inf
             raise ReadError(
                 f"holds values up to {big:.3g}, beyond float32's range (3.4e38) that medproc "
