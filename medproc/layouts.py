@@ -32,6 +32,7 @@ from .volume import Volume
 
 __all__ = ["write_nnunet", "write_monai_datalist", "find_dicom_labels", "label_on_grid"]
 
+_DESCRIPTION = "written by medproc from a converted dataset (manifest.csv)"
 _NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
 
 
@@ -191,7 +192,7 @@ def write_nnunet(
             "numTraining": n_train,
             "file_ending": ".nii.gz",
             "name": os.path.basename(target).split("_", 1)[1],
-            "description": "written by medproc from a converted dataset (manifest.csv)",
+            "description": _DESCRIPTION,
         }
         with open(os.path.join(tmp, "dataset.json"), "w") as f:
             json.dump(doc, f, indent=1)
@@ -257,7 +258,7 @@ def write_monai_datalist(
     }
     doc |= {  # the decathlon's properties (load_decathlon_properties)
         "name": os.path.basename(base),
-        "description": "written by medproc from a converted dataset (manifest.csv)",
+        "description": _DESCRIPTION,
         "tensorImageSize": "3D",
         "numTraining": len(doc["training"]) + len(doc["validation"]),
         "numTest": len(doc["test"]),
