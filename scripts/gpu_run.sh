@@ -98,7 +98,8 @@ PY
 }
 if want convtrace; then
   # where a whole convert process's time goes (medproc._trace), each route traced in turn;
-  # CONVTRACE: the runs, "<name>:<env>:<options>" (env "-" for none; several: A=1,B=2; so no
+  # CONVTRACE: the runs, "<name>:<env>:<options>" (env "-" for none; several: A=1,B=2, and
+  # options likewise: --device=gpu,--workers=16; so no
   # value may hold ":" or ",")
   conv_data
   mkdir -p "$OUT/traces"
@@ -107,7 +108,7 @@ if want convtrace; then
     rm -rf /tmp/conv_out; [ "$envs" = - ] && envs="X=0"
     s=$(date +%s.%N)
     env ${envs//,/ } MEDPROC_TRACE="$OUT/traces/$name" python -m medproc -v convert /tmp/conv_all \
-      -o /tmp/conv_out --spacing 1.5 $opts > "$OUT/traces/$name.log" 2>&1
+      -o /tmp/conv_out --spacing 1.5 ${opts//,/ } > "$OUT/traces/$name.log" 2>&1
     echo "== $name ($envs $opts): rc $? $(python3 -c "print(round($(date +%s.%N) - $s, 3))") s"
     grep -E "GPU service|case\(s\) to convert|converted," "$OUT/traces/$name.log" | cut -c1-220
     python -m medproc trace "$OUT/traces/$name" --png "$OUT/traces/$name.png" | sed -n '/seconds per/,$p'
