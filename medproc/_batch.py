@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from ._convert_case import _worker, annotations_path, sidecar_path
 from ._trace import span
 from .cases import Case
-from .manifest import options_diff, write_manifest
+from .manifest import write_manifest
 
-__all__ = ["Batch", "Todo", "plan_cases", "INTERRUPTED"]
+__all__ = ["Batch", "Todo", "INTERRUPTED"]
 
 #: the error of a case a second Ctrl-C stopped (redone by the next run)
 INTERRUPTED = "interrupted (Ctrl-C) before it finished; run the same command again to convert it"
@@ -280,121 +280,3 @@ def _options_json(options: dict) -> str:
     import json
 
     return json.dumps(options, sort_keys=True, separators=(",", ":"))
-
-
-def _same_file(a: str, b: str) -> bool:
-    return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
-
-
-def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) -> Batch:
-    """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
-    made with other options and ``force`` is not set."""
-    import json
-    import logging
-
-    from .cases import lesions_for
-    from .errors import UsageError
-
-    todo, decided, seen, conflicts = [], [], set(), {}
-    for c in cases:
-        nm = base = c.name(name)
-        n = 1
-        # the stems a case writes: its image and its label (case "x" with a label and an image
-        # named "x_label" would write one file)
-        while {nm, f"{nm}_label"} & seen:
-            nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
-            n += 1
-        seen |= {nm, f"{nm}_label"} if c.label else {nm}
-        out_path = os.path.join(outdir, f"{nm}.{fmt}")
-        label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
-        row = {"case": nm, "source": c.source, "output": out_path, "label_output": label_path or ""}
-        err = f"{c.source}: {c.error}" if c.error else ""
-        if not err and os.path.abspath(out_path) == os.path.abspath(c.source):
-            err = f"{c.source}: the output would overwrite the input; choose another -o"
-        if err:
-            decided.append({**row, "status": "failed", "error": err})
-            continue
-        old = prior.get(nm, {})
-        recorded = (
-            old.get("status") in ("ok", "skipped")
-            and os.path.basename(old.get("output", "")) == os.path.basename(out_path)
-            and _same_file(old.get("source", ""), c.source)
-        )
-        done = (
-            os.path.exists(out_path)
-            and (label_path is None or os.path.exists(label_path))
-            and (table is None or os.path.exists(annotations_path(out_path)))
-            and not (qc and not os.path.exists(os.path.join(outdir, "qc", f"{nm}.png")))
-        )  # (a file a rerun adds, --labels/--annotations/--qc: the case is redone for it)
-        if done and recorded:
-            try:
-                made_with = json.loads(old.get("options") or "null")
-            except ValueError:
-                made_with = None
-            diff = (
-                options_diff(made_with, options)
-                if isinstance(made_with, dict)
-                else ["the options were not recorded (an older medproc made them)"]
-            )
-            if diff:
-                conflicts[nm] = diff
-            elif not force:
-                err = "output exists (use --force to redo)"
-                decided.append({**old, **row, "status": "skipped", "error": err})
-                continue
-        if done and not recorded:
-            logging.getLogger("medproc.convert").info(
-                "%s: on disk but not in the manifest (an interrupted run): redone", out_path
-            )
-        qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
-        todo.append(Todo(c, row, out_path, label_path, qc_path, lesions_for(c, table)))
-    # the same inputs converted by an earlier run under other names (another --format or
-    # --name) with other options: refused too, or the folder would hold both unsaid; with
-    # --force those rows are marked superseded (their files stay), so a rerun resumes
-    here = {t.row["case"]: os.path.basename(t.out_path) for t in todo}
-    sources = {os.path.realpath(t.case.source) for t in todo}
-    elsewhere: dict[str, list[str]] = {}
-    for nm, old in prior.items():
-        if nm in conflicts or old.get("status") not in ("ok", "skipped"):
-            continue
-        if not old.get("source") or os.path.realpath(old["source"]) not in sources:
-            continue
-        if here.get(nm) == os.path.basename(old.get("output", "")):
-            continue  # the same output: decided above
-        if not old.get("output") or not os.path.exists(old["output"]):
-            continue
-        try:
-            made_with = json.loads(old.get("options") or "null")
-        except ValueError:
-            made_with = None
-        diff = options_diff(made_with, options) if isinstance(made_with, dict) else []
-        if diff:
-            elsewhere[nm] = diff
-    if conflicts and not force:
-        first = sorted({d for ds in conflicts.values() for d in ds})
-        raise UsageError(
-            f"holds {len(conflicts)} case(s) converted with other options "
-            f"({'; '.join(first)}). Rerun with the options they were made with to resume, "
-            "add --force to redo them with these, or choose another -o",
-            outdir,
-        )
-    if elsewhere and not force:
-        first = sorted({d for ds in elsewhere.values() for d in ds})
-        files = ", ".join(sorted(os.path.basename(prior[n]["output"]) for n in elsewhere)[:3])
-        raise UsageError(
-            f"holds {len(elsewhere)} output(s) of these inputs under other names ({files}"
-            f"{', ...' if len(elsewhere) > 3 else ''}) made with other options "
-            f"({'; '.join(first)}). Add --force to convert them with these options as well "
-            "(the manifest then marks the older ones superseded; their files stay), or choose "
-            "another -o",
-            outdir,
-        )
-    for nm in elsewhere:
-        prior[nm] = {
-            **prior[nm],
-            "status": "superseded",
-            "error": "made with other options; this input was converted again with --force",
-        }
-    this_run = {r["case"] for r in decided} | {t.row["case"] for t in todo}
-    kept = [r for c, r in prior.items() if c not in this_run]  # earlier runs' cases stay listed
-    return Batch(outdir, options, todo, decided, kept, [])

@@ -29,6 +29,7 @@ import time
 
 __all__ = [
     "die_with_parent",
+    "dask_executor",
     "auto_workers",
     "can_fork",
     "start_pool",
@@ -176,3 +177,23 @@ def kill_pool(ex) -> None:
     ex.shutdown(wait=False, cancel_futures=True)
     for p in procs:
         p.join(5)
+
+
+def dask_executor(address: str, workers: int):
+    """An executor on a dask.distributed cluster (``local[:N]``: one started here) and the
+    calls that close it."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ImportError(
+            "--dask needs dask.distributed: pip install 'dask[distributed]'"
+        ) from None
+    if address.startswith("local"):
+        n = int(address.split(":", 1)[1]) if ":" in address else max(1, workers)
+        cluster = LocalCluster(
+            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None
+        )
+        client = Client(cluster)
+        return client.get_executor(), [client.close, cluster.close]
+    client = Client(address)
+    return client.get_executor(), [client.close]

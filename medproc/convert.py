@@ -30,7 +30,7 @@ from concurrent.futures import BrokenExecutor
 
 import numpy as np
 
-from ._batch import INTERRUPTED, Batch, plan_cases
+from ._batch import INTERRUPTED, Batch
 from ._case_checks import warn_unmatched
 from ._convert_case import (
     _init_worker,
@@ -40,6 +40,7 @@ from ._convert_case import (
     plain_warning,
     sidecar_path,
 )
+from ._plan_batch import foresee, plan_cases
 from .cases import (
     DEFAULT_NAME,
     Case,
@@ -212,7 +213,7 @@ def prepare(
     t0 = time.perf_counter()
     from ._gpu_service import GpuService
     from ._gpu_share import service_count, service_wanted
-    from ._procs import _cores, auto_workers, can_fork, start_pool
+    from ._procs import _cores, auto_workers, can_fork, dask_executor, start_pool
     from ._trace import span
     from .manifest import check_outdir
 
@@ -227,7 +228,7 @@ def prepare(
     try:
         ex = executor
         if ex is None and dask and not dry_run:
-            ex, more = _dask_executor(dask, workers if workers != "auto" else os.cpu_count() or 1)
+            ex, more = dask_executor(dask, workers if workers != "auto" else os.cpu_count() or 1)
             closers = more + closers
         service = None
         if service_wanted(device, ex, dask, dry_run):  # forked CPU workers + a GPU service
@@ -303,6 +304,8 @@ def prepare(
         )
         batch.skipped, batch.spec, batch.device, batch.nan = skipped, spec, device, nan
         batch.dry_run, batch.closers = dry_run, closers
+        if dry_run:  # what the headers already show the run would refuse
+            foresee(batch, spec)
         n = len(batch.todo)
         batch.workers = max(1, min(want, n)) if service else workers_for(n)
         if service is not None:  # its pool (of `want` workers), any count (never a dry run)
@@ -371,24 +374,6 @@ def _in_worker(todo) -> bool:
     from .io.dicom_read import decode_workers
 
     return decode_workers(len(packed)) == 1
-
-
-def _dask_executor(address: str, workers: int):
-    try:
-        from distributed import Client, LocalCluster
-    except ImportError:
-        raise ImportError(
-            "--dask needs dask.distributed: pip install 'dask[distributed]'"
-        ) from None
-    if address.startswith("local"):
-        n = int(address.split(":", 1)[1]) if ":" in address else max(1, workers)
-        cluster = LocalCluster(
-            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None
-        )
-        client = Client(cluster)
-        return client.get_executor(), [client.close, cluster.close]
-    client = Client(address)
-    return client.get_executor(), [client.close]
 
 
 def summary(rows: list[dict]) -> dict:

@@ -220,8 +220,8 @@ def _spec(a):
 def _print_plan(batch, con) -> None:
     for r in sorted(batch.decided, key=lambda r: r["case"]):
         what = "skip (done)" if r["status"] == "skipped" else "fail"
-        tail = f": {r['error']}" if r["status"] == "failed" else f" -> {r['output']}"
-        con.print(f"{what:12s} {r['case']}  {r['source']}{tail}", soft_wrap=True)
+        tail = r["error"] if r["status"] == "failed" else f"{r['source']} -> {r['output']}"
+        con.print(f"{what:12s} {r['case']}  {tail}", soft_wrap=True)  # (errors name the input)
     for t in batch.todo:
         con.print(f"{'convert':12s} {t.row['case']}  {t.case.source}", soft_wrap=True)
         for p in t.outputs:

@@ -47,43 +47,18 @@ class Entry:
 
 def _header_entry(path: str) -> Entry:
     from .io import kind_of
-    from .io.safety import check_affine
+    from .io.headers import header_grid
 
-    kind = kind_of(path)
-    e = Entry(kind or "?", path, files=1)
+    e = Entry(kind_of(path) or "?", path, files=1)
     try:
-        if kind == "nifti":
-            from .io.nifti import open_nifti
-
-            img = open_nifti(path)
-            shp = tuple(img.shape)
-            aff = check_affine(img.affine, path, "the NIfTI header")
-            if not img.get_sform(coded=True)[1] and not img.get_qform(coded=True)[1]:
-                e.warnings.append("neither sform nor qform is set")
-        else:
-            import SimpleITK as sitk
-
-            from .io.itk_header import check_itk_header
-            from .io.safety import check_file
-            from .io.sitk_io import sitk_affine
-
-            check_file(path)
-            check_itk_header(path)
-            r = sitk.ImageFileReader()
-            r.SetFileName(path)
-            try:
-                r.ReadImageInformation()
-            except RuntimeError as ex:
-                msg = str(ex).strip().splitlines()[-1] if str(ex).strip() else repr(ex)
-                raise MedprocError(f"SimpleITK cannot read its header: {msg}") from None
-            aff = check_affine(sitk_affine(r), path, "the header")
-            shp = tuple(r.GetSize())
+        g = header_grid(path)
     except MedprocError as ex:
         e.kind, e.error = "error", ex.message
         return e
-    e.shape = tuple(int(s) for s in shp)
-    e.spacing = tuple(float(x) for x in np.round(spacing_of(aff), 4))
-    e.orientation = axcodes(aff)
+    e.warnings += g.warnings
+    e.shape = g.shape
+    e.spacing = tuple(float(x) for x in np.round(spacing_of(g.affine), 4))
+    e.orientation = axcodes(g.affine)
     return e
 
 

@@ -14,24 +14,30 @@ from .volume import Volume
 __all__ = ["resample", "resample_batch"]
 
 
-def _check_output_size(vol: Volume, plan) -> None:
+def check_output_size(out_shape, channels: int, in_bytes: int, source=None) -> None:
     """Refuse an output grid that would not fit in memory (e.g. spacing=0.001) before the engine
-    allocates it: resampling holds the input and about twice the float32 output at its peak
-    (6.8 GB for a 3.2 GB output on DALI's CPU backend)."""
+    allocates it: resampling holds the input (``in_bytes``) and about twice the float32 output
+    at its peak (6.8 GB for a 3.2 GB output on DALI's CPU backend). ``convert --dry-run`` asks
+    it from the headers alone."""
     from .io.safety import human, max_bytes
 
-    nbytes = int(np.prod(plan.out_shape, dtype=object)) * max(vol.channels, 1) * 4
-    a = vol.array  # numpy, or a torch tensor (CUDA: medproc.load(..., device="gpu"))
-    item = a.itemsize if isinstance(a, np.ndarray) else a.element_size()
-    need = 2 * nbytes + int(np.prod(a.shape, dtype=object)) * item
+    nbytes = int(np.prod(out_shape, dtype=object)) * max(channels, 1) * 4
+    need = 2 * nbytes + int(in_bytes)
     if need > max_bytes():
         raise UsageError(
-            f"the output grid would be {'x'.join(map(str, plan.out_shape))} voxels = "
+            f"the output grid would be {'x'.join(map(str, out_shape))} voxels = "
             f"{human(nbytes)}; resampling it needs ~{human(need)} (twice the output, and the "
             f"input), more than the {human(max_bytes())} one volume may take here; "
             "choose a coarser spacing or a crop (MEDPROC_MAX_BYTES raises the cap)",
-            vol.meta.get("source"),
+            source,
         )
+
+
+def _check_output_size(vol: Volume, plan) -> None:
+    a = vol.array  # numpy, or a torch tensor (CUDA: medproc.load(..., device="gpu"))
+    item = a.itemsize if isinstance(a, np.ndarray) else a.element_size()
+    in_bytes = int(np.prod(a.shape, dtype=object)) * item
+    check_output_size(plan.out_shape, vol.channels, in_bytes, vol.meta.get("source"))
 
 
 def _spec(spec: Spec | None, **kw) -> Spec:

@@ -118,12 +118,53 @@ def test_lesion_keys_that_match_no_case_are_said(sample_data, tmp_path, capsys):
     assert "match no case" in err and "9.9.9.9" in err and "case001" not in err.split("used:")[1]
 
 
-def test_a_rerun_adding_qc_makes_the_pictures(sample_data, tmp_path):
+def test_a_rerun_adding_qc_makes_the_pictures_saying_so(sample_data, tmp_path, capsys):
     out = tmp_path / "o"
-    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3", "-q"]
-    assert main(args) == 0 and not (out / "qc").exists()
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3"]
+    assert main(args + ["-q"]) == 0 and not (out / "qc").exists()
+    capsys.readouterr()
     assert main(args + ["--qc"]) == 0
     assert sorted(os.listdir(out / "qc")) == ["case001.png", "case002.png"]
+    err = capsys.readouterr().err
+    assert "2 case(s) converted by an earlier run (case001, case002) lack the QC picture" in err
+
+
+def test_a_rerun_adding_a_file_with_other_options_is_still_refused(sample_data, tmp_path):
+    """Adding --qc (or --labels, --annotations) does not bypass the check of the options the
+    outputs were made with: they would be silently remade with the new spacing."""
+    out = tmp_path / "o"
+    args = ["convert", _images(sample_data), "-o", str(out), "-q"]
+    assert main(args + ["--spacing", "3"]) == 0
+    stamps = {f: os.stat(out / f).st_mtime_ns for f in os.listdir(out) if f.endswith(".nii.gz")}
+    assert main(args + ["--spacing", "2", "--qc"]) == 2
+    assert {f: os.stat(out / f).st_mtime_ns for f in stamps} == stamps
+    assert not (out / "qc").exists()
+
+
+def test_dry_run_fails_the_cases_the_run_would_refuse_for_size(
+    sample_data, tmp_path, monkeypatch, capsys
+):
+    """The output-size check, from the headers alone (DICOM series and NIfTI): with a cap
+    between the two NIfTI cases' needs, the dry run and the real run fail the same case."""
+    inputs = [os.path.join(sample_data, "dicom"), _images(sample_data)]
+    out = tmp_path / "o"
+    assert main(["convert", *inputs, "-o", str(out), "--spacing", "1e-4", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "0 to convert, 0 already done, 4 failed" in text and "twice the output" in text
+    assert "ct_axial: the output grid would be" in text and not out.exists()
+    # both are 100 x 100 x 36 voxels, case001 at 3 x 3 x 2 mm, case002 at 3 mm: at 0.5 mm
+    # the outputs are 600 x 600 x 144 and x 216 float32 voxels; a cap between the two needs
+    need = [2 * 600 * 600 * n * 4 for n in (144, 216)]
+    monkeypatch.setenv("MEDPROC_MAX_BYTES", str((need[0] + need[1]) // 2))
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "0.5"]
+    assert main(args + ["--dry-run"]) == 0
+    listed = capsys.readouterr().out
+    assert "fail         case002" in listed and "convert      case001" in listed
+    assert main(args + ["-q"]) == 1
+    assert {r["case"]: r["status"] for r in _manifest(out).values()} == {
+        "case001": "ok",
+        "case002": "failed",
+    }
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,40 @@ def test_compose_mixes_monai_and_medproc(sample_data):
     assert d0["image"].shape == (1, *ref.shape) and d0["label"].shape == (1, *ref_lab.shape)
 
 
+def test_without_tracked_metadata_outputs_are_plain_tensors_on_the_right_grid(sample_data):
+    """Under monai.data.set_track_meta(False) MONAI's transforms give plain tensors, and so do
+    LoadVolumed, Resampled and PatchLoader; the affine is kept under "<key>_meta_dict", so
+    Resampled still resamples on the true grid (MONAI's Spacingd assumes an identity affine
+    there): the same voxels and affine as with metadata tracked."""
+    import torch
+    from monai.data import set_track_meta
+
+    from medproc.monai import PatchLoader
+
+    spec = medproc.Spec(spacing=2.0, orientation="RAS")
+    case = _datalist(sample_data)[1]
+    tracked = Resampled(["image", "label"], spec)(LoadVolumed(["image", "label"])(dict(case)))
+    set_track_meta(False)
+    try:
+        loaded = LoadVolumed(["image", "label"])(dict(case))
+        plain = Resampled(["image", "label"], spec)(loaded)
+        batch = next(iter(PatchLoader([dict(case)], spec, (16, 16, 16), batch_size=1)))
+    finally:
+        set_track_meta(True)
+    for d in (loaded, plain, batch):
+        for key in ("image", "label"):
+            assert type(d[key]) is torch.Tensor, (key, type(d[key]))
+    for key in ("image", "label"):
+        np.testing.assert_array_equal(plain[key].numpy(), tracked[key].as_tensor().numpy())
+        meta = plain[f"{key}_meta_dict"]
+        np.testing.assert_array_equal(meta["affine"].numpy(), tracked[key].affine.numpy())
+        assert meta["filename_or_obj"] == case[key]
+        np.testing.assert_allclose(meta["pixdim"][1:4], (2.0, 2.0, 2.0))
+    n = batch["image"].shape[0]
+    assert batch["image"].shape == (n, 1, 16, 16, 16) and batch["label"].shape[0] == n
+    assert batch["image_meta_dict"]["affine"].shape == (n, 4, 4)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_load_resample_invert_on_the_device(sample_data, device):
     """LoadVolumed(device=...) and Resampled(device=...): MetaTensors (C, i, j, k) on the device

@@ -45,6 +45,7 @@ from monai.data import MetaTensor
 from ..pipeline import stacked
 from ..spec import Spec
 from ._patch_cache import GPU_CACHE_FRACTION, Builder, Entry
+from .meta import store
 from .patches import Augment, PosNeg, draw_patches
 
 __all__ = ["PatchLoader", "PosNeg", "Augment", "GPU_CACHE_FRACTION"]
@@ -333,7 +334,10 @@ class PatchLoader:
                 meta={"filename_or_obj": [str(c.get("label")) for c in cases]},
             )
             img.is_batch = lab.is_batch = True
-            yield {"image": img, "label": lab, "case": cases, "lesions": lesions}
+            batch: dict = {}
+            store(batch, "image", img)  # (plain tensors under monai.data.set_track_meta(False))
+            store(batch, "label", lab)
+            yield {**batch, "case": cases, "lesions": lesions}
 
     def close(self) -> None:
         """Stop the engine's thread (the batches it made ahead are dropped). Also done when

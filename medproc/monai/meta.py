@@ -4,18 +4,25 @@ A MetaTensor here is what ``LoadImaged(ensure_channel_first=True)`` gives: ``(C,
 voxels, ``affine`` (float64 tensor, index -> RAS mm), and in ``meta`` ``original_affine``,
 ``spatial_shape``, ``pixdim``, ``original_channel_dim``, ``filename_or_obj`` and ``space`` (what
 ``SaveImage``/``SaveImaged`` read to name a file and to put it back in its source geometry).
+
+Under ``monai.data.set_track_meta(False)`` MONAI's transforms return plain tensors; medproc's do
+too (:func:`store`), keeping each key's metadata and affine under ``"<key>_meta_dict"`` as
+``LoadImaged(image_only=False)`` does, from where :func:`fetch` takes the geometry back (MONAI's
+``Spacingd`` would assume an identity affine; ``Resampled`` does not need to).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, MutableMapping
+
 import numpy as np
 import torch
-from monai.data import MetaTensor
+from monai.data import MetaTensor, get_track_meta
 
 from ..geometry import spacing_of
 from ..volume import Volume
 
-__all__ = ["to_metatensor", "to_volume", "source_meta"]
+__all__ = ["to_metatensor", "to_volume", "source_meta", "store", "fetch"]
 
 
 def source_meta(vol: Volume) -> dict:
@@ -75,7 +82,8 @@ def to_volume(x, affine=None) -> Volume:
     if aff is None:
         raise ValueError(
             f"to_volume needs an affine: got a {type(x).__name__} without one; pass a MetaTensor "
-            "(LoadVolumed or MONAI's LoadImaged give them) or affine="
+            "(LoadVolumed or MONAI's LoadImaged give them; under monai.data.set_track_meta(False) "
+            "LoadVolumed keeps the affine under '<key>_meta_dict') or affine="
         )
     if len(x.shape) != 4:
         raise ValueError(
@@ -109,3 +117,31 @@ def with_voxels(like: MetaTensor, array, affine) -> MetaTensor:
         pixdim[1:4] = spacing_of(np.asarray(affine))
         out.meta["pixdim"] = pixdim
     return out
+
+
+def meta_key(key) -> str:
+    """Where a key's metadata goes when MONAI does not track it (``LoadImaged``'s default
+    ``meta_key_postfix``)."""
+    return f"{key}_meta_dict"
+
+
+def store(d: MutableMapping, key, x: MetaTensor) -> None:
+    """Put ``x`` under ``key`` as MONAI's transforms would: the MetaTensor while MONAI tracks
+    metadata (the default); under ``set_track_meta(False)`` a plain tensor, and ``x``'s
+    metadata with its ``affine`` under ``"<key>_meta_dict"``."""
+    if get_track_meta():
+        d[key] = x
+        return
+    d[key] = x.as_tensor()
+    d[meta_key(key)] = {**x.meta, "affine": x.affine.clone()}
+
+
+def fetch(d: Mapping, key):
+    """``d[key]`` as a MetaTensor when its geometry is known: itself, or a plain tensor or
+    array with the affine that :func:`store` put under ``"<key>_meta_dict"`` (else as it is)."""
+    x = d[key]
+    meta = d.get(meta_key(key))
+    if isinstance(x, MetaTensor) or not isinstance(meta, Mapping) or meta.get("affine") is None:
+        return x
+    t = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
+    return MetaTensor(t, meta=dict(meta))

@@ -12,14 +12,14 @@ from collections.abc import Hashable, Mapping
 
 import numpy as np
 import torch
-from monai.data import MetaTensor
+from monai.data import MetaTensor, get_track_meta
 from monai.transforms import InvertibleTransform, MapTransform
 from monai.utils import ensure_tuple_rep
 
 from ..plan import Plan, make_plan
 from ..spec import Spec
 from ._voxels import MONAI_NAME, interp_of, invert, resample_arrays
-from .meta import to_metatensor, to_volume, with_voxels
+from .meta import fetch, store, to_metatensor, to_volume, with_voxels
 
 __all__ = ["LoadVolumed", "Resampled", "plan_of", "invert", "to_metatensor", "to_volume"]
 
@@ -64,12 +64,13 @@ class LoadVolumed(MapTransform):
 
         d = dict(data)
         for key in self.key_iterator(d):
-            d[key] = to_metatensor(load(d[key], series=self.series, device=self.device))
+            store(d, key, to_metatensor(load(d[key], series=self.series, device=self.device)))
         if self.lesion_key and self.lesion_key in d and isinstance(d[self.lesion_key], str):
             from ..annotations import read_json, read_luna_csv
 
             path = d[self.lesion_key]
-            source = str(d[self.first_key(d)].meta.get("filename_or_obj", ""))
+            first = fetch(d, self.first_key(d))
+            source = str(getattr(first, "meta", {}).get("filename_or_obj", ""))
             stem = source.split("/")[-1].split(".")[0]
             d[self.lesion_key] = (
                 read_json(path, image=stem) if path.endswith(".json") else read_luna_csv(path, stem)
@@ -147,7 +148,7 @@ class Resampled(MapTransform, InvertibleTransform):
         vols = {}
         for k in keys:
             try:
-                vols[k] = to_volume(d[k])
+                vols[k] = to_volume(fetch(d, k))
             except ValueError as e:
                 raise ValueError(f"Resampled: key {k!r}: {e}") from None
         ref = vols[keys[0]]
@@ -174,7 +175,11 @@ class Resampled(MapTransform, InvertibleTransform):
             {k: vols[k].array for k in keys}, plan, roles, self.spec, self.device, device_id
         )
         for k in keys:
-            d[k] = self._record(with_voxels(d[k], out[k], plan.out_affine), plan, roles[k][0])
+            x = with_voxels(fetch(d, k), out[k], plan.out_affine)
+            if get_track_meta():
+                d[k] = self._record(x, plan, roles[k][0])
+            else:  # (plain tensors, as MONAI's: nothing to invert)
+                store(d, k, x)
         if self.lesion_key and self.lesion_key in d:
             d[f"{self.lesion_key}_on_grid"] = plan.lesions_on_grid(d[self.lesion_key])
         return d

@@ -1,0 +1,182 @@
+"""Planning a batch (:func:`plan_cases`): which cases to convert, skip or fail, under which names,
+checked against what the output folder already holds. Planning writes nothing.
+
+A case whose outputs exist and are recorded in the manifest is skipped when they were made with
+the same options (the spec, format and NaN policy); made with other options, the whole batch is
+refused before any work (``force`` redoes them), so a folder never mixes outputs of two specs
+without saying so. A case done before that lacks a file this run adds (its label, annotations
+or QC picture) is converted again, and a warning says so. :func:`foresee` adds, for
+``--dry-run``, the failures the headers already show (an output too large to resample).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from ._batch import Batch, Todo
+from ._convert_case import annotations_path
+from .errors import MedprocError, MedprocWarning
+from .manifest import options_diff
+
+__all__ = ["plan_cases", "foresee"]
+
+
+def _same_file(a: str, b: str) -> bool:
+    return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
+
+
+def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) -> Batch:
+    """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
+    made with other options and ``force`` is not set."""
+    import json
+    import logging
+
+    from .cases import lesions_for
+    from .errors import UsageError
+
+    todo, decided, seen, conflicts, redo = [], [], set(), {}, {}
+    for c in cases:
+        nm = base = c.name(name)
+        n = 1
+        # the stems a case writes: its image and its label (case "x" with a label and an image
+        # named "x_label" would write one file)
+        while {nm, f"{nm}_label"} & seen:
+            nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
+            n += 1
+        seen |= {nm, f"{nm}_label"} if c.label else {nm}
+        out_path = os.path.join(outdir, f"{nm}.{fmt}")
+        label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
+        row = {"case": nm, "source": c.source, "output": out_path, "label_output": label_path or ""}
+        err = f"{c.source}: {c.error}" if c.error else ""
+        if not err and os.path.abspath(out_path) == os.path.abspath(c.source):
+            err = f"{c.source}: the output would overwrite the input; choose another -o"
+        if err:
+            decided.append({**row, "status": "failed", "error": err})
+            continue
+        old = prior.get(nm, {})
+        recorded = (
+            old.get("status") in ("ok", "skipped")
+            and os.path.basename(old.get("output", "")) == os.path.basename(out_path)
+            and _same_file(old.get("source", ""), c.source)
+        )
+        qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
+        adds = {  # the files this run writes besides the volume (--labels/--annotations/--qc)
+            "label": label_path,
+            "annotations": annotations_path(out_path) if table is not None else None,
+            "QC picture": qc_path,
+        }
+        lacks = [what for what, p in adds.items() if p and not os.path.exists(p)]
+        there = os.path.exists(out_path)
+        done = there and not lacks  # (lacking a file this run adds: the case is redone)
+        if there and recorded:
+            try:
+                made_with = json.loads(old.get("options") or "null")
+            except ValueError:
+                made_with = None
+            diff = (
+                options_diff(made_with, options)
+                if isinstance(made_with, dict)
+                else ["the options were not recorded (an older medproc made them)"]
+            )
+            if diff:
+                conflicts[nm] = diff
+            elif done and not force:
+                err = "output exists (use --force to redo)"
+                decided.append({**old, **row, "status": "skipped", "error": err})
+                continue
+            elif lacks and not force:
+                redo[nm] = lacks
+        if done and not recorded:
+            logging.getLogger("medproc.convert").info(
+                "%s: on disk but not in the manifest (an interrupted run): redone", out_path
+            )
+        todo.append(Todo(c, row, out_path, label_path, qc_path, lesions_for(c, table)))
+    # the same inputs converted by an earlier run under other names (another --format or
+    # --name) with other options: refused too, or the folder would hold both unsaid; with
+    # --force those rows are marked superseded (their files stay), so a rerun resumes
+    here = {t.row["case"]: os.path.basename(t.out_path) for t in todo}
+    sources = {os.path.realpath(t.case.source) for t in todo}
+    elsewhere: dict[str, list[str]] = {}
+    for nm, old in prior.items():
+        if nm in conflicts or old.get("status") not in ("ok", "skipped"):
+            continue
+        if not old.get("source") or os.path.realpath(old["source"]) not in sources:
+            continue
+        if here.get(nm) == os.path.basename(old.get("output", "")):
+            continue  # the same output: decided above
+        if not old.get("output") or not os.path.exists(old["output"]):
+            continue
+        try:
+            made_with = json.loads(old.get("options") or "null")
+        except ValueError:
+            made_with = None
+        diff = options_diff(made_with, options) if isinstance(made_with, dict) else []
+        if diff:
+            elsewhere[nm] = diff
+    if conflicts and not force:
+        first = sorted({d for ds in conflicts.values() for d in ds})
+        raise UsageError(
+            f"holds {len(conflicts)} case(s) converted with other options "
+            f"({'; '.join(first)}). Rerun with the options they were made with to resume, "
+            "add --force to redo them with these, or choose another -o",
+            outdir,
+        )
+    if elsewhere and not force:
+        first = sorted({d for ds in elsewhere.values() for d in ds})
+        files = ", ".join(sorted(os.path.basename(prior[n]["output"]) for n in elsewhere)[:3])
+        raise UsageError(
+            f"holds {len(elsewhere)} output(s) of these inputs under other names ({files}"
+            f"{', ...' if len(elsewhere) > 3 else ''}) made with other options "
+            f"({'; '.join(first)}). Add --force to convert them with these options as well "
+            "(the manifest then marks the older ones superseded; their files stay), or choose "
+            "another -o",
+            outdir,
+        )
+    if redo:
+        what = sorted({w for ws in redo.values() for w in ws})
+        some = ", ".join(sorted(redo)[:3]) + (", ..." if len(redo) > 3 else "")
+        warnings.warn(
+            f"{outdir}: {len(redo)} case(s) converted by an earlier run ({some}) lack the "
+            f"{' / '.join(what)} this run writes: they are converted again",
+            MedprocWarning,
+            stacklevel=2,
+        )
+    for nm in elsewhere:
+        prior[nm] = {
+            **prior[nm],
+            "status": "superseded",
+            "error": "made with other options; this input was converted again with --force",
+        }
+    this_run = {r["case"] for r in decided} | {t.row["case"] for t in todo}
+    kept = [r for c, r in prior.items() if c not in this_run]  # earlier runs' cases stay listed
+    return Batch(outdir, options, todo, decided, kept, [])
+
+
+def foresee(batch: Batch, spec) -> None:
+    """For ``--dry-run``: fail the cases to convert whose output would be too large to resample
+    (the check the workers make, :func:`medproc.resample.check_output_size`), from the headers
+    alone, so that the listing says what the real run would do. Cases whose grid depends on
+    their voxels (a crop to the foreground) or whose header gives none are left to the run."""
+    from .io.headers import header_grid, series_grid
+    from .plan import make_plan
+    from .resample import check_output_size
+
+    if spec.crop_foreground is None:  # the grid does not depend on intensity statistics
+        spec = spec.replace(intensity=type(spec.intensity)())
+    keep = []
+    for t in batch.todo:
+        c = t.case
+        try:
+            g = series_grid(c.dicom) if c.dicom is not None else header_grid(c.source)
+            plan = make_plan(g.shape[:3], g.affine, spec)
+        except (MedprocError, ValueError, TypeError, KeyError):
+            keep.append(t)  # (the run reads the voxels and says what is wrong)
+            continue
+        try:
+            check_output_size(plan.out_shape, g.channels, g.nbytes, c.source)
+        except MedprocError as e:
+            batch.decided.append({**t.row, "status": "failed", "error": str(e)})  # (as a run)
+            continue
+        keep.append(t)
+    batch.todo = keep

@@ -1,0 +1,83 @@
+"""A volume's grid from its header alone (no voxels read): what ``medproc inspect`` lists and
+what ``medproc convert --dry-run`` checks the output size with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import MedprocError
+
+__all__ = ["HeaderGrid", "header_grid", "series_grid"]
+
+
+@dataclass
+class HeaderGrid:
+    """``shape`` (i, j, k[, channels]), the RAS ``affine``, the bytes of the voxels as loaded
+    (an estimate: float32 where the reader may rescale) and header ``warnings``."""
+
+    shape: tuple
+    affine: np.ndarray
+    nbytes: int
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def channels(self) -> int:
+        return int(np.prod(self.shape[3:], dtype=np.int64)) if len(self.shape) > 3 else 1
+
+
+def header_grid(path: str) -> HeaderGrid:
+    """The grid of a NIfTI, NRRD or MHA file from its header; a :class:`MedprocError` naming
+    the file when the header cannot give one."""
+    from . import kind_of
+    from .safety import check_affine
+
+    warnings: list[str] = []
+    if kind_of(path) == "nifti":
+        from .nifti import open_nifti
+
+        img = open_nifti(path)
+        shape = tuple(int(s) for s in img.shape)
+        affine = check_affine(img.affine, path, "the NIfTI header")
+        if not img.get_sform(coded=True)[1] and not img.get_qform(coded=True)[1]:
+            warnings.append("neither sform nor qform is set")
+        slope, inter = img.dataobj.slope, img.dataobj.inter
+        scaled = not (slope in (1, None) or np.isnan(slope)) or bool(inter)
+        item = 4 if scaled else img.get_data_dtype().itemsize
+        return HeaderGrid(shape, affine, int(np.prod(shape, dtype=object)) * item, warnings)
+    import SimpleITK as sitk
+
+    from .itk_header import check_itk_header
+    from .safety import check_file
+    from .sitk_io import sitk_affine
+
+    check_file(path)
+    check_itk_header(path)
+    r = sitk.ImageFileReader()
+    r.SetFileName(path)
+    try:
+        r.ReadImageInformation()
+    except RuntimeError as ex:
+        msg = str(ex).strip().splitlines()[-1] if str(ex).strip() else repr(ex)
+        raise MedprocError(f"SimpleITK cannot read its header: {msg}", path) from None
+    affine = check_affine(sitk_affine(r), path, "the header")
+    shape = tuple(int(s) for s in r.GetSize())
+    comps = max(1, r.GetNumberOfComponents())
+    shape = shape + ((comps,) if comps > 1 else ())
+    return HeaderGrid(shape, affine, int(np.prod(shape, dtype=object)) * 4, warnings)
+
+
+def series_grid(series) -> HeaderGrid:
+    """The grid of a scanned DICOM series (:class:`~medproc.io.dicom_scan.DicomSeries`), from
+    the header scan; a :class:`MedprocError` when its geometry is unusable."""
+    from .dicom_geometry import series_geometry
+
+    geo = series_geometry(series)
+    info, frames = series.info, series.frames
+    shape = (int(info["Columns"]), int(info["Rows"]), len(frames))
+    spp = info.get("SamplesPerPixel") or 1
+    shape = shape + ((int(spp),) if spp > 1 else ())
+    integral = all(f.slope == 1 and float(f.intercept).is_integer() for f in frames)
+    item = max(1, (info.get("BitsAllocated") or 16) // 8) if integral else 4
+    return HeaderGrid(shape, geo.affine, int(np.prod(shape, dtype=object)) * item, geo.warnings)
