@@ -15,21 +15,50 @@ import os
 from collections import defaultdict
 
 
-def load(folder: str) -> list[dict]:
-    """Every span recorded under ``folder``."""
-    from .errors import UsageError
+def _event(line: str):
+    """One span from a trace line; None for a line that is not one (the last line of a process
+    killed as it wrote it, or a file medproc did not write)."""
+    try:
+        e = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+        return None
+    t0, t1 = e.get("t0"), e.get("t1")
+    ok = all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (t0, t1))
+    if not ok or not (0 <= t0 <= t1 < 1e12) or not isinstance(e.get("pid"), int):
+        return None
+    return e if isinstance(e.get("thread"), str) else None
 
-    events = []
-    for path in sorted(glob.glob(os.path.join(folder, "*.jsonl"))):
-        with open(path) as f:
-            for line in f:
-                try:
-                    events.append(json.loads(line))
-                except ValueError:  # the last line of a process killed as it wrote it
-                    pass
+
+def load(folder: str) -> list[dict]:
+    """Every span recorded under ``folder`` (lines that are not spans are left out, and
+    counted in a warning); a file that is not a regular UTF-8 text file is an error naming it."""
+    import warnings
+
+    from .errors import MedprocWarning, ReadError, UsageError
+    from .io.safety import check_file
+
+    events, bad = [], 0
+    for path in sorted(glob.glob(os.path.join(glob.escape(folder), "*.jsonl"))):
+        try:
+            check_file(path)  # (never a pipe or a device: they could block or never end)
+            with open(path, encoding="utf-8") as f:
+                lines = f.readlines()
+        except ReadError as e:
+            raise UsageError(f"not a trace file: {e.message}", path) from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot be read as a trace ({type(e).__name__}: {e})", path) from None
+        got = [_event(line) for line in lines if line.strip()]
+        events += [e for e in got if e is not None]
+        bad += sum(e is None for e in got)
     if not events:
         raise UsageError(
             f"{folder}: holds no trace (*.jsonl; trace a run with MEDPROC_TRACE={folder})"
+        )
+    if bad:
+        warnings.warn(
+            f"{folder}: {bad} line(s) are not trace spans (left out)", MedprocWarning, stacklevel=2
         )
     return events
 
@@ -167,6 +196,9 @@ def run(folder: str, png: str | None = None) -> int:
         raise UsageError(e.message, folder) from None
     print(text)
     if png:
-        draw(events, png)
+        try:
+            draw(events, png)
+        except OSError as e:
+            raise UsageError(f"--png {png}: cannot be written ({e.strerror or e})") from None
         print(f"timeline: {png}")
     return 0

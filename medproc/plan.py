@@ -336,12 +336,17 @@ def _foreground_box(array, threshold: float):
 
 
 def _sample(array, max_voxels: int = 4_000_000) -> np.ndarray:
-    """A strided sample of at most ~``max_voxels`` voxels, as float64 numpy (from the GPU too)."""
+    """A strided sample of at most ~``max_voxels`` voxels, as float64 numpy (from the GPU too),
+    its finite values only: a NaN or inf voxel (``load(..., nan="keep")``) would make every
+    statistic, and so every output voxel, NaN or 0."""
     n = int(np.prod(array.shape))
     step = max(1, int(np.ceil((n / max_voxels) ** (1 / 3))))
     s = array[::step, ::step, ::step]
-    s = s.cpu().numpy() if hasattr(s, "cpu") else np.asarray(s)
-    return s.astype(np.float64)
+    s = (s.cpu().numpy() if hasattr(s, "cpu") else np.asarray(s)).astype(np.float64).ravel()
+    s = s[np.isfinite(s)]
+    if s.size == 0:
+        raise ValueError("the intensity statistics found no finite voxel in the volume")
+    return s
 
 
 def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:

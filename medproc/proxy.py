@@ -121,7 +121,6 @@ class ProxyTransform:
         return slot if slot is not None else _shareable(region)
 
     def __call__(self, sample: dict) -> dict:
-
         img = sample["image"]
         lab = sample.get("label") if self.with_label is not False else None
         if self.with_label and lab is None:
@@ -129,6 +128,10 @@ class ProxyTransform:
                 f"the server was made with_label=True but sample "
                 f"{img.meta.get('source') or ''} has no 'label'"
             )
+        if lab is not None:
+            from .resample import check_label_grid
+
+            check_label_grid(img, lab)
         # ship only the input box the output touches (a crop of a big volume is a small box)
         region, plan = self.plan(sample).input_region()
         out = {k: v for k, v in sample.items() if k not in ("image", "label", "lesions")}

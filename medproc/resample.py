@@ -11,7 +11,7 @@ from .plan import make_plan
 from .spec import Spec
 from .volume import Volume
 
-__all__ = ["resample", "resample_batch"]
+__all__ = ["resample", "resample_batch", "check_label_grid"]
 
 
 def check_output_size(out_shape, channels: int, in_bytes: int, source=None) -> None:
@@ -38,6 +38,23 @@ def _check_output_size(vol: Volume, plan) -> None:
     item = a.itemsize if isinstance(a, np.ndarray) else a.element_size()
     in_bytes = int(np.prod(a.shape, dtype=object)) * item
     check_output_size(plan.out_shape, vol.channels, in_bytes, vol.meta.get("source"))
+
+
+def check_label_grid(image: Volume, label: Volume) -> None:
+    """Refuse a label map that is not on its image's grid (shape, or affine within 1e-4 mm):
+    resampled with the image's plan it would land off its structures."""
+    if label.shape[:3] == image.shape[:3] and np.allclose(label.affine, image.affine, atol=1e-4):
+        return
+    name = label.meta.get("source") or "the label map"
+    img = image.meta.get("source") or "its image"
+    why = (
+        f"shape {label.shape[:3]} vs {image.shape[:3]}"
+        if label.shape[:3] != image.shape[:3]
+        else f"the same shape, affines {np.abs(label.affine - image.affine).max():.3g} mm apart"
+    )
+    raise UsageError(
+        f"{name} is not on the grid of {img} ({why}); resample it onto the image first"
+    )
 
 
 def _spec(spec: Spec | None, **kw) -> Spec:
@@ -96,11 +113,7 @@ def resample_batch(
                 f"{len(vols)} volumes but {len(labs)} labels: give one label per volume"
             )
         for v, lb in zip(vols, labs):
-            if lb.shape != v.shape or not np.allclose(lb.affine, v.affine, atol=1e-4):
-                raise UsageError(
-                    f"label {lb.meta.get('source', '')} is not on its image's grid "
-                    f"({lb.shape} vs {v.shape}); resample it onto the image first"
-                )
+            check_label_grid(v, lb)
     if not vols:
         return []
     on_gpu = any(v.device != "cpu" for v in vols)

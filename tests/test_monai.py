@@ -212,3 +212,29 @@ def test_monai_unet_trains_infers_and_inverts(tmp_path, device):
     # and the trained network found the lesions: its prediction overlaps them
     pred = saved.array > 0
     assert (pred & truth).sum() > 0.2 * truth.sum()
+
+
+def test_loadvolumed_finds_lesions_by_the_full_stem_and_the_series_uid(sample_data, tmp_path):
+    """The stem was cut at the first dot (case.001 took case "case"'s lesions), and a DICOM
+    folder's lesions keyed by SeriesInstanceUID (sample_data/lesions.csv) were never found."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(
+        os.path.join(sample_data, "nifti", "images", "case001.nii.gz"), tmp_path / "case.001.nii.gz"
+    )
+    les = tmp_path / "les.csv"
+    les.write_text(
+        "seriesuid,coordX,coordY,coordZ,diameter_mm\ncase,-62,-10,5,14\ncase.001,75,15,-20,10\n"
+    )
+    d = LoadVolumed(["image"], lesion_key="l")(
+        {"image": str(tmp_path / "case.001.nii.gz"), "l": Path(les)}
+    )
+    assert d["l"].ids == ["les.csv:3"]
+    d = LoadVolumed(["image"], lesion_key="l")(
+        {
+            "image": os.path.join(sample_data, "dicom", "ct_axial"),
+            "l": os.path.join(sample_data, "lesions.csv"),
+        }
+    )
+    assert d["l"].ids == ["lesions.csv:2", "lesions.csv:3"]

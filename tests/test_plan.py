@@ -231,3 +231,29 @@ def test_grids_agree_without_a_new_spacing(kw):
     m = make_plan(SHAPE, OBLIQUE, Spec(grid="monai", **kw))
     assert c.out_shape == m.out_shape
     np.testing.assert_allclose(c.matrix, m.matrix, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_intensity_statistics_ignore_non_finite_voxels(bad):
+    """One NaN (load(..., nan="keep")) or inf voxel made every statistic, and so every output
+    voxel, NaN or 0: the statistics come from the finite voxels (against numpy's own)."""
+    rng = np.random.default_rng(0)
+    a = rng.random((12, 12, 12)).astype(np.float32)
+    a[3, 3, 3] = bad
+    finite = a[np.isfinite(a)].astype(np.float64)
+    spec = Spec(intensity=medproc.Intensity(zscore=True))
+    lo, hi, scale, offset = make_plan(a.shape, np.eye(4), spec, a).intensity
+    assert np.isclose(scale, 1 / finite.std()) and np.isclose(offset, -finite.mean() / finite.std())
+    out = medproc.resample(medproc.Volume(a, np.eye(4)), spacing=2.0, intensity=spec.intensity)
+    assert np.isfinite(out.array).mean() > 0.9
+
+
+def test_integer_images_beyond_float32_exactness_are_refused():
+    """DALI computes in float32: 2^24 + 1 came back as 2^24 from a nearest-neighbour resample."""
+    vol = medproc.Volume(np.full((8, 8, 8), 2**24 + 1, np.int32), np.diag([2.0, 2, 2, 1]))
+    with pytest.raises(ValueError, match="cannot be resampled exactly"):
+        medproc.resample(vol, spacing=1.0, interp="nearest", dtype="int32")
+    ok = medproc.Volume(np.full((8, 8, 8), 2**24 - 3, np.int32), vol.affine)
+    assert int(medproc.resample(ok, spacing=1.0, interp="nearest", dtype="int32").array.max()) == (
+        2**24 - 3
+    )

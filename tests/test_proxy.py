@@ -327,3 +327,19 @@ def test_dicom_seg_and_rtstruct_masks_go_through_the_proxy_exactly(kind, tmp_pat
                 assert (lab == ref)[inside].mean() >= 0.995  # nearest-neighbour ties aside
                 n += 1
         assert n == 4
+
+
+@pytest.mark.parametrize("shift", ["shape", "affine"])
+def test_a_label_off_the_image_grid_is_refused_naming_it(shift):
+    """A label cut short or moved 10 mm would be resampled with the image's plan and land off
+    its lesions: refused, as medproc.resample refuses it."""
+    img, lab, _ = _case(0)
+    if shift == "shape":
+        lab = medproc.Volume(lab.array[:20], lab.affine, {"source": "lab.nii.gz"})
+    else:
+        moved = lab.affine.copy()
+        moved[0, 3] += 10
+        lab = medproc.Volume(lab.array, moved, {"source": "lab.nii.gz"})
+    with ProxyServer(medproc.Spec(spacing=2.0), device="cpu", batch_size=1, with_label=True) as s:
+        with pytest.raises(medproc.errors.UsageError, match="lab.nii.gz is not on the grid"):
+            s.transform({"image": img, "label": lab})

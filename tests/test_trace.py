@@ -97,3 +97,25 @@ def test_a_trace_folder_that_cannot_be_used_is_said_once_and_q_silences_it(sampl
         assert said == (0 if quiet else 1), r.stderr
         assert "Traceback" not in r.stderr
     assert target.read_text() == "not a folder"
+
+
+def test_trace_files_that_are_not_traces_are_refused_or_left_out(tmp_path, capsys):
+    """A FIFO named like a trace file would block the reader forever; undecodable bytes and
+    lines that are not spans are not "a bug in medproc"."""
+    from medproc.errors import UsageError
+
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "1.jsonl")
+    with pytest.raises(UsageError, match="FIFO"):
+        trace_report.load(str(fifo))
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    span = {"name": "start", "t0": 0.0, "t1": 0.5, "pid": 7, "thread": "MainThread"}
+    lines = ["[1, 2, 3]", '{"foo": 1}', json.dumps({**span, "t1": 1e300}), json.dumps(span)]
+    (junk / "1.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match="3 line"):
+        assert trace_report.load(str(junk)) == [span]
+    (junk / "2.jsonl").write_bytes(b"\xff\xfe\n")
+    with pytest.raises(UsageError, match="2.jsonl: cannot be read as a trace"):
+        trace_report.load(str(junk))

@@ -8,6 +8,7 @@ MetaTensor's ``applied_operations`` (plain arrays, strings and numbers, so
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Mapping
 
 import numpy as np
@@ -63,19 +64,28 @@ class LoadVolumed(MapTransform):
         from ..io import load
 
         d = dict(data)
+        first = None
         for key in self.key_iterator(d):
-            store(d, key, to_metatensor(load(d[key], series=self.series, device=self.device)))
-        if self.lesion_key and self.lesion_key in d and isinstance(d[self.lesion_key], str):
-            from ..annotations import read_json, read_luna_csv
-
-            path = d[self.lesion_key]
-            first = fetch(d, self.first_key(d))
-            source = str(getattr(first, "meta", {}).get("filename_or_obj", ""))
-            stem = source.split("/")[-1].split(".")[0]
-            d[self.lesion_key] = (
-                read_json(path, image=stem) if path.endswith(".json") else read_luna_csv(path, stem)
-            )
+            vol = load(d[key], series=self.series, device=self.device)
+            first = vol if first is None else first
+            store(d, key, to_metatensor(vol))
+        les = d.get(self.lesion_key) if self.lesion_key else None
+        if isinstance(les, (str, os.PathLike)) and first is not None:
+            d[self.lesion_key] = _lesions_of(os.fspath(les), first)
         return d
+
+
+def _lesions_of(path: str, vol) -> object:
+    """The lesions of the volume ``vol`` in the lesion file ``path`` (one file may list many
+    images: LUNA16's): keyed by the image's file stem (JSON, CSV) or its SeriesInstanceUID
+    (CSV); none listed: no lesions (a negative case)."""
+    from ..annotations import Lesions, read_json, read_luna_csv
+    from ..io import stem
+
+    source = str(vol.meta.get("source", ""))
+    keys = [k for k in (vol.meta.get("series_uid"), stem(source, extra=(".dcm",))) if k]
+    table = read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
+    return next((table[k] for k in keys if k in table), Lesions.empty())
 
 
 class Resampled(MapTransform, InvertibleTransform):

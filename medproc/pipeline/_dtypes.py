@@ -46,20 +46,25 @@ def _astype(a, dtype: str):
 
 def _feed_dtype(a, label: bool) -> str:
     """The dtype ``a`` is fed to DALI in: its own when DALI takes it; otherwise, exactly,
-    int16 for integer labels that fit, else float32 (exact for |values| < 2^24)."""
+    int16 for integer labels that fit, else float32; integers beyond +-2^24 (where float32
+    is no longer exact) are refused."""
     name = _dtype_name(a)
     if name in _DALI_DTYPES:
         return name
     if name == "bool":
         return "uint8"
-    if label:
-        if "float" in name or "complex" in name:
-            raise ValueError(f"label maps must hold integers, got {name}")
-        n = a.numel() if _is_torch(a) else a.size
-        lo, hi = (int(a.min()), int(a.max())) if n else (0, 0)
-        if -(2**15) <= lo and hi < 2**15:
-            return "int16"
-        if -(2**24) <= lo and hi <= 2**24:
-            return "float32"
-        raise ValueError(f"label values {lo}..{hi} cannot be resampled exactly (|v| > 2^24)")
-    return "float32"
+    if label and ("float" in name or "complex" in name):
+        raise ValueError(f"label maps must hold integers, got {name}")
+    if "int" not in name or (not label and name in ("int8", "uint16")):
+        return "float32"  # (these fit float32 exactly)
+    n = a.numel() if _is_torch(a) else a.size
+    lo, hi = (int(a.min()), int(a.max())) if n else (0, 0)
+    if label and -(2**15) <= lo and hi < 2**15:
+        return "int16"
+    if -(2**24) <= lo and hi <= 2**24:
+        return "float32"
+    what = "label values" if label else f"{name} image values"
+    raise ValueError(
+        f"{what} {lo}..{hi} cannot be resampled exactly: DALI computes in float32, exact for "
+        "|v| <= 2^24 only; rescale them, or cast to float32 yourself if rounding is acceptable"
+    )
