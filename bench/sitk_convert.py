@@ -2,9 +2,11 @@
 (linear, SimpleITK's own grid rule) -> float32 .nii.gz. One implementation, run in process
 (``convert_one``) and as a whole process:
 
-    python bench/sitk_convert.py OUT_DIR JOBS SERIES_DIR [SERIES_DIR ...]
+    python bench/sitk_convert.py OUT_DIR JOBS [--ext=nii] SERIES_DIR [SERIES_DIR ...]
 
-with JOBS > 1 a pool of that many processes (SimpleITK at its best: one per core).
+with JOBS > 1 a pool of that many processes (SimpleITK at its best: one per core); ``--ext=nii``
+writes uncompressed NIfTI (ITK's NIfTI writer gzips at zlib's default level whatever
+``compressionLevel`` says, so the compressed outputs of the two tools are not the same work).
 """
 
 import os
@@ -35,8 +37,9 @@ def _one(args) -> None:
 
 
 if __name__ == "__main__":
-    out, jobs = sys.argv[1], int(sys.argv[2])
-    work = [(src, os.path.join(out, f"{n}.nii.gz")) for n, src in enumerate(sys.argv[3:])]
+    out, jobs, rest = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    ext = rest.pop(0).split("=", 1)[1] if rest and rest[0].startswith("--ext=") else "nii.gz"
+    work = [(src, os.path.join(out, f"{n}.{ext}")) for n, src in enumerate(rest)]
     if jobs > 1 and len(work) > 1:
         with ProcessPoolExecutor(min(jobs, len(work))) as ex:
             list(ex.map(_one, work))
