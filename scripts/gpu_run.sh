@@ -119,10 +119,12 @@ if want convert; then
   conv_data
   python -X importtime -c "import torch" 2>&1 | tail -1
   # whole processes (as a user runs them: start-up included) + the per-stage breakdown
+  # CONVERT_EXT=nii: both tools write uncompressed NIfTI (the same work; see bench/convert.py)
+  ext=${CONVERT_EXT:-nii.gz}; sfx=${CONVERT_EXT:+_$CONVERT_EXT}
   timeout 500 python bench/convert.py /tmp/conv_all --workers 16 --device cpu gpu --skip inprocess \
     --whole-process --no-sitk-serial --counts "${CONVERT_CASES:-48}" --jobs auto --repeats "${CONVERT_REPEATS:-3}" --stages \
-    --out "$OUT/convert_h200.json" > "$OUT/bench_convert.log" 2>&1
-  grep -E "median|SimpleITK at its best|^  |per-stage" "$OUT/bench_convert.log"
+    --ext "$ext" --out "$OUT/convert_h200$sfx.json" > "$OUT/bench_convert$sfx.log" 2>&1
+  grep -E "median|SimpleITK at its best|^  |per-stage" "$OUT/bench_convert$sfx.log"
 fi
 if want decode; then
   # prove the GPU decode support table on this machine, test it, then benchmark
