@@ -315,3 +315,26 @@ def test_errors_print_as_plain_text_and_verbose_shows_the_traceback(tmp_path, ca
     assert "Traceback" in capsys.readouterr().err
     doc = json.loads(open(p).read())
     assert doc["cases"][0]["boxes"] == 3  # the input is untouched
+
+
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"Cases": []}, "holds neither a 'cases' list nor MONAI's"),
+        ({"cases": [{"image": "a.nii", "box": [[0, 0, 0, 1, 1, 1]]}]}, "unknown key 'box'"),
+        (
+            {"cases": [{"image": "a.nii", "coordinate_system": "LPS"}]},
+            "set once for the whole file",
+        ),
+        ({"training": [{"image": "a.nii", "boxes": [[0, 0, 0, 1, 1, 1]]}]}, "'boxes' is a key"),
+        ({"cases": [], "training": []}, "holds both 'cases' and MONAI's"),
+    ],
+)
+def test_a_lesion_json_with_misspelled_or_mixed_keys_is_refused(tmp_path, doc, message):
+    """Each of these read as "no lesions" before: a typo must not silently empty a dataset's
+    annotations."""
+    p = tmp_path / "les.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(medproc.errors.ReadError, match=re.escape(message)) as e:
+        read_json(p)
+    assert str(p) in str(e.value)

@@ -121,12 +121,45 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
     if mode not in BOX_MODES:
         raise ReadError(f"box_mode must be one of {BOX_MODES}, got {mode!r}", path)
     cases = doc.get("cases")
+    lists = [k for k in _DATALIST if k in doc]
+    if cases is not None and lists:
+        raise ReadError(
+            f"holds both 'cases' and MONAI's {lists}: one file, one layout (which would hold "
+            "the lesions?)",
+            path,
+        )
+    if cases is None and not lists:
+        keys = ", ".join(map(repr, sorted(doc)[:6])) or "none"
+        raise ReadError(
+            f"holds neither a 'cases' list nor MONAI's 'training'/'validation'/'test' lists "
+            f"(its keys: {keys})",
+            path,
+        )
     if cases is None:
         cases = []
-        for key in ("training", "validation", "test"):
+        for key in lists:
             for n, c in enumerate(_list(doc.get(key, []), path, key)):
                 c = _obj(c, path, f"{key}[{n}]")
+                mine = [k for k in ("boxes", "points") if k in c]
+                if mine:
+                    raise ReadError(
+                        f"{mine[0]!r} is a key of medproc's 'cases' layout; MONAI's datalist "
+                        "items hold 'box' and 'label'",
+                        path,
+                        where=f"{key}[{n}]",
+                    )
                 cases.append(dict(image=c.get("image"), boxes=c.get("box"), labels=c.get("label")))
+    else:
+        for n, c in enumerate(_list(cases, path, "cases")):
+            extra = sorted(set(c) - _CASE_KEYS) if isinstance(c, dict) else []
+            if extra:
+                top = extra[0] in ("coordinate_system", "box_mode")
+                once = " (set once for the whole file, at its top level)" if top else ""
+                raise ReadError(
+                    f"unknown key {extra[0]!r}{once}; a case holds {sorted(_CASE_KEYS)}",
+                    path,
+                    where=f"cases[{n}]",
+                )
     flip = _FLIP if system == "LPS" else np.ones(3)
     out: dict[str, Lesions] = {}
     first: dict[str, str] = {}
@@ -187,6 +220,10 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
     if image is not None:
         return out.get(_stem(image), Lesions.empty())
     return out
+
+
+_DATALIST = ("training", "validation", "test")  # MONAI's datalist layout
+_CASE_KEYS = {"image", "boxes", "labels", "points"}  # an item of medproc's 'cases'
 
 
 def _text(v, path, where) -> str:
