@@ -35,6 +35,28 @@ _EXIT = """exit status:
   141  the reader of the output went away (a closed pipe)"""
 
 
+def _at_least(lowest: int):
+    """An argparse type: a whole number >= ``lowest``."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if n < lowest:
+            raise argparse.ArgumentTypeError(f"must be >= {lowest}, got {n}")
+        return n
+
+    return parse
+
+
+def _png(text: str) -> str:
+    """An argparse type: a file name ending in .png (the picture is a PNG)."""
+    if not text.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"the picture is a PNG: name it *.png, got {text!r}")
+    return text
+
+
 def plain_console(stderr: bool = False, width: int | None = None):
     """A rich Console that never interprets text: no markup, emoji codes or highlighting, so a
     path like ``case[1].nii.gz`` or a message with ``[red]`` prints as it is."""
@@ -164,10 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument("paths", nargs="+", help="DICOM folders/files, NIfTI, NRRD or MHA files")
     i.add_argument("--json", action="store_true", help="machine-readable output")
-    i.add_argument("--max-skipped", type=int, default=20, help="skipped files to list")
+    i.add_argument("--max-skipped", type=_at_least(0), default=20, help="skipped files to list")
     i.add_argument(
         "--width",
-        type=int,
+        type=_at_least(40),
         help="table width (default: the terminal's; piped: 1000 unless COLUMNS is set)",
     )
     i.set_defaults(func=_cmd_inspect)
@@ -186,7 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status:\n  0    the report was printed\n  2    no trace in DIR (or two runs)",
     )
     t.add_argument("folder", metavar="DIR", help="the folder MEDPROC_TRACE named")
-    t.add_argument("--png", metavar="FILE", help="also draw every process on one time axis")
+    t.add_argument(
+        "--png", metavar="FILE", type=_png, help="also draw every process on one time axis"
+    )
     t.set_defaults(func=_cmd_trace)
     for parser in (i, sub.choices["convert"], t):
         _add_verbosity(parser, argparse.SUPPRESS)

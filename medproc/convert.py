@@ -165,6 +165,8 @@ def check_options(fmt: str, nan: str, workers, device: str, name: str, spec) -> 
         raise UsageError(f"spec must be a medproc.Spec, got {type(spec).__name__}")
     if fmt not in FORMATS:
         raise UsageError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if str(spec.dtype) == "float16" and fmt != "npy":
+        raise UsageError(f"--dtype float16: {fmt} files hold no float16 voxels; use --format npy")
     if nan not in ("error", "zero", "keep"):
         raise UsageError(f"nan must be 'error', 'zero' or 'keep', got {nan!r}")
     if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)):

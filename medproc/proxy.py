@@ -248,7 +248,9 @@ class ProxyServer:
                 "the proxy feeds PyTorch DataLoaders: pip install 'medproc[torch]'"
             ) from None
         from .pipeline import Engine, Graph, gpu_available
+        from .spec import check_args
 
+        check_args(spec, "ProxyServer", batch_size=batch_size, prefetch=prefetch)
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if spec.antialias:
@@ -272,6 +274,7 @@ class ProxyServer:
                     "nvtx); use route='engine'"
                 )
         self.device, self.spec, self.with_label, self.route = device, spec, with_label, route
+        self._batch = batch_size
         self.prefetch = prefetch
         self.arena_gb = arena_gb
         self._graph = Graph.from_spec(
@@ -321,12 +324,19 @@ class ProxyServer:
         when the output size is fixed, else lists of ``(C, i, j, k)`` tensors."""
         import torch.utils.data as tud
 
+        if batch_size > self._batch:  # (DALI's pipelines take at most their batch size)
+            raise ValueError(
+                f"loader batch_size {batch_size} is larger than the server's batch_size "
+                f"{self._batch}: make the ProxyServer with batch_size={batch_size}"
+            )
         kw.setdefault("collate_fn", collate)
         if self._proxy is not None:
             if num_workers > 0:
                 return self._proxy.loader(dataset, batch_size, num_workers, **kw)
+            from .pipeline.proxy_server import Mapped
+
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
-            return _Mapped(base, self._proxy.server.produce_data)
+            return Mapped(base, self._proxy.server.produce_data)
         arena = None
         if num_workers > 0:
             kw.setdefault("persistent_workers", True)
@@ -384,17 +394,3 @@ class _Streamed:
                 same = all(t.shape == col[0].shape for t in col)
                 batch[key] = stacked(col) if same else list(col)
             yield batch
-
-
-class _Mapped:
-    """Iterate a DataLoader, finishing each batch in the main process."""
-
-    def __init__(self, loader, fn):
-        self.loader, self.fn = loader, fn
-
-    def __len__(self):
-        return len(self.loader)
-
-    def __iter__(self):
-        for batch in self.loader:
-            yield self.fn(batch)

@@ -104,9 +104,18 @@ def resample_batch(
         or CUDA tensors when the inputs were on the GPU.
     """
     from .pipeline import Engine, Graph, Job
+    from .spec import check_args
 
+    check_args(spec, "resample_batch", batch_size=batch_size)
     vols = list(volumes)
     labs = list(labels) if labels is not None else None
+    for what, items in (("volumes", vols), ("labels", labs or [])):
+        bad = next((n for n, v in enumerate(items) if not isinstance(v, Volume)), None)
+        if bad is not None:
+            raise UsageError(
+                f"{what}[{bad}] is a {type(items[bad]).__name__}, not a medproc.Volume: "
+                "wrap an array with medproc.Volume(array, affine)"
+            )
     if labs is not None:
         if len(labs) != len(vols):
             raise UsageError(

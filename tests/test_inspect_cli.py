@@ -131,3 +131,19 @@ def test_a_reader_that_went_away_gives_141(sample_data, extra):
     p.stdout.close()  # no reader from the start: the first write meets a closed pipe
     _, err = p.communicate(timeout=120)
     assert p.returncode == 141, err.decode()[-2000:]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["inspect", "sample_data", "--width", "-5"], "--width: must be >= 40"),
+        (["inspect", "sample_data", "--max-skipped", "-1"], "--max-skipped: must be >= 0"),
+        (["trace", "sample_data", "--png", "t.jpg"], "the picture is a PNG"),
+    ],
+)
+def test_out_of_range_options_are_usage_errors(args, message, capsys):
+    """--width -5 printed nothing at all, --max-skipped -1 a wrong count, and --png x.jpg a PNG
+    under a JPEG name."""
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert e.value.code == 2 and message in capsys.readouterr().err

@@ -275,3 +275,25 @@ def test_complex_and_rgb_niftis_are_refused_clearly(tmp_path, kind):
     nib.save(nib.Nifti1Image(arr, np.eye(4)), tmp_path / f"{kind}.nii.gz")
     with pytest.raises(medproc.ReadError, match=f"{kind}.nii.gz: stores {what}.*Save|Convert"):
         medproc.load(tmp_path / f"{kind}.nii.gz")
+
+
+def test_save_refuses_what_it_cannot_write_naming_the_path(tmp_path):
+    """float16 (which resample can make) has no NIfTI/ITK type, a folder is not a file name,
+    igzip has levels 0-3, and a write the OS refuses names the user's path, not the temporary
+    one beside it."""
+    vol = medproc.Volume(np.zeros((4, 4, 4), np.float16), np.eye(4))
+    for name in ("a.nii.gz", "a.nii", "a.nrrd", "a.mha"):
+        with pytest.raises(medproc.errors.UsageError, match="no float16") as e:
+            medproc.save(vol, tmp_path / name)
+        assert str(tmp_path / name) in str(e.value)
+    medproc.save(vol, tmp_path / "a.npy")  # the training cache keeps it
+    ok = medproc.Volume(np.zeros((4, 4, 4), np.float32), np.eye(4))
+    with pytest.raises(medproc.errors.UsageError, match="is a folder"):
+        medproc.save(ok, tmp_path)
+    with pytest.raises(medproc.errors.UsageError, match="compresslevel must be 0-3"):
+        medproc.save(ok, tmp_path / "b.nii.gz", compresslevel=9)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(medproc.errors.OutputError, match="cannot be written") as e:
+        medproc.save(ok, tmp_path / "file" / "c.nii.gz")
+    assert str(tmp_path / "file" / "c.nii.gz") in str(e.value)
+    assert not list(tmp_path.glob(".*part*"))

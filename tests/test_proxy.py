@@ -343,3 +343,15 @@ def test_a_label_off_the_image_grid_is_refused_naming_it(shift):
     with ProxyServer(medproc.Spec(spacing=2.0), device="cpu", batch_size=1, with_label=True) as s:
         with pytest.raises(medproc.errors.UsageError, match="lab.nii.gz is not on the grid"):
             s.transform({"image": img, "label": lab})
+
+
+def test_server_arguments_are_checked_when_made():
+    """ProxyServer(None) raised AttributeError 'antialias', batch_size=0 was accepted, and a
+    loader batch larger than the server's came back as DALI's external-source error."""
+    with pytest.raises(medproc.UsageError, match="spec must be a medproc.Spec"):
+        ProxyServer(None, device="cpu")
+    with pytest.raises(medproc.UsageError, match="batch_size must be a whole number >= 1"):
+        ProxyServer(medproc.Spec(spacing=2.0), device="cpu", batch_size=0)
+    with ProxyServer(medproc.Spec(spacing=2.0), device="cpu", batch_size=2) as server:
+        with pytest.raises(ValueError, match="larger than the server's batch_size 2"):
+            server.loader([], batch_size=5)

@@ -270,3 +270,29 @@ def test_an_absurd_output_grid_is_refused_before_any_allocation(sample_data):
     lab = v.with_array(np.zeros(v.shape[:2] + (3,), np.uint8))
     with pytest.raises(medproc.UsageError, match="is not on the grid of"):
         medproc.resample(v, spacing=3.0, label=lab)
+
+
+@pytest.mark.parametrize("fill", [np.nan, 0.5, 4e4, -1024.0])
+def test_fill_values_an_integer_input_cannot_hold_are_kept(fill):
+    """DALI casts the fill to the input's type: an int16 CT padded with NaN, 0.5 or 4e4 got 0,
+    1 and 32767 (NaN's 0 reads as water). The padding holds the fill as given."""
+    arr = np.full((20, 20, 10), 7, np.int16)
+    out = medproc.resample(
+        medproc.Volume(arr, np.eye(4)), crop=(30, 30, 10), fill=fill, device="cpu"
+    ).numpy()
+    pad, inside = np.asarray(out.array)[0, 0, 5], np.asarray(out.array)[15, 15, 5]
+    assert (np.isnan(pad) if np.isnan(fill) else pad == fill) and inside == 7
+
+
+def test_wrong_argument_types_are_named():
+    """They came out of numpy, DALI or AttributeError ('needs_array', 'affine')."""
+    vol = medproc.Volume(np.zeros((4, 4, 4), np.int16), np.eye(4))
+    with pytest.raises(
+        medproc.UsageError, match=r"volumes\[0\] is a ndarray, not a medproc.Volume"
+    ):
+        medproc.resample(np.zeros((4, 4, 4)), spacing=2.0)
+    with pytest.raises(medproc.UsageError, match="spec must be a medproc.Spec, got NoneType"):
+        medproc.resample_batch([vol], None)
+    for n in (0, -1, 1.5, True):
+        with pytest.raises(medproc.UsageError, match="batch_size must be a whole number >= 1"):
+            medproc.resample_batch([vol], medproc.Spec(), batch_size=n)

@@ -192,8 +192,36 @@ def save(volume: Volume, path, compresslevel: int = 1, threads: int | None = Non
         The path written.
     """
     p = os.fspath(path)
+    _check_target(volume, p, compresslevel)
+    try:
+        return _save(volume.numpy(), p, p.lower(), compresslevel, threads)
+    except OSError as e:  # (named by the user's path, not the temporary one)
+        from ..errors import OutputError
+
+        raise OutputError(f"cannot be written: {e.strerror or e}", p) from None
+
+
+def _check_target(volume: Volume, p: str, compresslevel: int) -> None:
+    """What ``save`` refuses before writing anything, naming the path."""
+    from ..errors import UsageError
+
     low = p.lower()
-    volume = volume.numpy()
+    if os.path.isdir(p):
+        raise UsageError("is a folder: give the file name to write", p)
+    if low.endswith(".gz") and (
+        isinstance(compresslevel, bool) or compresslevel not in (0, 1, 2, 3)
+    ):
+        raise UsageError(f"compresslevel must be 0-3 (igzip's levels), got {compresslevel!r}", p)
+    name = str(volume.dtype).replace("torch.", "")
+    if name == "float16" and low.endswith((".nii.gz", ".nii", ".nrrd", ".mha")):
+        raise UsageError(
+            "NIfTI, NRRD and MHA files hold no float16 voxels: resample to float32 "
+            "(Spec(dtype='float32')) or save as .npy",
+            p,
+        )
+
+
+def _save(volume: Volume, p: str, low: str, compresslevel: int, threads) -> str:
     if low.endswith((".nii.gz", ".nii")):
         from .nifti import to_nibabel
 

@@ -9,7 +9,7 @@ import numpy as np
 from ..plan import Plan
 from .graphs import Graph, build_resample, plan_inputs, to_dhwc
 
-__all__ = ["dali_proxy_usable", "ProxyPipeline", "proxy_inputs"]
+__all__ = ["dali_proxy_usable", "ProxyPipeline", "proxy_inputs", "Mapped"]
 
 
 def proxy_inputs(image: np.ndarray, labels, plan: Plan, intensity: bool, graph: Graph) -> dict:
@@ -83,3 +83,18 @@ class ProxyPipeline:
         return self._dali_proxy.DataLoader(
             self.server, dataset, batch_size=batch_size, num_workers=num_workers, **kw
         )
+
+
+class Mapped:
+    """Iterate a DataLoader, finishing each batch in the main process (DALI Proxy's
+    ``produce_data`` when the loader has no workers)."""
+
+    def __init__(self, loader, fn):
+        self.loader, self.fn = loader, fn
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield self.fn(batch)
