@@ -106,7 +106,8 @@ def resample_batch(
     from .pipeline import Engine, Graph, Job
     from .spec import check_args
 
-    check_args(spec, "resample_batch", batch_size=batch_size)
+    threads = {} if num_threads is None else {"num_threads": num_threads}
+    check_args(spec, "resample_batch", batch_size=batch_size, **threads)
     vols = list(volumes)
     labs = list(labels) if labels is not None else None
     for what, items in (("volumes", vols), ("labels", labs or [])):

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from .errors import UsageError
+
 __all__ = ["Intensity", "Spec", "INTERPOLATIONS", "GRIDS"]
 
 INTERPOLATIONS = ("linear", "cubic", "nearest")
@@ -22,16 +24,20 @@ _VALID_CODES = set("RLAPSI")
 def _triple(value, name: str, positive: bool = True, integer: bool = False):
     if value is None:
         return None
+    if isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, (list, tuple)) and any(isinstance(x, bool) for x in value)
+    ):  # (True is 1.0 to numpy)
+        raise UsageError(f"{name} must be one number or three (i, j, k), got {value!r}")
     v = np.atleast_1d(np.asarray(value, dtype=np.float64))
     if v.size == 1:
         v = np.repeat(v, 3)
     if v.shape != (3,) or not np.all(np.isfinite(v)):
-        raise ValueError(f"{name} must be one number or three (i, j, k), got {value!r}")
+        raise UsageError(f"{name} must be one number or three (i, j, k), got {value!r}")
     if positive and np.any(v <= 0):
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+        raise UsageError(f"{name} must be > 0, got {value!r}")
     if integer:
         if np.any(v != np.round(v)):
-            raise ValueError(f"{name} must be whole numbers of voxels, got {value!r}")
+            raise UsageError(f"{name} must be whole numbers of voxels, got {value!r}")
         return tuple(int(x) for x in v)
     return tuple(float(x) for x in v)
 
@@ -64,14 +70,14 @@ class Intensity:
             if v is not None:
                 v = tuple(float(x) for x in v)
                 if len(v) != 2 or not v[0] < v[1]:
-                    raise ValueError(f"Intensity.{name} must be (lo, hi) with lo < hi, got {v!r}")
+                    raise UsageError(f"Intensity.{name} must be (lo, hi) with lo < hi, got {v!r}")
                 object.__setattr__(self, name, v)
         if self.clip and self.percentiles:
-            raise ValueError("Intensity: give clip or percentiles, not both")
+            raise UsageError("Intensity: give clip or percentiles, not both")
         if self.scale and self.zscore:
-            raise ValueError("Intensity: give scale or zscore, not both")
+            raise UsageError("Intensity: give scale or zscore, not both")
         if self.percentiles and not (0 <= self.percentiles[0] and self.percentiles[1] <= 100):
-            raise ValueError(f"Intensity.percentiles must lie in [0, 100], got {self.percentiles}")
+            raise UsageError(f"Intensity.percentiles must lie in [0, 100], got {self.percentiles}")
 
     @property
     def active(self) -> bool:
@@ -148,27 +154,36 @@ class Spec:
         object.__setattr__(self, "shape", _triple(self.shape, "shape", integer=True))
         object.__setattr__(self, "crop", _triple(self.crop, "crop", integer=True))
         if self.spacing and self.shape:
-            raise ValueError("Spec: give spacing or shape, not both")
+            raise UsageError("Spec: give spacing or shape, not both")
+        if self.orientation is not None and not isinstance(self.orientation, str):
+            raise UsageError(
+                f"orientation must be a string such as 'RAS', got {self.orientation!r}"
+            )
         if self.orientation is not None:
             o = self.orientation.upper()
             pairs = [{"R", "L"}, {"A", "P"}, {"S", "I"}]
             if len(o) != 3 or set(o) - _VALID_CODES or any(len(p & set(o)) != 1 for p in pairs):
-                raise ValueError(
+                raise UsageError(
                     f"orientation must be three codes, one of R/L, A/P and S/I each (e.g. 'RAS'), "
                     f"got {self.orientation!r}"
                 )
             object.__setattr__(self, "orientation", o)
         if self.grid not in GRIDS:
             hint = " (medproc spells it 'centred')" if self.grid == "centered" else ""
-            raise ValueError(f"grid must be one of {GRIDS}, got {self.grid!r}{hint}")
+            raise UsageError(f"grid must be one of {GRIDS}, got {self.grid!r}{hint}")
         if self.interp not in INTERPOLATIONS:
-            raise ValueError(f"interp must be one of {INTERPOLATIONS}, got {self.interp!r}")
+            raise UsageError(f"interp must be one of {INTERPOLATIONS}, got {self.interp!r}")
         try:
             np.dtype(self.dtype)
         except TypeError:
-            raise ValueError(f"dtype {self.dtype!r} is not a numpy dtype") from None
+            raise UsageError(f"dtype {self.dtype!r} is not a numpy dtype") from None
         if isinstance(self.intensity, dict):
             object.__setattr__(self, "intensity", Intensity(**self.intensity))
+        if not isinstance(self.intensity, Intensity):
+            raise UsageError(
+                f"intensity must be a medproc.Intensity (e.g. Intensity(zscore=True)), got "
+                f"{self.intensity!r}"
+            )
 
     def replace(self, **kw) -> Spec:
         """A copy with the given fields changed (validated again)."""

@@ -297,3 +297,13 @@ def test_save_refuses_what_it_cannot_write_naming_the_path(tmp_path):
         medproc.save(ok, tmp_path / "file" / "c.nii.gz")
     assert str(tmp_path / "file" / "c.nii.gz") in str(e.value)
     assert not list(tmp_path.glob(".*part*"))
+
+
+def test_load_takes_bytes_paths_and_names_wrong_arguments(sample_data):
+    """load(b'...') raised a str/bytes TypeError from os.path; workers='a' an int() error."""
+    p = os.path.join(sample_data, "nifti", "images", "case001.nii.gz")
+    assert medproc.load(os.fsencode(p)).shape == medproc.load(p).shape
+    with pytest.raises(medproc.errors.UsageError, match="path must be a str or path-like"):
+        medproc.load(5)
+    with pytest.raises(medproc.errors.UsageError, match="workers must be a whole number"):
+        medproc.load(os.path.join(sample_data, "dicom", "ct_axial"), workers="a")

@@ -102,10 +102,14 @@ def test_intensity_params():
         ({"crop": (1.5, 2, 2)}, "whole numbers"),
         ({"grid": "centered"}, "spells it 'centred'"),
         ({"grid": "itk"}, "grid must be one of"),
+        ({"spacing": True}, "one number or three"),
+        ({"orientation": 5}, "must be a string"),
+        ({"intensity": "zscore"}, "must be a medproc.Intensity"),
     ],
 )
 def test_spec_validation(kw, match):
-    with pytest.raises(ValueError, match=match):
+    """UsageError, as the docs say (it is a ValueError too)."""
+    with pytest.raises(medproc.UsageError, match=match):
         Spec(**kw)
 
 

@@ -296,3 +296,23 @@ def test_wrong_argument_types_are_named():
     for n in (0, -1, 1.5, True):
         with pytest.raises(medproc.UsageError, match="batch_size must be a whole number >= 1"):
             medproc.resample_batch([vol], medproc.Spec(), batch_size=n)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_float_label_maps_of_whole_numbers_are_resampled_exactly(dtype):
+    """float32 label maps were taken and float64 ones refused; both now hold whole numbers
+    (come back exactly, in their dtype) or are refused naming a value that is not one."""
+    img = medproc.Volume(np.zeros((12, 12, 12), np.float32), np.eye(4))
+    lab = np.zeros((12, 12, 12), dtype)
+    lab[2:10, 2:10, 2:10] = 7
+    _, out = medproc.resample(img, spacing=2.0, label=medproc.Volume(lab, np.eye(4)))
+    assert out.dtype == np.dtype(dtype) and set(np.unique(out.array)) == {0, 7}
+    lab[0, 0, 0] = 0.5
+    with pytest.raises(ValueError, match="whole numbers .* value 0.5"):
+        medproc.resample(img, spacing=2.0, label=medproc.Volume(lab, np.eye(4)))
+
+
+def test_num_threads_must_be_a_whole_number():
+    vol = medproc.Volume(np.zeros((4, 4, 4), np.int16), np.eye(4))
+    with pytest.raises(medproc.UsageError, match="num_threads must be a whole number >= 1"):
+        medproc.resample_batch([vol], medproc.Spec(), num_threads=-3)

@@ -88,7 +88,14 @@ def load(
     ReadError, SeriesError, GeometryError
         With the file named, what is wrong and what to do.
     """
-    p = os.fspath(path)
+    try:
+        p = os.fsdecode(os.fspath(path))  # (bytes paths too)
+    except TypeError:
+        raise UsageError(f"path must be a str or path-like, got {type(path).__name__}") from None
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
+        raise UsageError(f"workers must be a whole number >= 1 (or None), got {workers!r}")
     if device not in ("cpu", "gpu"):
         raise UsageError(f"device must be 'cpu' or 'gpu', got {device!r}")
     if nan not in ("error", "zero", "keep"):

@@ -49,11 +49,13 @@ def _feed_dtype(a, label: bool) -> str:
     int16 for integer labels that fit, else float32; integers beyond +-2^24 (where float32
     is no longer exact) are refused."""
     name = _dtype_name(a)
+    if label and "float" in name:  # label maps stored as floats (float32, float64): whole
+        return _whole_float_label(a, name)  # numbers, fed as float32
     if name in _DALI_DTYPES:
         return name
     if name == "bool":
         return "uint8"
-    if label and ("float" in name or "complex" in name):
+    if label and "complex" in name:
         raise ValueError(f"label maps must hold integers, got {name}")
     if "int" not in name or (not label and name in ("int8", "uint16")):
         return "float32"  # (these fit float32 exactly)
@@ -68,3 +70,23 @@ def _feed_dtype(a, label: bool) -> str:
         f"{what} {lo}..{hi} cannot be resampled exactly: DALI computes in float32, exact for "
         "|v| <= 2^24 only; rescale them, or cast to float32 yourself if rounding is acceptable"
     )
+
+
+def _whole_float_label(a, name: str) -> str:
+    """float32 for a float label map whose values are whole numbers within +-2^24 (exact in
+    float32); an error naming the first value that is not."""
+    if _is_torch(a):
+        import torch
+
+        bad = ~torch.isfinite(a) | (a != torch.round(a)) | (a.abs() > 2**24)
+        first = a[bad][:1].tolist()
+    else:
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(a) | (a != np.round(a)) | (np.abs(a) > 2**24)
+        first = a[bad][:1].tolist()
+    if first:
+        raise ValueError(
+            f"label maps must hold whole numbers (within +-2^24), got the {name} value "
+            f"{first[0]}: is this a label map?"
+        )
+    return "float32"
