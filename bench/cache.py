@@ -210,6 +210,9 @@ def main(argv=None):
         res["formats"][kind] = row
         print(kind, json.dumps(row), flush=True)
     if a.out:
+        from provenance import provenance  # (bench/provenance.py)
+
+        res["provenance"] = provenance()
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
 

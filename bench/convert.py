@@ -297,12 +297,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     series = _series_dirs(a.root)
     n = len(series)
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=a.medproc_root, capture_output=True, text=True
-    )
+    from provenance import provenance  # (bench/provenance.py)
+
     res = {
-        "commit": head.stdout.strip() or None,
-        "argv": sys.argv[1:] if argv is None else list(argv),
+        "provenance": provenance(argv, os.path.abspath(a.medproc_root)),
         "cases": n,
         "workers": a.workers,
         "devices": a.device,

@@ -210,6 +210,9 @@ def main(argv=None):
         res["syntaxes"][name] = row
         print(name, json.dumps(row), flush=True)
     if a.out:
+        from provenance import provenance  # (bench/provenance.py)
+
+        res["provenance"] = provenance()
         json.dump(res, open(a.out, "w"), indent=1)
 
 

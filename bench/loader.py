@@ -340,6 +340,9 @@ def main(argv=None):
             v["gpu_memory_vs_medproc"] = v["peak_gpu_GiB"] / max(base["peak_gpu_GiB"], 1e-9)
     print(json.dumps(res, indent=1, default=str))
     if a.out:
+        from provenance import provenance  # (bench/provenance.py)
+
+        res["provenance"] = provenance()
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1, default=str)
 

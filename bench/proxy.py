@@ -181,6 +181,9 @@ def main(argv=None):
             print(task, w, json.dumps(r), flush=True)
     print(json.dumps(res, indent=1))
     if a.out:
+        from provenance import provenance  # (bench/provenance.py)
+
+        res["provenance"] = provenance()
         json.dump(res, open(a.out, "w"), indent=1)
 
 

@@ -86,6 +86,9 @@ def main(argv=None) -> dict:
             flush=True,
         )
     if a.out:
+        from provenance import provenance  # (bench/provenance.py)
+
+        res["provenance"] = provenance()
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
     return res

@@ -272,6 +272,9 @@ def main(argv=None):
     for k in m:
         m[k]["medproc_speedup"] = m[k]["seconds"] / m[base]["seconds"] if base else None
     if a.out:
+        from provenance import provenance  # (bench/provenance.py)
+
+        res["provenance"] = provenance()
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1, default=str)
     return res

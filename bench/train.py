@@ -371,6 +371,9 @@ def _finish(res: dict, limit_peak) -> None:
             )
     print(json.dumps(res, indent=1, default=str))
     if a.out:
+        from provenance import provenance  # (bench/provenance.py)
+
+        res["provenance"] = provenance()
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1, default=str)
 
