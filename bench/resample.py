@@ -233,7 +233,7 @@ def main(argv=None):
                 )
                 for v in vols
             ]
-            record("monai-cpu Spacing", timeit(lambda: [sp(m) for m in mts], max(1, a.repeat - 2)))
+            record("monai-cpu Spacing", timeit(lambda: [sp(m) for m in mts], a.repeat))
         if "torch" not in a.skip:
             import torch
             import torch.nn.functional as F
@@ -246,7 +246,7 @@ def main(argv=None):
                         F.interpolate(t[None, None].float(), size=p.out_shape, mode="trilinear")
                         for t, p in zip(ts, plans)
                     ],
-                    max(1, a.repeat - 2),
+                    a.repeat,
                 ),
             )
     if "simpleitk" not in a.skip:
@@ -263,7 +263,7 @@ def main(argv=None):
 
             record(
                 f"simpleitk ({sitk.ProcessObject.GetGlobalDefaultNumberOfThreads()} threads)",
-                timeit(run_sitk, max(1, a.repeat - 2)),
+                timeit(run_sitk, a.repeat),
             )
         except ImportError:
             print("SimpleITK not installed: skipped")
