@@ -170,7 +170,7 @@ def foresee(batch: Batch, spec) -> None:
         try:
             g = series_grid(c.dicom) if c.dicom is not None else header_grid(c.source)
             plan = make_plan(g.shape[:3], g.affine, spec)
-        except (MedprocError, ValueError, TypeError, KeyError):
+        except (MedprocError, ValueError, TypeError, KeyError, IndexError):
             keep.append(t)  # (the run reads the voxels and says what is wrong)
             continue
         try:

@@ -338,3 +338,27 @@ def test_a_lesion_json_with_misspelled_or_mixed_keys_is_refused(tmp_path, doc, m
     with pytest.raises(medproc.errors.ReadError, match=re.escape(message)) as e:
         read_json(p)
     assert str(p) in str(e.value)
+
+
+def test_read_json_reads_what_medproc_writes(sample_data, tmp_path):
+    """convert's <name>.annotations.json (world RAS centres) reads back onto the lesions it
+    was made from, and MONAI datalists read: a 'label' path (a segmentation) means no box
+    labels, a test entry may be a bare path."""
+    out = tmp_path / "o"
+    args = ["convert", os.path.join(sample_data, "dicom", "ct_axial"), "-o", str(out)]
+    assert main(args + ["--annotations", os.path.join(sample_data, "lesions.csv"), "-q"]) == 0
+    (ann,) = out.glob("*.annotations.json")
+    (back,) = read_json(ann).values()
+    uid = medproc.load(os.path.join(sample_data, "dicom", "ct_axial")).meta["series_uid"]
+    ref = read_luna_csv(os.path.join(sample_data, "lesions.csv"), uid)
+    assert len(back.centers) == len(ref.centers) == 2
+    np.testing.assert_allclose(back.centers, ref.centers, atol=1e-3)  # (world, as written)
+    np.testing.assert_allclose(back.sizes, ref.sizes, atol=1e-3)
+    dl = tmp_path / "dl.json"
+    dl.write_text(
+        json.dumps(
+            {"training": [{"image": "a.nii.gz", "label": "a_seg.nii.gz"}], "test": ["b.nii.gz"]}
+        )
+    )
+    got = read_json(dl)
+    assert set(got) == {"a", "b"} and all(len(v.centers) == 0 for v in got.values())

@@ -127,6 +127,15 @@ def test_without_tracked_metadata_outputs_are_plain_tensors_on_the_right_grid(sa
         np.testing.assert_array_equal(meta["affine"].numpy(), tracked[key].affine.numpy())
         assert meta["filename_or_obj"] == case[key]
         np.testing.assert_allclose(meta["pixdim"][1:4], (2.0, 2.0, 2.0))
+    set_track_meta(False)
+    try:  # a MONAI transform between changes the grid and leaves the stored affine behind
+        from monai.transforms import Spacingd
+
+        stale = Spacingd("image", pixdim=3.0)(LoadVolumed(["image"])(dict(case)))
+        with pytest.raises(ValueError, match="holds the affine of a"):
+            Resampled(["image"], spec)(stale)
+    finally:
+        set_track_meta(True)
     n = batch["image"].shape[0]
     assert batch["image"].shape == (n, 1, 16, 16, 16) and batch["label"].shape[0] == n
     assert batch["image_meta_dict"]["affine"].shape == (n, 4, 4)

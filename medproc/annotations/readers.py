@@ -120,6 +120,8 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
     mode = _text(doc.get("box_mode", "cccwhd"), path, "box_mode").lower()
     if mode not in BOX_MODES:
         raise ReadError(f"box_mode must be one of {BOX_MODES}, got {mode!r}", path)
+    if "cases" not in doc and {"image", "lesions"} <= set(doc):  # convert's annotations.json
+        doc = {**doc, "cases": [_converted(doc, path)]}
     cases = doc.get("cases")
     lists = [k for k in _DATALIST if k in doc]
     if cases is not None and lists:
@@ -135,11 +137,12 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
             f"(its keys: {keys})",
             path,
         )
+    wheres = None  # where each case is in the file (error messages)
     if cases is None:
-        cases = []
+        cases, wheres = [], []
         for key in lists:
             for n, c in enumerate(_list(doc.get(key, []), path, key)):
-                c = _obj(c, path, f"{key}[{n}]")
+                c = {"image": c} if isinstance(c, str) else _obj(c, path, f"{key}[{n}]")
                 mine = [k for k in ("boxes", "points") if k in c]
                 if mine:
                     raise ReadError(
@@ -148,7 +151,10 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
                         path,
                         where=f"{key}[{n}]",
                     )
-                cases.append(dict(image=c.get("image"), boxes=c.get("box"), labels=c.get("label")))
+                lab = c.get("label")  # (a path: a segmentation's label map, no box labels)
+                lab = None if isinstance(lab, str) else lab
+                cases.append(dict(image=c.get("image"), boxes=c.get("box"), labels=lab))
+                wheres.append(f"{key}[{n}]")
     else:
         for n, c in enumerate(_list(cases, path, "cases")):
             extra = sorted(set(c) - _CASE_KEYS) if isinstance(c, dict) else []
@@ -164,7 +170,7 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
     out: dict[str, Lesions] = {}
     first: dict[str, str] = {}
     for n, case in enumerate(_list(cases, path, "cases")):
-        where = f"cases[{n}]"
+        where = wheres[n] if wheres else f"cases[{n}]"
         case = _obj(case, path, where)
         img = case.get("image")
         if not isinstance(img, str) or not img.strip():
@@ -220,6 +226,25 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
     if image is not None:
         return out.get(_stem(image), Lesions.empty())
     return out
+
+
+def _converted(doc: dict, path) -> dict:
+    """The case of a ``<name>.annotations.json`` that ``medproc convert`` wrote (one image,
+    its lesions in world RAS mm) in the 'cases' layout (``coordinate_system`` RAS, ``cccwhd``)."""
+    if str(doc.get("coordinate_system", "RAS")).upper() != "RAS" or doc.get("box_mode"):
+        raise ReadError("a converted annotations file holds RAS centres and sizes", path)
+    boxes, labels, points = [], [], []
+    for n, les in enumerate(_list(doc["lesions"], path, "lesions")):
+        les = _obj(les, path, f"lesions[{n}]")
+        c = _numbers(les.get("center_world_ras"), 3, path, f"lesions[{n}].center_world_ras")
+        if les.get("kind") == "point":
+            d = _numbers([les.get("diameter_mm")], 1, path, f"lesions[{n}].diameter_mm")
+            points.append([*c.tolist(), float(d[0])])
+        else:
+            size = _numbers(les.get("size_mm"), 3, path, f"lesions[{n}].size_mm")
+            boxes.append([*c.tolist(), *size.tolist()])
+            labels.append(les.get("label", 0))
+    return {"image": doc["image"], "boxes": boxes, "labels": labels, "points": points}
 
 
 _DATALIST = ("training", "validation", "test")  # MONAI's datalist layout

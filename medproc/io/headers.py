@@ -39,6 +39,10 @@ def header_grid(path: str) -> HeaderGrid:
 
         img = open_nifti(path)
         shape = tuple(int(s) for s in img.shape)
+        if len(shape) == 2:  # (as load_nifti reads it: one slice; channels folded)
+            shape = (*shape, 1)
+        if len(shape) > 4:
+            shape = (*shape[:3], int(np.prod(shape[3:])))
         affine = check_affine(img.affine, path, "the NIfTI header")
         if not img.get_sform(coded=True)[1] and not img.get_qform(coded=True)[1]:
             warnings.append("neither sform nor qform is set")
@@ -65,19 +69,28 @@ def header_grid(path: str) -> HeaderGrid:
     shape = tuple(int(s) for s in r.GetSize())
     comps = max(1, r.GetNumberOfComponents())
     shape = shape + ((comps,) if comps > 1 else ())
-    return HeaderGrid(shape, affine, int(np.prod(shape, dtype=object)) * 4, warnings)
+    if len(shape) == 2:
+        shape = (*shape, 1)
+    tiny = sitk.Image([1] * r.GetDimension(), r.GetPixelID(), comps)  # (its voxels' numpy type)
+    item = sitk.GetArrayViewFromImage(tiny).dtype.itemsize
+    return HeaderGrid(shape, affine, int(np.prod(shape, dtype=object)) * item, warnings)
 
 
 def series_grid(series) -> HeaderGrid:
     """The grid of a scanned DICOM series (:class:`~medproc.io.dicom_scan.DicomSeries`), from
     the header scan; a :class:`MedprocError` when its geometry is unusable."""
     from .dicom_geometry import series_geometry
+    from .dicom_read import rescaled_dtype
 
     geo = series_geometry(series)
     info, frames = series.info, series.frames
     shape = (int(info["Columns"]), int(info["Rows"]), len(frames))
     spp = info.get("SamplesPerPixel") or 1
     shape = shape + ((int(spp),) if spp > 1 else ())
-    integral = all(f.slope == 1 and float(f.intercept).is_integer() for f in frames)
-    item = max(1, (info.get("BitsAllocated") or 16) // 8) if integral else 4
+    bits = int(info.get("BitsStored") or info.get("BitsAllocated") or 16)
+    signed = bool(info.get("PixelRepresentation"))
+    smin, smax = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+    slopes = np.array([f.slope for f in frames], np.float64)
+    dt = rescaled_dtype(smin, smax, slopes, np.array([f.intercept for f in frames], np.float64))
+    item = 4 if dt is None else dt.itemsize  # (the reader's rule, for the stored range)
     return HeaderGrid(shape, geo.affine, int(np.prod(shape, dtype=object)) * item, geo.warnings)

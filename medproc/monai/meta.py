@@ -133,7 +133,8 @@ def store(d: MutableMapping, key, x: MetaTensor) -> None:
         d[key] = x
         return
     d[key] = x.as_tensor()
-    d[meta_key(key)] = {**x.meta, "affine": x.affine.clone()}
+    shape = tuple(int(n) for n in x.shape[-3:])  # (what the affine is the grid of)
+    d[meta_key(key)] = {**x.meta, "affine": x.affine.clone(), "medproc_grid_shape": shape}
 
 
 def fetch(d: Mapping, key):
@@ -144,4 +145,12 @@ def fetch(d: Mapping, key):
     if isinstance(x, MetaTensor) or not isinstance(meta, Mapping) or meta.get("affine") is None:
         return x
     t = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
-    return MetaTensor(t, meta=dict(meta))
+    grid = meta.get("medproc_grid_shape")
+    if grid is not None and tuple(grid) != tuple(int(n) for n in t.shape[-3:]):
+        raise ValueError(
+            f"is {tuple(t.shape[-3:])} but its {meta_key(key)!r} holds the affine "
+            f"of a {tuple(grid)} grid: a transform between changed the grid without updating "
+            "it (MONAI's do not under set_track_meta(False)); track metadata, or resample "
+            "with Resampled first"
+        )
+    return MetaTensor(t, meta={k: v for k, v in meta.items() if k != "medproc_grid_shape"})
