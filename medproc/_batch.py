@@ -1,10 +1,5 @@
-"""A planned batch (:class:`Batch`): which cases to convert, skip or fail, under which names,
-checked against what the output folder already holds; and running it, with Ctrl-C handled.
-
-Planning writes nothing. A case whose outputs exist and are recorded in the manifest is skipped
-when they were made with the same options (the spec, format and NaN policy); made with other
-options, the whole batch is refused before any work (``force`` redoes them), so a folder never
-mixes outputs of two specs without saying so.
+"""A planned batch (:class:`Batch`; planned by :mod:`medproc._plan_batch`): which cases to
+convert, skip or fail, under which names; and running it, with Ctrl-C handled.
 
 Running: cases go to the workers one at a time (never more queued than workers run), so a first
 Ctrl-C starts no new case, lets the running ones finish and records them, then raises

@@ -44,7 +44,7 @@ def _convert_one(
     from ._trace import span
     from .io import load
     from .io.dicom_read import read_series
-    from .resample import resample_batch
+    from .resample import check_label_grid, resample_batch
 
     t = time.perf_counter()
     # with --device gpu the voxels go to the GPU once, decoded there where it is proven; in a
@@ -56,14 +56,8 @@ def _convert_one(
             vol = read_series(case.dicom, workers=decode_workers, device=here)
         else:
             vol = load(case.source, series=case.series, nan=nan, device=here)
-    if lab is not None and (
-        lab.shape != vol.shape or not np.allclose(lab.affine, vol.affine, atol=1e-4)
-    ):
-        raise MedprocError(
-            f"the label map {case.label} is not on the image's grid (shape {lab.shape} vs "
-            f"{vol.shape}, or a different affine); give a label map made on this image",
-            case.source,
-        )
+    if lab is not None:
+        check_label_grid(vol, lab, f"the label map {case.label}", case.source)
     clipped = _dtype_clips(vol, spec)
     if clipped:  # said per case (warning line, manifest, sidecar): the cast saturates
         vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), clipped]

@@ -362,8 +362,4 @@ def lesions_for(case: Case, table: dict | None):
     from .annotations import Lesions
 
     keys = [case.dicom.uid] if case.dicom is not None else []
-    keys += [case.fields.get("stem"), case.fields.get("name")]
-    for k in keys:
-        if k in table:
-            return table[k]
-    return Lesions.empty()
+    return Lesions.of(table, keys + [case.fields.get("stem"), case.fields.get("name")])

@@ -160,19 +160,16 @@ def convert(
 def check_options(fmt: str, nan: str, workers, device: str, name: str, spec) -> None:
     """Raise :class:`UsageError` for an option ``convert`` cannot use (before any work)."""
     from .io import FORMATS
+    from .io.writers import holds_float16
+    from .spec import check_args
 
-    if not isinstance(spec, Spec):
-        raise UsageError(f"spec must be a medproc.Spec, got {type(spec).__name__}")
+    check_args(spec, "convert", **({} if workers == "auto" else {"workers (or 'auto')": workers}))
     if fmt not in FORMATS:
         raise UsageError(f"format must be one of {FORMATS}, got {fmt!r}")
-    if str(spec.dtype) == "float16" and fmt != "npy":
+    if str(spec.dtype) == "float16" and not holds_float16(f"x.{fmt}"):
         raise UsageError(f"--dtype float16: {fmt} files hold no float16 voxels; use --format npy")
     if nan not in ("error", "zero", "keep"):
         raise UsageError(f"nan must be 'error', 'zero' or 'keep', got {nan!r}")
-    if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int)):
-        raise UsageError(f"workers must be a whole number >= 1 or 'auto', got {workers!r}")
-    if workers != "auto" and workers < 1:
-        raise UsageError(f"workers must be >= 1 (or 'auto'), got {workers}")
     if device not in ("cpu", "gpu"):
         raise UsageError(f"device must be 'cpu' or 'gpu', got {device!r}")
     check_template(name)

@@ -68,8 +68,8 @@ def inspect_paths(paths) -> list[Entry]:
     Files that cannot be used are entries of kind ``"error"`` with the reason; stray files that
     are not images are entries of kind ``"skipped"``. Reads headers only (and never opens a
     FIFO or a device)."""
-    from .io.dicom_geometry import series_geometry
     from .io.dicom_scan import scan_dicom
+    from .io.headers import series_grid, series_shape
     from .io.walk import walk_inputs
     from .pipeline.decode import decode_path
 
@@ -90,14 +90,13 @@ def inspect_paths(paths) -> list[Entry]:
         accounted.update(os.path.realpath(f) for f in files + s.copies + [p for p, _ in s.problems])
         src = files[0] if len(files) == 1 else os.path.commonpath(files)
         ts = i.get("TransferSyntaxUID")
-        spp = int(i.get("SamplesPerPixel") or 1)
         e = Entry(
             "annotation" if _is_seg(i) else "dicom",
             src,
             series=s.key,
             modality=str(i.get("Modality") or ""),
             description=str(i.get("SeriesDescription") or ""),
-            shape=(int(i["Columns"]), int(i["Rows"]), len(s.frames)) + ((spp,) if spp > 1 else ()),
+            shape=series_shape(s),
             files=len(files),
             transfer_syntax=str(getattr(ts, "name", ts) or ""),
             decode=decode_path(i),
@@ -110,7 +109,7 @@ def inspect_paths(paths) -> list[Entry]:
             out.append(e)
             continue
         try:
-            g = series_geometry(s)
+            g = series_grid(s)
             e.spacing = tuple(float(x) for x in np.round(spacing_of(g.affine), 4))
             e.orientation = axcodes(g.affine)
             e.warnings = list(g.warnings) + list(s.notes)

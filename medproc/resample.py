@@ -40,20 +40,23 @@ def _check_output_size(vol: Volume, plan) -> None:
     check_output_size(plan.out_shape, vol.channels, in_bytes, vol.meta.get("source"))
 
 
-def check_label_grid(image: Volume, label: Volume) -> None:
+def check_label_grid(image: Volume, label: Volume, label_name=None, image_name=None) -> None:
     """Refuse a label map that is not on its image's grid (shape, or affine within 1e-4 mm):
-    resampled with the image's plan it would land off its structures."""
+    resampled with the image's plan it would land off its structures. The one check of
+    ``resample``, ``convert``, the proxy and the MONAI layer; the names default to the
+    Volumes' sources."""
     if label.shape[:3] == image.shape[:3] and np.allclose(label.affine, image.affine, atol=1e-4):
         return
-    name = label.meta.get("source") or "the label map"
-    img = image.meta.get("source") or "its image"
+    name = label_name or label.meta.get("source") or "the label map"
+    img = image_name or image.meta.get("source") or "its image"
     why = (
-        f"shape {label.shape[:3]} vs {image.shape[:3]}"
+        f"shape {tuple(label.shape[:3])} vs {tuple(image.shape[:3])}"
         if label.shape[:3] != image.shape[:3]
         else f"the same shape, affines {np.abs(label.affine - image.affine).max():.3g} mm apart"
     )
     raise UsageError(
-        f"{name} is not on the grid of {img} ({why}); resample it onto the image first"
+        f"{name} is not on the grid of {img} ({why}); resample it onto the image first, or "
+        "give a label map made on this image"
     )
 
 

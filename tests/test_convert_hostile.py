@@ -269,3 +269,35 @@ def test_an_integer_dtype_that_clips_the_values_is_said(sample_data, tmp_path, c
     assert main(args[:2] + ["-o", str(out2)] + args[4:] + scaled) == 0
     assert "clipped" not in capsys.readouterr().err
     assert not any("clipped" in r["warnings"] for r in _manifest(out2).values())
+
+
+def test_a_label_map_off_its_image_grid_fails_the_case_naming_both(sample_data, tmp_path):
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    src = medproc.load(os.path.join(_labels(sample_data), "case001.nii.gz"))
+    nib.save(
+        nib.Nifti1Image(np.asarray(src.array)[:, :, :-1], src.affine),
+        str(labels / "case001.nii.gz"),
+    )
+    out = tmp_path / "o"
+    image = os.path.join(_images(sample_data), "case001.nii.gz")
+    assert main(["convert", image, "--labels", str(labels), "-o", str(out), "-q"]) == 1
+    (row,) = _manifest(out).values()
+    assert row["status"] == "failed" and "is not on the grid of" in row["error"]
+    assert str(labels / "case001.nii.gz") in row["error"] and image in row["error"]
+
+
+def test_dry_run_sizes_inputs_as_the_readers_load_them(tmp_path, monkeypatch, capsys):
+    """A 2-D NIfTI crashed the dry run (the reader makes it one slice); an int16 NRRD was
+    counted at 4 bytes a voxel, so a cap the run fits under failed it in the dry run."""
+    d = tmp_path / "in"
+    d.mkdir()
+    nib.save(nib.Nifti1Image(np.zeros((50, 40), np.int16), np.eye(4)), str(d / "flat.nii.gz"))
+    medproc.save(medproc.Volume(np.zeros((100, 100, 100), np.int16), np.eye(4)), d / "cube.nrrd")
+    out = tmp_path / "o"
+    # cube: 2 x 4 MB (float32 output, twice) + 2 MB (int16 input) = 10 MB; at 4 bytes 12 MB
+    monkeypatch.setenv("MEDPROC_MAX_BYTES", str(11_000_000))
+    assert main(["convert", str(d), "-o", str(out), "--spacing", "1", "--dry-run"]) == 0
+    listed = capsys.readouterr().out
+    assert "convert      cube" in listed and "convert      flat" in listed
+    assert main(["convert", str(d), "-o", str(out), "--spacing", "1", "-q"]) == 0

@@ -188,7 +188,7 @@ def test_plan_of_and_clear_errors(files):
     with pytest.raises(ValueError, match="mode for key 'label'"):
         Resampled(K, spec, mode=("bilinear", "spline"))
     bad = dict(d, label=d["label"][:, :50])
-    with pytest.raises(ValueError, match="'label' is not on key 'image'"):
+    with pytest.raises(ValueError, match="key 'label' is not on the grid of key 'image'"):
         Resampled(K, spec)(bad)
     with pytest.raises(ValueError, match="channel-first"):
         Resampled(["image"], spec)({"image": d["image"][0]})

@@ -52,6 +52,12 @@ class Lesions:
     def empty(cls) -> Lesions:
         return cls(np.zeros((0, 3)), np.zeros((0, 3)))
 
+    @classmethod
+    def of(cls, table: dict, keys) -> Lesions:
+        """An image's lesions in a lesion table (``{SeriesInstanceUID or file stem: Lesions}``,
+        one file may list many images): the first of ``keys`` listed; none: no lesions."""
+        return next((table[k] for k in keys if k and k in table), None) or cls.empty()
+
     @property
     def diameters(self) -> np.ndarray:
         """Equivalent diameter (mm): the largest extent."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import MedprocError
 
-__all__ = ["HeaderGrid", "header_grid", "series_grid"]
+__all__ = ["HeaderGrid", "header_grid", "series_grid", "series_shape"]
 
 
 @dataclass
@@ -84,9 +84,7 @@ def series_grid(series) -> HeaderGrid:
 
     geo = series_geometry(series)
     info, frames = series.info, series.frames
-    shape = (int(info["Columns"]), int(info["Rows"]), len(frames))
-    spp = info.get("SamplesPerPixel") or 1
-    shape = shape + ((int(spp),) if spp > 1 else ())
+    shape = series_shape(series)
     bits = int(info.get("BitsStored") or info.get("BitsAllocated") or 16)
     signed = bool(info.get("PixelRepresentation"))
     smin, smax = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
@@ -94,3 +92,11 @@ def series_grid(series) -> HeaderGrid:
     dt = rescaled_dtype(smin, smax, slopes, np.array([f.intercept for f in frames], np.float64))
     item = 4 if dt is None else dt.itemsize  # (the reader's rule, for the stored range)
     return HeaderGrid(shape, geo.affine, int(np.prod(shape, dtype=object)) * item, geo.warnings)
+
+
+def series_shape(series) -> tuple:
+    """(i, j, k[, samples]) of a scanned DICOM series: columns, rows, frames."""
+    info = series.info
+    spp = int(info.get("SamplesPerPixel") or 1)
+    shape = (int(info["Columns"]), int(info["Rows"]), len(series.frames))
+    return shape + ((spp,) if spp > 1 else ())

@@ -201,6 +201,12 @@ def save(volume: Volume, path, compresslevel: int = 1, threads: int | None = Non
         raise OutputError(f"cannot be written: {e.strerror or e}", p) from None
 
 
+def holds_float16(path: str) -> bool:
+    """Whether the format of ``path`` holds float16 voxels (only medproc's ``.npy`` cache:
+    NIfTI, NRRD and MHA have no such type)."""
+    return path.lower().endswith(".npy")
+
+
 def _check_target(volume: Volume, p: str, compresslevel: int) -> None:
     """What ``save`` refuses before writing anything, naming the path."""
     from ..errors import UsageError
@@ -213,7 +219,7 @@ def _check_target(volume: Volume, p: str, compresslevel: int) -> None:
     ):
         raise UsageError(f"compresslevel must be 0-3 (igzip's levels), got {compresslevel!r}", p)
     name = str(volume.dtype).replace("torch.", "")
-    if name == "float16" and low.endswith((".nii.gz", ".nii", ".nrrd", ".mha")):
+    if name == "float16" and not holds_float16(p):
         raise UsageError(
             "NIfTI, NRRD and MHA files hold no float16 voxels: resample to float32 "
             "(Spec(dtype='float32')) or save as .npy",

@@ -352,14 +352,10 @@ def _plan(case, img_vol, lab_vol, spec):
     """(image array, label array or None, plan without intensity, intensity, graph)."""
     from ..pipeline import Graph
 
-    if lab_vol is not None and (
-        tuple(lab_vol.shape[:3]) != tuple(img_vol.shape[:3])
-        or not np.allclose(lab_vol.affine, img_vol.affine, atol=1e-4)
-    ):
-        raise ValueError(
-            f"label {case['label']} is not on its image's grid ({tuple(lab_vol.shape)} vs "
-            f"{tuple(img_vol.shape)}); resample it onto {case['image']} first"
-        )
+    if lab_vol is not None:
+        from ..resample import check_label_grid
+
+        check_label_grid(img_vol, lab_vol, f"label {case['label']}", str(case["image"]))
     arr = img_vol.array
     if arr.ndim == 4:
         if arr.shape[3] != 1:

@@ -18,6 +18,7 @@ from monai.transforms import InvertibleTransform, MapTransform
 from monai.utils import ensure_tuple_rep
 
 from ..plan import Plan, make_plan
+from ..resample import check_label_grid
 from ..spec import Spec
 from ._voxels import MONAI_NAME, interp_of, invert, resample_arrays
 from .meta import fetch, store, to_metatensor, to_volume, with_voxels
@@ -85,7 +86,7 @@ def _lesions_of(path: str, vol) -> object:
     source = str(vol.meta.get("source", ""))
     keys = [k for k in (vol.meta.get("series_uid"), stem(source, extra=(".dcm",))) if k]
     table = read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
-    return next((table[k] for k in keys if k in table), Lesions.empty())
+    return Lesions.of(table, keys)
 
 
 class Resampled(MapTransform, InvertibleTransform):
@@ -163,14 +164,7 @@ class Resampled(MapTransform, InvertibleTransform):
                 raise ValueError(f"Resampled: key {k!r}: {e}") from None
         ref = vols[keys[0]]
         for k in keys[1:]:
-            v = vols[k]
-            if v.shape[:3] != ref.shape[:3] or not np.allclose(v.affine, ref.affine, atol=1e-4):
-                raise ValueError(
-                    f"Resampled: key {k!r} is not on key {keys[0]!r}'s grid (shape "
-                    f"{v.shape[:3]} vs {ref.shape[:3]}, affines differ by "
-                    f"{np.abs(v.affine - ref.affine).max():.3g}); resample it in its own "
-                    "Resampled, or onto the image first"
-                )
+            check_label_grid(ref, vols[k], f"Resampled: key {k!r}", f"key {keys[0]!r}")
         device_id = None
         on_gpu = isinstance(ref.array, torch.Tensor) and ref.array.is_cuda
         if self.device == "gpu" and on_gpu:

@@ -44,10 +44,27 @@ def _astype(a, dtype: str):
     return a.astype(dtype)
 
 
-def _feed_dtype(a, label: bool) -> str:
+def _feed_dtype(a, label: bool, fill=None) -> str:
     """The dtype ``a`` is fed to DALI in: its own when DALI takes it; otherwise, exactly,
     int16 for integer labels that fit, else float32; integers beyond +-2^24 (where float32
-    is no longer exact) are refused."""
+    is no longer exact) are refused. An image is fed as float32 when its own type cannot hold
+    the ``fill`` value exactly (DALI casts the fill to the input's type: NaN, 0.5 or 4e4 would
+    pad int16 with 0, 1, 32767). The one rule of the engine and of the DALI Proxy route."""
+    got = _feed_dtype_of(a, label)
+    return got if label or _holds(got, fill) else "float32"
+
+
+def _holds(dtype: str, value) -> bool:
+    """Whether ``dtype`` holds ``value`` (a fill value, None: none) exactly."""
+    if value is None or "int" not in dtype:
+        return True
+    import math
+
+    info = np.iinfo(dtype)
+    return math.isfinite(value) and value == int(value) and info.min <= value <= info.max
+
+
+def _feed_dtype_of(a, label: bool) -> str:
     name = _dtype_name(a)
     if label and "float" in name:  # label maps stored as floats (float32, float64): whole
         return _whole_float_label(a, name)  # numbers, fed as float32

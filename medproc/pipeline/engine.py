@@ -176,10 +176,8 @@ class Engine:
         ]
         fed = []
         for c, col in enumerate(cols):
-            names = {_feed_dtype(a, c > 0) for a in col}
+            names = {_feed_dtype(a, c > 0, graph.fill) for a in col}
             target = names.pop() if len(names) == 1 else "float32"
-            if c == 0 and not _holds(target, graph.fill):  # DALI casts the fill to the input's
-                target = "float32"  # type: NaN, 0.5 or 4e4 would pad int16 with 0, 1, 32767
             fed.append([a if _dtype_name(a) == target else _astype(a, target) for a in col])
         out = [
             Job(fed[0][n], j.plan, tuple(fed[c][n] for c in range(1, len(fed))))
@@ -381,15 +379,3 @@ class _TakeQueue(queue.Queue):
         if self._on_take is not None:
             self._on_take()
         return super()._get()
-
-
-def _holds(dtype: str, value) -> bool:
-    """Whether ``dtype`` holds ``value`` (a fill value, None: none) exactly."""
-    if value is None or "int" not in dtype:
-        return True
-    import math
-
-    import numpy as np
-
-    info = np.iinfo(dtype)
-    return math.isfinite(value) and value == int(value) and info.min <= value <= info.max

@@ -16,7 +16,10 @@ def proxy_inputs(image: np.ndarray, labels, plan: Plan, intensity: bool, graph: 
     """The named pipeline inputs of one sample (computed in a worker, passed to the server's
     ``proxy``): voxels in DALI's layout and the plan's arguments exactly as the engine feeds
     them (:func:`~medproc.pipeline.graphs.plan_inputs`: warp matrices, size, intensity)."""
-    kw = {"img": to_dhwc(image)}
+    from ._dtypes import _astype, _dtype_name, _feed_dtype
+
+    fed = _feed_dtype(image, False, graph.fill)  # (the engine's rule)
+    kw = {"img": to_dhwc(image if _dtype_name(image) == fed else _astype(image, fed))}
     for n, lb in enumerate(labels):
         kw[f"lab{n}"] = to_dhwc(lb)
     for name, vals in plan_inputs([plan], "warp", intensity, graph).items():
