@@ -31,6 +31,8 @@ def as_affine(affine, name: str = "affine") -> np.ndarray:
     >>> as_affine(np.eye(4)).dtype
     dtype('float64')
     """
+    if np.iscomplexobj(affine):  # (numpy would drop the imaginary parts with a warning)
+        raise ValueError(f"{name} must be real, got complex values")
     a = np.array(affine, dtype=np.float64, copy=True)
     if a.shape != (4, 4):
         raise ValueError(f"{name} must be a 4x4 matrix, got shape {a.shape}")

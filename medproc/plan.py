@@ -251,7 +251,17 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
         if array is None:
             raise ValueError("crop_foreground needs the array to find the foreground")
         box = _foreground_box(array, spec.crop_foreground)
-        if box is not None:
+        if box is None:  # (the whole grid is kept: say so, a wrong threshold looks like this)
+            import warnings
+
+            from .errors import MedprocWarning
+
+            warnings.warn(
+                f"crop_foreground: no voxel is above {spec.crop_foreground}: not cropped",
+                MedprocWarning,
+                stacklevel=2,
+            )
+        else:
             lo, hi = box
             corners = np.array(
                 [[a, b, c] for a in (lo[0], hi[0]) for b in (lo[1], hi[1]) for c in (lo[2], hi[2])],

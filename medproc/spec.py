@@ -153,6 +153,11 @@ class Spec:
         object.__setattr__(self, "spacing", _triple(self.spacing, "spacing"))
         object.__setattr__(self, "shape", _triple(self.shape, "shape", integer=True))
         object.__setattr__(self, "crop", _triple(self.crop, "crop", integer=True))
+        fg, margin = self.crop_foreground, self.margin
+        if fg is not None and (isinstance(fg, bool) or not np.isfinite(fg)):
+            raise UsageError(f"crop_foreground must be a finite threshold, got {fg!r}")
+        if isinstance(margin, bool) or not np.isfinite(margin) or margin < 0:
+            raise UsageError(f"margin must be a finite number of mm >= 0, got {margin!r}")
         if self.spacing and self.shape:
             raise UsageError("Spec: give spacing or shape, not both")
         if self.orientation is not None and not isinstance(self.orientation, str):

@@ -45,6 +45,8 @@ class Volume:
 
     def __init__(self, array, affine, meta: dict[str, Any] | None = None):
         arr = array if _is_tensor(array) else np.asarray(array)
+        if 0 in tuple(arr.shape):
+            raise ValueError(f"Volume array is empty: shape {tuple(arr.shape)}")
         if arr.ndim not in (3, 4):
             raise ValueError(
                 f"Volume array must be 3D (i, j, k) or 4D with trailing channels, "
@@ -99,6 +101,11 @@ class Volume:
         current CUDA device) or ``"cuda:N"`` (torch tensors; needs PyTorch with CUDA)."""
         if device == "cpu":
             return self.numpy()
+        ok = isinstance(device, str) and (
+            device in ("gpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())
+        )
+        if not ok:
+            raise ValueError(f"device must be 'cpu', 'gpu', 'cuda' or 'cuda:N', got {device!r}")
         try:
             import torch
         except ImportError:

@@ -247,3 +247,14 @@ def test_loadvolumed_finds_lesions_by_the_full_stem_and_the_series_uid(sample_da
         }
     )
     assert d["l"].ids == ["lesions.csv:2", "lesions.csv:3"]
+
+
+def test_monai_helpers_name_what_they_take():
+    import torch
+
+    from medproc.monai import plan_of
+
+    with pytest.raises(TypeError, match="to_metatensor takes a medproc.Volume, got ndarray"):
+        to_metatensor(np.zeros((3, 3, 3)))
+    with pytest.raises(TypeError, match="plan_of takes the MetaTensor Resampled gave"):
+        plan_of(torch.zeros(1, 3, 3, 3))

@@ -105,6 +105,8 @@ def test_intensity_params():
         ({"spacing": True}, "one number or three"),
         ({"orientation": 5}, "must be a string"),
         ({"intensity": "zscore"}, "must be a medproc.Intensity"),
+        ({"crop_foreground": float("nan")}, "crop_foreground must be a finite threshold"),
+        ({"margin": -50}, "margin must be a finite number of mm >= 0"),
     ],
 )
 def test_spec_validation(kw, match):
@@ -261,3 +263,30 @@ def test_integer_images_beyond_float32_exactness_are_refused():
     assert int(medproc.resample(ok, spacing=1.0, interp="nearest", dtype="int32").array.max()) == (
         2**24 - 3
     )
+
+
+def test_a_foreground_threshold_above_every_voxel_says_it_did_not_crop():
+    a = np.zeros((10, 10, 10), np.float32)
+    with pytest.warns(medproc.errors.MedprocWarning, match="no voxel is above 5.0: not cropped"):
+        p = make_plan(a.shape, np.eye(4), Spec(crop_foreground=5.0), a)
+    assert p.out_shape == (10, 10, 10)
+
+
+def test_volumes_refuse_empty_arrays_complex_affines_and_unknown_devices():
+    with pytest.raises(ValueError, match="empty"):
+        medproc.Volume(np.zeros((0, 5, 5)), np.eye(4))
+    with pytest.raises(ValueError, match="must be real"):
+        medproc.Volume(np.zeros((5, 5, 5)), np.eye(4) * (1 + 1j))
+    with pytest.raises(ValueError, match="device must be 'cpu', 'gpu'"):
+        medproc.Volume(np.zeros((5, 5, 5)), np.eye(4)).to("tpu")
+
+
+def test_float64_images_beyond_float32_are_refused_not_made_inf():
+    a = np.ones((6, 6, 6))
+    a[0, 0, 0] = 1e300
+    with pytest.raises(ValueError, match="beyond float32's range"):
+        medproc.resample(medproc.Volume(a, np.eye(4)), spacing=2.0)
+    a[0, 0, 0] = (
+        np.inf
+    )  # not refused: inf is not a value float32 loses (linear weights make it NaN nearby)
+    assert not np.isfinite(medproc.resample(medproc.Volume(a, np.eye(4)), spacing=1.0).array).all()

@@ -58,6 +58,11 @@ def to_metatensor(vol: Volume, **meta) -> MetaTensor:
         Metadata that replaces or adds to :func:`source_meta` (``affine`` is ignored: the
         Volume's affine is used; pass ``original_affine`` to keep an earlier one).
     """
+    if not isinstance(vol, Volume):
+        raise TypeError(
+            f"to_metatensor takes a medproc.Volume, got {type(vol).__name__} (wrap an array "
+            "with medproc.Volume(array, affine))"
+        )
     arr = vol.array
     if isinstance(arr, np.ndarray):
         t = torch.from_numpy(arr if arr.flags.writeable else np.array(arr))

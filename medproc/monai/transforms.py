@@ -210,6 +210,11 @@ class Resampled(MapTransform, InvertibleTransform):
 def plan_of(x: MetaTensor) -> Plan:
     """The :class:`~medproc.plan.Plan` of the last :class:`Resampled` applied to ``x`` (from its
     ``applied_operations``): for mapping lesions or predictions with medproc's own tools."""
+    if not isinstance(x, MetaTensor):
+        raise TypeError(
+            f"plan_of takes the MetaTensor Resampled gave, got a {type(x).__name__} (plain tensors "
+            "carry no record: under monai.data.set_track_meta(False) nothing is recorded)"
+        )
     for op in reversed(list(x.applied_operations)):
         if op.get("class") == "Resampled":
             return _record_plan(op)
