@@ -145,6 +145,18 @@ def whole_process(
                 *dirs,
             ],  # fmt: skip
         }
+        if cores > 1:  # a pool of one process per core, each ITK filter on one thread
+            runs[f"simpleitk script, {cores} processes x 1 ITK thread"] = (
+                lambda d, dirs=dirs, cores=cores: [
+                    py,
+                    script,
+                    d,
+                    str(cores),
+                    f"--ext={ext}",
+                    "--itk-threads=1",
+                    *dirs,
+                ]  # fmt: skip
+            )
         mine = []
         for dev in devices:
             for j in jobs:
