@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 
-from .geometry import apply_affine, is_orthogonal, spacing_of
+from .geometry import apply_affine, as_affine, is_orthogonal, spacing_of
 from .spec import Spec
 
 __all__ = [
@@ -123,7 +123,7 @@ class Plan:
         the input once (``matrix @ index_map``), keeps the output grid and affine, and records
         the content's world motion so that annotations follow it.
         """
-        t = np.asarray(index_map, dtype=np.float64)
+        t = as_affine(index_map, "the augmentation's index map (augment's result)")
         world = content_motion(self.out_affine, t)
         return replace(self, matrix=self.matrix @ t, motion=world @ self.motion)
 
@@ -159,6 +159,17 @@ class Plan:
 
     def lesions_on_grid(self, lesions) -> list[dict]:
         """Where ``lesions`` (world RAS) land in this plan's output (see Lesions.on_grid)."""
+        if not hasattr(lesions, "on_grid"):
+            hint = (
+                ": a table of all cases (read_luna_csv/read_json without series=/image=); "
+                "pass this case's entry"
+                if isinstance(lesions, dict)
+                else ""
+            )
+            raise TypeError(
+                f"lesions must be a medproc.annotations.Lesions, got {type(lesions).__name__}"
+                + hint
+            )
         moved = lesions if np.allclose(self.motion, np.eye(4)) else lesions.transformed(self.motion)
         return moved.on_grid(self.out_affine, self.out_shape)
 

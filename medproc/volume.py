@@ -128,11 +128,13 @@ class Volume:
 
     def voxel_to_world(self, index) -> np.ndarray:
         """RAS mm of (fractional) voxel indices ``(i, j, k)``, shape ``(..., 3)``."""
-        return apply_affine(self.affine, np.asarray(index, dtype=np.float64))
+        return apply_affine(self.affine, _points(index, "voxel_to_world", "voxel indices"))
 
     def world_to_voxel(self, points) -> np.ndarray:
         """Fractional voxel indices ``(i, j, k)`` of RAS mm points, shape ``(..., 3)``."""
-        return apply_affine(np.linalg.inv(self.affine), np.asarray(points, dtype=np.float64))
+        return apply_affine(
+            np.linalg.inv(self.affine), _points(points, "world_to_voxel", "RAS mm points")
+        )
 
     # derived volumes ---------------------------------------------------------------------
     def with_array(self, array, affine=None, **meta) -> Volume:
@@ -159,3 +161,14 @@ class Volume:
             + (f", device={self.device}" if self.device != "cpu" else "")
             + (f", source={src!r})" if src else ")")
         )
+
+
+def _points(values, where: str, what: str) -> np.ndarray:
+    """``values`` as float64 of shape ``(..., 3)``, or a ValueError saying what it got."""
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected {what}, numbers of shape (3,) or (n, 3)") from None
+    if arr.ndim == 0 or arr.shape[-1] != 3:
+        raise ValueError(f"{where}: expected {what} of shape (3,) or (n, 3), got shape {arr.shape}")
+    return arr

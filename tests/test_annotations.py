@@ -164,6 +164,10 @@ def test_luna_csv_is_lps_and_errors_name_the_line(tmp_path, sample_data):
     bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm\nA,1,2,3,-4\n")
     with pytest.raises(medproc.ReadError, match=r"line 2: .*diameter > 0"):
         read_luna_csv(bad)
+    # a column twice: the csv module would keep the last one silently
+    bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm,coordX\nA,1,2,3,4,99\n")
+    with pytest.raises(medproc.ReadError, match=r"line 1: the column\(s\) \['coordX'\] appear"):
+        read_luna_csv(bad)
 
 
 def test_json_boxes_and_points(tmp_path):
@@ -192,6 +196,10 @@ def test_json_boxes_and_points(tmp_path):
     np.testing.assert_allclose(read_json(p)["a"].sizes, [[4, 5, 6]])
     p.write_text('{"cases": [{"image": "a", "boxes": [[1, 2, 3]]}]}')
     with pytest.raises(medproc.ReadError, match=r"cases\[0\].boxes\[0\]: expected 6"):
+        read_json(p)
+    # a key twice: json would keep the last silently (here the second boxes)
+    p.write_text('{"cases": [{"image": "a", "boxes": [[0, 0, 0, 1, 1, 1]], "boxes": []}]}')
+    with pytest.raises(medproc.ReadError, match=r"l.json: the key 'boxes' appears twice"):
         read_json(p)
     p.write_text('{"cases": [\n{"image": "a",,}]}')
     with pytest.raises(medproc.ReadError, match=r"l.json: line 2: not valid JSON"):

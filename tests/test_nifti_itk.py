@@ -261,6 +261,27 @@ def test_dipy_style_uint16_with_a_trailing_singleton_axis(tmp_path):
     assert half.shape == (5, 4, 5) and np.isfinite(half.array).all()
 
 
+def test_a_5d_nifti_becomes_channels_in_file_order_saying_so(tmp_path):
+    """(x, y, z, 1, c) is MONAI's/ITK's vector image: its components as channels, no note;
+    (x, y, z, t, c) is flattened with the 4th dimension fastest (the file's order), noted."""
+    import nibabel as nib
+
+    rng = np.random.default_rng(5)
+    vec = rng.random((4, 5, 6, 1, 3)).astype(np.float32)
+    nib.save(nib.Nifti1Image(vec, np.eye(4)), tmp_path / "vec.nii.gz")
+    v = medproc.load(tmp_path / "vec.nii.gz")
+    np.testing.assert_array_equal(v.array, vec[:, :, :, 0, :])
+    assert v.meta["warnings"] == []
+    both = rng.random((4, 5, 6, 2, 3)).astype(np.float32)
+    nib.save(nib.Nifti1Image(both, np.eye(4)), tmp_path / "both.nii.gz")
+    v = medproc.load(tmp_path / "both.nii.gz")
+    assert v.array.shape == (4, 5, 6, 6)
+    for t in range(2):
+        for c in range(3):
+            np.testing.assert_array_equal(v.array[..., t + 2 * c], both[..., t, c])
+    assert any("5-D image" in w and "6 channels" in w for w in v.meta["warnings"])
+
+
 @pytest.mark.parametrize("kind", ["complex64", "complex128", "rgb24", "rgba32"])
 def test_complex_and_rgb_niftis_are_refused_clearly(tmp_path, kind):
     import nibabel as nib

@@ -290,3 +290,24 @@ def test_float64_images_beyond_float32_are_refused_not_made_inf():
         np.inf
     )  # not refused: inf is not a value float32 loses (linear weights make it NaN nearby)
     assert not np.isfinite(medproc.resample(medproc.Volume(a, np.eye(4)), spacing=1.0).array).all()
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (np.eye(3), "must be a 4x4 matrix"),
+        (np.full((4, 4), np.nan), "NaN or inf"),
+        (np.diag([1.0, 0.0, 1.0, 1.0]), "singular"),
+    ],
+)
+def test_an_augmentation_that_is_not_an_invertible_affine_is_refused(bad, says):
+    """A user's augment() result: refused before any annotation is moved by it."""
+    plan = make_plan((10, 10, 10), np.eye(4), Spec(spacing=2))
+    with pytest.raises(ValueError, match=f"augmentation's index map.*{says}"):
+        plan.augmented(bad)
+
+
+def test_lesions_that_are_a_whole_table_are_refused_with_advice():
+    plan = make_plan((10, 10, 10), np.eye(4), Spec(spacing=2))
+    with pytest.raises(TypeError, match="got dict: a table of all cases"):
+        plan.lesions_on_grid({"1.2.3": None})

@@ -43,6 +43,16 @@ def test_world_voxel_roundtrip():
     np.testing.assert_allclose(v.spacing, [1.5, 0.7, 2.0])
 
 
+def test_points_of_the_wrong_shape_are_refused_saying_so():
+    v = medproc.Volume(np.zeros((2, 2, 2)), np.eye(4))
+    with pytest.raises(ValueError, match=r"world_to_voxel: .*got shape \(2,\)"):
+        v.world_to_voxel([1, 2])
+    with pytest.raises(ValueError, match=r"voxel_to_world: .*got shape \(2, 4\)"):
+        v.voxel_to_world(np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="numbers of shape"):
+        v.world_to_voxel("abc")
+
+
 def test_indexing_is_refused_with_advice():
     v = medproc.Volume(np.zeros((2, 2, 2)), np.eye(4))
     with pytest.raises(TypeError, match="vol.array"):

@@ -78,6 +78,20 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
     return out
 
 
+class _RepeatedKey(ValueError):
+    pass
+
+
+def _no_repeated_keys(pairs: list) -> dict:
+    """A JSON object, refusing a key given twice (``json`` keeps the last silently)."""
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _RepeatedKey(k)
+        out[k] = v
+    return out
+
+
 def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
     """medproc's JSON lesion format, modelled on MONAI detection's world-coordinate boxes::
 
@@ -98,7 +112,13 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
     _not_dicom(path, "JSON lesion file")
     text = read_text(path)
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_no_repeated_keys)
+    except _RepeatedKey as e:
+        raise ReadError(
+            f"the key {e.args[0]!r} appears twice in one object: which value holds is "
+            "ambiguous. Keep one",
+            path,
+        ) from None
     except json.JSONDecodeError as e:
         raise ReadError(
             f"not valid JSON ({e.msg}); fix it", path, where=f"line {e.lineno}"

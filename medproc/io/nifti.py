@@ -227,11 +227,17 @@ def load_nifti(path: str, nan: str = "error") -> Volume:
     check_dtype(data.dtype, path)  # scaling may change it
     if data.ndim == 2:
         data = data[:, :, None]
+    warnings = []
     if data.ndim > 4:
-        data = data.reshape(data.shape[:3] + (-1,))
+        extra = data.shape[3:]
+        data = data.reshape(data.shape[:3] + (-1,), order="F")
+        if sum(n > 1 for n in extra) > 1:  # (x, y, z, 1, c): the components, as they are
+            warnings.append(
+                f"a {len(extra) + 3}-D image (dimensions 4+ of sizes {list(extra)}) is read as "
+                f"{data.shape[3]} channels, the 4th dimension varying fastest"
+            )
     array = check_finite(data, path, nan)
     hdr = img.header
-    warnings = []
     sform, scode = img.get_sform(coded=True)
     qform, qcode = img.get_qform(coded=True)
     if not scode and not qcode:

@@ -61,6 +61,14 @@ def read_csv_rows(path: str, need: tuple, what: str):
                 path,
                 where="line 1",
             )
+        twice = sorted({c for c in fields if c and fields.count(c) > 1})
+        if twice:  # (DictReader would keep the last of them silently)
+            raise ReadError(
+                f"the column(s) {twice} appear more than once in the header: which one holds "
+                "the values is ambiguous. Keep one of each",
+                path,
+                where="line 1",
+            )
         for line, row in enumerate(reader, 2):
             yield reader.line_num if reader.line_num else line, row
     except csv.Error as e:
