@@ -137,7 +137,12 @@ def measure(task, workers, a):
         res["proxy (engine)"] = run(loader, False)
     if task == "crop" and gpu and "dali-proxy" not in a.skip:
         with ProxyServer(
-            spec, device="gpu", batch_size=a.batch, augment=aug, prefetch=4, route="dali-proxy"
+            spec,
+            device="gpu",
+            batch_size=a.batch,
+            augment=aug,
+            prefetch=2 * max(1, workers),  # DALI Proxy's documented setting: 2 x workers
+            route="dali-proxy",
         ) as server:
             loader = server.loader(
                 Samples(a.samples, server.transform), batch_size=a.batch, num_workers=workers

@@ -58,17 +58,18 @@ def _convert_one(
             vol = load(case.source, series=case.series, nan=nan, device=here)
     if lab is not None:
         check_label_grid(vol, lab, f"the label map {case.label}", case.source)
-    clipped = _dtype_clips(vol, spec)
-    if clipped:  # said per case (warning line, manifest, sidecar): the cast saturates
-        vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), clipped]
-        warnings.warn(f"{case.source}: {clipped}", MedprocWarning, stacklevel=1)
+    for note in (_dtype_clips(vol, spec), _no_foreground(vol, spec)):
+        if note:  # said per case (warning line, manifest, sidecar)
+            vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), note]
+            warnings.warn(f"{case.source}: {note}", MedprocWarning, stacklevel=1)
     got = None
     if _SERVICE is not None:
         with span("to_service", case=case.source):
             got = _SERVICE.resample(vol, lab)
     if got is None:  # here (or the service's arena had no room, or it would be later)
         t_here = time.perf_counter()
-        with span("resample_here", case=case.source):
+        with span("resample_here", case=case.source), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*crop_foreground: no voxel", MedprocWarning)
             (res,) = resample_batch(
                 [vol],
                 spec,
@@ -112,6 +113,16 @@ def _convert_one(
         "lesions": n_les,
         "warnings": " | ".join(str(w) for w in vol.meta.get("warnings") or []),
     }
+
+
+def _no_foreground(vol, spec: Spec) -> str | None:
+    """The note when ``--crop-foreground`` finds nothing to crop to in this case (said here:
+    the GPU service plans in its own process)."""
+    if spec.crop_foreground is None:
+        return None
+    from .plan import no_foreground_note
+
+    return no_foreground_note(vol.array, spec)
 
 
 def _dtype_clips(vol, spec: Spec) -> str | None:

@@ -49,7 +49,7 @@ from .cases import (
     find_cases,
     read_annotation_table,
 )
-from .errors import MedprocError, UsageError
+from .errors import MedprocError, UsageError, check_device
 from .manifest import MANIFEST_FIELDS, output_options, prepare_outdir, read_manifest
 from .spec import Spec
 
@@ -170,8 +170,7 @@ def check_options(fmt: str, nan: str, workers, device: str, name: str, spec) -> 
         raise UsageError(f"--dtype float16: {fmt} files hold no float16 voxels; use --format npy")
     if nan not in ("error", "zero", "keep"):
         raise UsageError(f"nan must be 'error', 'zero' or 'keep', got {nan!r}")
-    if device not in ("cpu", "gpu"):
-        raise UsageError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    device = check_device(device)
     check_template(name)
     if device == "gpu":
         from .pipeline.cache import gpu_visible

@@ -86,3 +86,17 @@ class MedprocWarning(UserWarning):
 
 class GeometryWarning(MedprocWarning):
     """Geometry that is usable but unusual (uneven spacing, gantry tilt, no patient geometry)."""
+
+
+def check_device(device, cuda: bool = False) -> str:
+    """``device`` as a string: ``"cpu"`` or ``"gpu"`` (with ``cuda``, also ``"cuda"`` and
+    ``"cuda:N"``; a ``torch.device`` is taken by its name), else a :class:`UsageError`."""
+    if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
+        device = str(device)
+    ok = device in ("cpu", "gpu") if isinstance(device, str) else False
+    if cuda and isinstance(device, str) and not ok:
+        ok = device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())
+    if not ok:
+        names = "'cpu', 'gpu', 'cuda' or 'cuda:N'" if cuda else "'cpu' or 'gpu'"
+        raise UsageError(f"device must be {names}, got {device!r}")
+    return device

@@ -13,6 +13,7 @@ import numpy as np
 from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 
 from .geometry import apply_affine, as_affine, is_orthogonal, spacing_of
+from .plan_values import _foreground_box, intensity_params, no_foreground_note
 from .spec import Spec
 
 __all__ = [
@@ -204,11 +205,14 @@ def _round_half_up(x):
     return np.floor(np.asarray(x) + 0.5).astype(int)
 
 
-def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Plan:
+def make_plan(
+    shape, affine, spec: Spec, array: np.ndarray | None = None, source: str | None = None
+) -> Plan:
     """Plan the resample of a volume of ``shape`` ``(ni, nj, nk)`` on ``affine`` to ``spec``.
 
     ``array`` (numpy or torch) is needed only when ``spec.needs_array``: for ``crop_foreground``
-    and the intensity statistics (percentiles, z-score, scale without a window).
+    and the intensity statistics (percentiles, z-score, scale without a window). ``source``
+    names the volume in warnings.
 
     Examples
     --------
@@ -267,11 +271,8 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
 
             from .errors import MedprocWarning
 
-            warnings.warn(
-                f"crop_foreground: no voxel is above {spec.crop_foreground}: not cropped",
-                MedprocWarning,
-                stacklevel=2,
-            )
+            note = no_foreground_note(array, spec)
+            warnings.warn(f"{source}: {note}" if source else note, MedprocWarning, stacklevel=3)
         else:
             lo, hi = box
             corners = np.array(
@@ -337,58 +338,3 @@ def monai_grid(shape, affine, src, sign, spacing) -> tuple[np.ndarray, np.ndarra
     else:  # MONAI aligns the two grids' centres (as shape / 2, its convention)
         out[:3, 3] = a_r[:3, :3] @ (n_r / 2.0) + a_r[:3, 3] - out[:3, :3] @ (n_out / 2.0)
     return out, n_out
-
-
-def _foreground_box(array, threshold: float):
-    """(lo, hi) voxel indices of the box around voxels above ``threshold`` (channel 0), or None.
-    Works on numpy arrays and torch tensors (on their device: only 3 small vectors come back)."""
-    a = array[..., 0] if array.ndim == 4 else array
-    m = a > threshold
-    lo, hi = [], []
-    for ax in range(3):
-        others = tuple(x for x in range(3) if x != ax)
-        line = m.any(axis=others) if isinstance(m, np.ndarray) else m.amax(dim=others).cpu().numpy()
-        idx = np.flatnonzero(line)
-        if idx.size == 0:
-            return None
-        lo.append(idx[0])
-        hi.append(idx[-1])
-    return np.array(lo), np.array(hi)
-
-
-def _sample(array, max_voxels: int = 4_000_000) -> np.ndarray:
-    """A strided sample of at most ~``max_voxels`` voxels, as float64 numpy (from the GPU too),
-    its finite values only: a NaN or inf voxel (``load(..., nan="keep")``) would make every
-    statistic, and so every output voxel, NaN or 0."""
-    n = int(np.prod(array.shape))
-    step = max(1, int(np.ceil((n / max_voxels) ** (1 / 3))))
-    s = array[::step, ::step, ::step]
-    s = (s.cpu().numpy() if hasattr(s, "cpu") else np.asarray(s)).astype(np.float64).ravel()
-    s = s[np.isfinite(s)]
-    if s.size == 0:
-        raise ValueError("the intensity statistics found no finite voxel in the volume")
-    return s
-
-
-def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
-    """(lo, hi, a, b): the executor computes ``a * clamp(x, lo, hi) + b``."""
-    it = spec.intensity
-    lo, hi = -np.inf, np.inf
-    needs_stats = it.percentiles or it.zscore or (it.scale and not it.clip)
-    if needs_stats and array is None:
-        raise ValueError("percentile clipping, z-score and scale without clip need the array")
-    sample = _sample(array) if needs_stats else None
-    if it.clip:
-        lo, hi = it.clip
-    elif it.percentiles:
-        lo, hi = (float(x) for x in np.percentile(sample, it.percentiles))
-    a, b = 1.0, 0.0
-    if it.zscore:
-        clipped = np.clip(sample, lo, hi)
-        mean, std = float(clipped.mean()), float(clipped.std())
-        a, b = 1.0 / max(std, 1e-8), -mean / max(std, 1e-8)
-    elif it.scale:
-        wlo, whi = (lo, hi) if np.isfinite(lo) else (float(sample.min()), float(sample.max()))
-        a = (it.scale[1] - it.scale[0]) / max(whi - wlo, 1e-8)
-        b = it.scale[0] - a * wlo
-    return float(lo), float(hi), float(a), float(b)

@@ -108,9 +108,8 @@ class ProxyTransform:
     def plan(self, sample: dict) -> Plan:
         """The sample's plan: the spec's resample, then the random augmentation if any."""
         img = sample["image"]
-        plan = make_plan(
-            img.shape, img.affine, self.spec, img.array if self.spec.needs_array else None
-        )
+        arr = img.array if self.spec.needs_array else None
+        plan = make_plan(img.shape, img.affine, self.spec, arr, img.meta.get("source"))
         if self.augment is not None:
             plan = plan.augmented(self.augment(plan, self._generator()))
         return plan

@@ -137,7 +137,10 @@ def resample_batch(
     if into is not None and on_gpu:
         raise UsageError("into: for numpy outputs; these inputs are CUDA tensors (outputs too)")
     plans = [
-        make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None) for v in vols
+        make_plan(
+            v.shape, v.affine, spec, v.array if spec.needs_array else None, v.meta.get("source")
+        )
+        for v in vols
     ]
     for v, p in zip(vols, plans):
         _check_output_size(v, p)

@@ -42,6 +42,18 @@ def _triple(value, name: str, positive: bool = True, integer: bool = False):
     return tuple(float(x) for x in v)
 
 
+def _number(value, name: str, what: str, minimum: float | None = None) -> float:
+    """``value`` as one finite real number (>= ``minimum``), or a UsageError naming ``name``."""
+    bad = isinstance(value, (bool, np.bool_, str, bytes)) or np.iscomplexobj(value)
+    try:
+        v = float(value) if not bad and np.ndim(value) == 0 else None
+    except (TypeError, ValueError):
+        v = None
+    if v is None or not np.isfinite(v) or (minimum is not None and v < minimum):
+        raise UsageError(f"{name} must be {what}, got {value!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class Intensity:
     """Intensity steps, applied in this order after resampling.
@@ -153,11 +165,12 @@ class Spec:
         object.__setattr__(self, "spacing", _triple(self.spacing, "spacing"))
         object.__setattr__(self, "shape", _triple(self.shape, "shape", integer=True))
         object.__setattr__(self, "crop", _triple(self.crop, "crop", integer=True))
-        fg, margin = self.crop_foreground, self.margin
-        if fg is not None and (isinstance(fg, bool) or not np.isfinite(fg)):
-            raise UsageError(f"crop_foreground must be a finite threshold, got {fg!r}")
-        if isinstance(margin, bool) or not np.isfinite(margin) or margin < 0:
-            raise UsageError(f"margin must be a finite number of mm >= 0, got {margin!r}")
+        if self.crop_foreground is not None:
+            fg = _number(self.crop_foreground, "crop_foreground", "one finite threshold")
+            object.__setattr__(self, "crop_foreground", fg)
+        margin = 0.0 if self.margin is None else self.margin  # (None: no margin)
+        margin = _number(margin, "margin", "one finite number of mm >= 0", minimum=0.0)
+        object.__setattr__(self, "margin", margin)
         if self.spacing and self.shape:
             raise UsageError("Spec: give spacing or shape, not both")
         if self.orientation is not None and not isinstance(self.orientation, str):

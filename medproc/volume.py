@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import check_device
 from .geometry import apply_affine, as_affine, axcodes, spacing_of
 
 __all__ = ["Volume"]
@@ -99,13 +100,9 @@ class Volume:
     def to(self, device: str) -> Volume:
         """This volume with its voxels on ``device``: ``"cpu"`` (numpy), ``"gpu"`` (= the
         current CUDA device) or ``"cuda:N"`` (torch tensors; needs PyTorch with CUDA)."""
+        device = check_device(device, cuda=True)
         if device == "cpu":
             return self.numpy()
-        ok = isinstance(device, str) and (
-            device in ("gpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())
-        )
-        if not ok:
-            raise ValueError(f"device must be 'cpu', 'gpu', 'cuda' or 'cuda:N', got {device!r}")
         try:
             import torch
         except ImportError:

@@ -105,8 +105,12 @@ def test_intensity_params():
         ({"spacing": True}, "one number or three"),
         ({"orientation": 5}, "must be a string"),
         ({"intensity": "zscore"}, "must be a medproc.Intensity"),
-        ({"crop_foreground": float("nan")}, "crop_foreground must be a finite threshold"),
-        ({"margin": -50}, "margin must be a finite number of mm >= 0"),
+        ({"crop_foreground": float("nan")}, "crop_foreground must be one finite threshold"),
+        ({"crop_foreground": "-500"}, "crop_foreground must be one finite threshold"),
+        ({"crop_foreground": 1 + 2j}, "crop_foreground must be one finite threshold"),
+        ({"margin": -50}, "margin must be one finite number of mm >= 0"),
+        ({"margin": (1, 2)}, "margin must be one finite number of mm >= 0"),
+        ({"margin": np.bool_(True)}, "margin must be one finite number of mm >= 0"),
     ],
 )
 def test_spec_validation(kw, match):
@@ -277,19 +281,56 @@ def test_volumes_refuse_empty_arrays_complex_affines_and_unknown_devices():
         medproc.Volume(np.zeros((0, 5, 5)), np.eye(4))
     with pytest.raises(ValueError, match="must be real"):
         medproc.Volume(np.zeros((5, 5, 5)), np.eye(4) * (1 + 1j))
-    with pytest.raises(ValueError, match="device must be 'cpu', 'gpu'"):
-        medproc.Volume(np.zeros((5, 5, 5)), np.eye(4)).to("tpu")
+    v = medproc.Volume(np.zeros((5, 5, 5)), np.eye(4))
+    with pytest.raises(medproc.UsageError, match="device must be 'cpu', 'gpu', 'cuda' or"):
+        v.to("tpu")
+    import torch
+
+    assert v.to(torch.device("cpu")).device == "cpu"  # a torch.device by its name
+    if not torch.cuda.is_available():  # valid names get past the check, to the GPU's absence
+        for d in ("gpu", "cuda", "cuda:1", torch.device("cuda")):
+            with pytest.raises(RuntimeError, match="no CUDA GPU"):
+                v.to(d)
 
 
 def test_float64_images_beyond_float32_are_refused_not_made_inf():
     a = np.ones((6, 6, 6))
     a[0, 0, 0] = 1e300
+    with pytest.raises(ValueError, match="float64 values reach 1e.300, beyond float32's range"):
+        medproc.resample(medproc.Volume(a, np.eye(4)), spacing=2.0)
+    a[1, 1, 1] = np.nan  # NaN beside it: the finite values are still checked
     with pytest.raises(ValueError, match="beyond float32's range"):
         medproc.resample(medproc.Volume(a, np.eye(4)), spacing=2.0)
-    a[0, 0, 0] = (
-        np.inf
-    )  # not refused: inf is not a value float32 loses (linear weights make it NaN nearby)
-    assert not np.isfinite(medproc.resample(medproc.Volume(a, np.eye(4)), spacing=1.0).array).all()
+    # float32's largest value is not beyond it; inf and NaN alone are not refused (they stay
+    # inf/NaN in float32, no value is lost)
+    a = np.ones((6, 6, 6))
+    a[0, 0, 0] = float(np.finfo(np.float32).max)
+    out = medproc.resample(medproc.Volume(a, np.eye(4)), spacing=1.0).array
+    assert np.isfinite(out).all() and out.max() == np.finfo(np.float32).max
+    a[0, 0, 0] = np.inf
+    medproc.resample(medproc.Volume(a, np.eye(4)), spacing=1.0)
+
+
+def test_the_float32_range_rule_covers_torch_longdouble_and_the_loaders(tmp_path):
+    import nibabel as nib
+    import torch
+
+    from medproc._float32 import beyond_float32
+
+    t = torch.ones(4, 4, 4, dtype=torch.float64)
+    t[0, 0, 0], t[1, 1, 1] = 1e39, float("nan")
+    assert "reach 1e+39" in beyond_float32(t)
+    assert beyond_float32(t.float()) is None  # (float32 already: nothing to lose)
+    long = np.ones((4, 4, 4), dtype=np.longdouble)
+    long[0, 0, 0] = 1e39
+    assert beyond_float32(long)
+    # a file with NaN and a huge value: refused whatever the NaN policy, naming the file
+    a = np.ones((4, 4, 4))
+    a[0, 0, 0], a[1, 1, 1] = 1e39, np.nan
+    nib.save(nib.Nifti1Image(a, np.eye(4)), tmp_path / "huge.nii.gz")
+    for nan in ("zero", "keep"):
+        with pytest.raises(medproc.ReadError, match="huge.nii.gz: float64 values reach 1e.39"):
+            medproc.load(tmp_path / "huge.nii.gz", nan=nan)
 
 
 @pytest.mark.parametrize(

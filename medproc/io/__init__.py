@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ReadError, UsageError
+from ..errors import ReadError, UsageError, check_device
 from ..volume import Volume
 from .atomic import atomic_path, atomic_write
 from .safety import check_file
@@ -96,8 +96,7 @@ def load(
         isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
     ):
         raise UsageError(f"workers must be a whole number >= 1 (or None), got {workers!r}")
-    if device not in ("cpu", "gpu"):
-        raise UsageError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    device = check_device(device)
     if nan not in ("error", "zero", "keep"):
         raise UsageError(f"nan must be one of ('error', 'zero', 'keep'), got {nan!r}")
     if not os.path.lexists(p):

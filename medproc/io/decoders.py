@@ -88,12 +88,10 @@ def read_with_plugins(
     series: DicomSeries, device: str = "cpu", workers: int | None = None
 ) -> Volume:
     """Decode ``series`` on ``device`` ("cpu" or "gpu"): see the module doc."""
+    from ..errors import check_device
     from .dicom_read import read_series_cpu
 
-    if device not in ("cpu", "gpu"):
-        from ..errors import UsageError
-
-        raise UsageError(f"device must be 'cpu' or 'gpu', got {device!r}")
+    device = check_device(device)
     err = series.problem_error()  # a file of the series cannot be used: never read without it
     if err is not None:
         raise err

@@ -37,21 +37,17 @@ def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
         from ..errors import UsageError
 
         raise UsageError(f"nan must be one of {NAN_POLICIES}, got {nan!r}")
-    if array.dtype.kind != "f" or nan == "keep":
+    if array.dtype.kind != "f":
+        return array
+    from .._float32 import beyond_float32
+
+    why = beyond_float32(array)
+    if why:  # checked whatever the NaN policy: resampling would make these inf
+        raise ReadError(why, path)
+    if nan == "keep":
         return array
     finite = np.isfinite(array)
     if finite.all():
-        big = (
-            max(-float(array.min()), float(array.max()))
-            if array.itemsize > 4 and array.size
-            else 0.0
-        )
-        if big > np.finfo(np.float32).max:  # float32 inside DALI: they would become inf
-            raise ReadError(
-                f"holds values up to {big:.3g}, beyond float32's range (3.4e38) that medproc "
-                "resamples in; rescale the data",
-                path,
-            )
         return array
     bad = int(finite.size - finite.sum())
     if nan == "error":

@@ -363,7 +363,9 @@ def _plan(case, img_vol, lab_vol, spec):
                 f"image {case['image']}: PatchLoader takes one channel, got {arr.shape[3]}"
             )
         arr = arr[..., 0]
-    plan = make_plan(arr.shape, img_vol.affine, spec, arr if spec.needs_array else None)
+    plan = make_plan(
+        arr.shape, img_vol.affine, spec, arr if spec.needs_array else None, str(case["image"])
+    )
     intensity, plan = plan.intensity, replace(plan, intensity=None)
     lab = None
     if lab_vol is not None:

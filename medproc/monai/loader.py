@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from monai.data import MetaTensor
 
+from ..errors import check_device
 from ..pipeline import stacked
 from ..spec import Spec
 from ._patch_cache import GPU_CACHE_FRACTION, Builder, Entry
@@ -149,8 +150,7 @@ class PatchLoader:
             raise TypeError(f"sampling must be a PosNeg(...), got {type(sampling).__name__}")
         if not isinstance(augment, Augment):
             raise TypeError(f"augment must be an Augment(...), got {type(augment).__name__}")
-        if device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        device = check_device(device)
         if cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
         if cache == "gpu" and device != "gpu":

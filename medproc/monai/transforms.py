@@ -17,6 +17,7 @@ from monai.data import MetaTensor, get_track_meta
 from monai.transforms import InvertibleTransform, MapTransform
 from monai.utils import ensure_tuple_rep
 
+from ..errors import check_device
 from ..plan import Plan, make_plan
 from ..resample import check_label_grid
 from ..spec import Spec
@@ -137,8 +138,7 @@ class Resampled(MapTransform, InvertibleTransform):
         super().__init__(keys, allow_missing_keys)
         if not isinstance(spec, Spec):
             raise TypeError(f"spec must be a medproc.Spec, got {type(spec).__name__}")
-        if device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        device = check_device(device)
         self.spec = spec
         self.device = device
         self.lesion_key = lesion_key
@@ -174,7 +174,7 @@ class Resampled(MapTransform, InvertibleTransform):
         roles = dict(items)
         stats = next((k for k in keys if not roles[k][1]), keys[0])
         arr = vols[stats].array if self.spec.needs_array else None
-        plan = make_plan(ref.shape, ref.affine, self.spec, arr)
+        plan = make_plan(ref.shape, ref.affine, self.spec, arr, vols[stats].meta.get("source"))
         out = resample_arrays(
             {k: vols[k].array for k in keys}, plan, roles, self.spec, self.device, device_id
         )

@@ -74,17 +74,12 @@ def _feed_dtype_of(a, label: bool) -> str:
         return "uint8"
     if label and "complex" in name:
         raise ValueError(f"label maps must hold integers, got {name}")
-    if name == "float64" and not label:  # beyond float32's range they would become inf
-        n = a.numel() if _is_torch(a) else a.size
-        if _is_torch(a):
-            big = float(a[a.isfinite()].abs().max()) if n and bool(a.isfinite().any()) else 0.0
-        else:  # (finite values: inf stays inf in float32, NaN NaN)
-            big = float(np.max(np.abs(a), where=np.isfinite(a), initial=0.0)) if n else 0.0
-        if big > float(np.finfo(np.float32).max):
-            raise ValueError(
-                f"float64 image values reach {big:.3g}, beyond float32's range (DALI computes in "
-                "float32): they would become inf; rescale them first"
-            )
+    if not label:
+        from .._float32 import beyond_float32
+
+        why = beyond_float32(a)
+        if why:
+            raise ValueError(f"image {why}")
     if "int" not in name or (not label and name in ("int8", "uint16")):
         return "float32"  # (these fit float32 exactly)
     n = a.numel() if _is_torch(a) else a.size

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from ..errors import check_device
 from ..plan import Plan
 from ._dtypes import _astype, _dtype_name, _feed_dtype
 from .cache import (
@@ -113,8 +114,7 @@ class Engine:
     ):
         if not dali_available():
             raise ImportError(f"medproc's pipelines need NVIDIA DALI: {INSTALL}")
-        if device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
+        device = check_device(device)
         if device == "gpu":
             check_gpu_here()  # before anything touches CUDA in a forked child
         if device == "gpu" and not gpu_available():

@@ -1,0 +1,75 @@
+"""What planning reads from the voxels themselves: the foreground box of ``crop_foreground``
+and the intensity statistics (percentiles, z-score, scale without a window); numpy arrays and
+torch tensors alike."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .spec import Spec
+
+__all__ = ["intensity_params", "no_foreground_note"]
+
+
+def no_foreground_note(array, spec: Spec) -> str | None:
+    """What to say when ``spec.crop_foreground`` finds no voxel of ``array`` (channel 0) above
+    its threshold, so that nothing is cropped; None when it finds some (or is not set)."""
+    if spec.crop_foreground is None or _foreground_box(array, spec.crop_foreground) is not None:
+        return None
+    where = " of channel 0" if array.ndim == 4 else ""
+    return f"crop_foreground: no voxel{where} is above {spec.crop_foreground}: not cropped"
+
+
+def _foreground_box(array, threshold: float):
+    """(lo, hi) voxel indices of the box around voxels above ``threshold`` (channel 0), or None.
+    Works on numpy arrays and torch tensors (on their device: only 3 small vectors come back)."""
+    a = array[..., 0] if array.ndim == 4 else array
+    m = a > threshold
+    lo, hi = [], []
+    for ax in range(3):
+        others = tuple(x for x in range(3) if x != ax)
+        line = m.any(axis=others) if isinstance(m, np.ndarray) else m.amax(dim=others).cpu().numpy()
+        idx = np.flatnonzero(line)
+        if idx.size == 0:
+            return None
+        lo.append(idx[0])
+        hi.append(idx[-1])
+    return np.array(lo), np.array(hi)
+
+
+def _sample(array, max_voxels: int = 4_000_000) -> np.ndarray:
+    """A strided sample of at most ~``max_voxels`` voxels, as float64 numpy (from the GPU too),
+    its finite values only: a NaN or inf voxel (``load(..., nan="keep")``) would make every
+    statistic, and so every output voxel, NaN or 0."""
+    n = int(np.prod(array.shape))
+    step = max(1, int(np.ceil((n / max_voxels) ** (1 / 3))))
+    s = array[::step, ::step, ::step]
+    s = (s.cpu().numpy() if hasattr(s, "cpu") else np.asarray(s)).astype(np.float64).ravel()
+    s = s[np.isfinite(s)]
+    if s.size == 0:
+        raise ValueError("the intensity statistics found no finite voxel in the volume")
+    return s
+
+
+def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
+    """(lo, hi, a, b): the executor computes ``a * clamp(x, lo, hi) + b``."""
+    it = spec.intensity
+    lo, hi = -np.inf, np.inf
+    needs_stats = it.percentiles or it.zscore or (it.scale and not it.clip)
+    if needs_stats and array is None:
+        raise ValueError("percentile clipping, z-score and scale without clip need the array")
+    sample = _sample(array) if needs_stats else None
+    if it.clip:
+        lo, hi = it.clip
+    elif it.percentiles:
+        lo, hi = (float(x) for x in np.percentile(sample, it.percentiles))
+    a, b = 1.0, 0.0
+    if it.zscore:
+        clipped = np.clip(sample, lo, hi)
+        mean, std = float(clipped.mean()), float(clipped.std())
+        a, b = 1.0 / max(std, 1e-8), -mean / max(std, 1e-8)
+    elif it.scale:
+        wlo, whi = (lo, hi) if np.isfinite(lo) else (float(sample.min()), float(sample.max()))
+        a = (it.scale[1] - it.scale[0]) / max(whi - wlo, 1e-8)
+        b = it.scale[0] - a * wlo
+    return float(lo), float(hi), float(a), float(b)
