@@ -26,6 +26,8 @@ __all__ = ["Batch", "Todo", "INTERRUPTED"]
 
 #: the error of a case a second Ctrl-C stopped (redone by the next run)
 INTERRUPTED = "interrupted (Ctrl-C) before it finished; run the same command again to convert it"
+#: the status of a case a Ctrl-C kept from starting (converted when the command is run again)
+NOT_STARTED = "not started"
 
 
 @dataclass
@@ -120,6 +122,7 @@ class Batch:
                 if progress:
                     progress(row)
 
+        interrupted = False
         try:
             with _Interrupts(on_interrupt) as stop:
                 if self.executor is None:
@@ -127,8 +130,17 @@ class Batch:
                 else:
                     self._run_pool(stop, finish, on_started)
                 interrupted = stop.requested
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:  # every row settled, whatever happened: a second Ctrl-C may have ended a
-            write_manifest(manifest, self.kept + self.rows)  # finish() before its write
+            # finish() before its write; the cases a Ctrl-C kept from starting get a row too
+            settled = {id(r) for r in self.rows}
+            for t in self.todo if interrupted else ():
+                if id(t.row) not in settled:
+                    t.row.update(status=NOT_STARTED, error=f"{t.case.source}: {INTERRUPTED}")
+                    self.rows.append(t.row)
+            write_manifest(manifest, self.kept + self.rows)
         if interrupted:
             raise KeyboardInterrupt
         return sorted(self.rows, key=lambda r: r["case"])

@@ -157,12 +157,15 @@ def _write_case(
     save(out, out_path, threads=threads)  # gzip threads: this case's share of the cores
     if out_lab is not None:
         save(out_lab, label_path, threads=threads)
-    if record is not None:
-        _write_sidecar(out_path, case, vol, out, label_path, record)
     n_les = ""
     if lesions is not None:
-        _write_annotations(out_path, out, lesions)
+        off = _write_annotations(out_path, out, lesions)
         n_les = str(len(lesions))
+        if off:  # (the manifest's count is of every lesion written; say which are off)
+            note = f'{off} of {n_les} lesion(s) lie outside the output grid ("inside": false)'
+            vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), note]
+    if record is not None:  # (after the notes above: the sidecar lists them too)
+        _write_sidecar(out_path, case, vol, out, label_path, record)
     if qc_path:
         from .qc import qc_figure
 
@@ -236,7 +239,8 @@ def _write_sidecar(out_path: str, case: Case, vol, out, label_path, record: dict
         json.dump(doc, f, indent=1)
 
 
-def _write_annotations(out_path: str, out, lesions) -> None:
+def _write_annotations(out_path: str, out, lesions) -> int:
+    """Write ``<name>.annotations.json``; returns how many lesions lie outside the output."""
     import json
 
     doc = {
@@ -250,6 +254,7 @@ def _write_annotations(out_path: str, out, lesions) -> None:
     }
     with atomic_write(annotations_path(out_path)) as tmp, open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
+    return sum(not les["inside"] for les in doc["lesions"])
 
 
 def _worker_id() -> str:

@@ -82,8 +82,8 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             if diff:
                 conflicts[nm] = diff
             elif done and not force:
-                err = "output exists (use --force to redo)"
-                decided.append({**old, **row, "status": "skipped", "error": err})
+                # (status skipped: done by an earlier run with these options; no error)
+                decided.append({**old, **row, "status": "skipped", "error": ""})
                 continue
             elif lacks and not force:
                 redo[nm] = lacks

@@ -119,6 +119,7 @@ def inspect_paths(paths) -> list[Entry]:
         out.append(e)
     for f in images.files:
         out.append(_header_entry(f))
+    out += [Entry("skipped", p, error=reason) for p, reason in images.skipped]
     listed = set()
     for p, reason in (scan.bad if scan else []) + images.bad:
         if p not in listed:
@@ -130,7 +131,8 @@ def inspect_paths(paths) -> list[Entry]:
                 out.append(Entry("annotation", p, modality="RTSTRUCT", files=1))
             else:
                 out.append(Entry("skipped", p, error=reason))
-    return _named_inputs_accounted(paths, _stray_files(paths, out, accounted))
+    out = _named_inputs_accounted(paths, _stray_files(paths, out, accounted))
+    return sorted(out, key=lambda e: (e.kind == "skipped", e.source))  # by path, skipped last
 
 
 def _is_seg(info: dict) -> bool:

@@ -283,10 +283,7 @@ def _stamp(pic, text, x, y, ha="left", va="top", size=7.0, colour=(255, 255, 255
 
 
 _GREY, _WHITE, _YELLOW = (190, 190, 190), (255, 255, 255), (255, 230, 0)
-_LEGEND = (
-    "radiological views: patient's left on the image's right (axial, coronal), anterior on the "
-    "left (sagittal); label outlined, lesions circled in red"
-)
+_VIEWS_ARE = "radiological views: patient's left on the image's right (axial, coronal), anterior"
 
 
 def qc_render(
@@ -352,7 +349,9 @@ def qc_render(
     more = f"; {hidden} more not shown" if hidden else ""
     _stamp(pic, title or "QC", gap, 3, size=10, colour=_WHITE)
     _stamp(pic, f"before {_describe(before)}  ->  after {_describe(after)}{more}", gap, 20)
-    _stamp(pic, _LEGEND, gap, 35)
+    marks = [m for m, on in (("label outlined", label is not None), ("lesions circled in red",
+                                                                      bool(lesions))) if on]  # fmt: skip
+    _stamp(pic, "; ".join([_VIEWS_ARE + " on the left (sagittal)", *marks]), gap, 35)
     return pic, panels
 
 

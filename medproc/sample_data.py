@@ -224,7 +224,9 @@ def make_dataset(
             )
         img, lab = ct_phantom((size, size, nz), aff, les, seed=seed + c)
         vol = Volume(img, aff)
-        uid = _uid(rng)
+        # (the same draws as before, mixed with the size: another --size or slice count
+        # makes other volumes, so they get other UIDs)
+        uid = _uid(np.random.default_rng([*rng.integers(1, 10**9, 3).tolist(), size, nz]))
         name = f"case{c:03d}"
         write_dicom_series(
             os.path.join(out, "dicom", name),

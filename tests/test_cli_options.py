@@ -157,6 +157,23 @@ def test_symlinked_folders_are_followed_once_without_loops(sample_data, tmp_path
     assert sorted(_manifest(out)) == ["case001", "case002"]
 
 
+def test_a_file_linked_under_two_names_is_read_once_and_the_other_name_said(sample_data, tmp_path):
+    from medproc.inspect import inspect_paths
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    shutil.copy(os.path.join(_images(sample_data), "case001.nii.gz"), tree / "a.nii.gz")
+    os.symlink(tree / "a.nii.gz", tree / "b.nii.gz")
+    shutil.copy(os.path.join(_images(sample_data), "case002.nii.gz"), tree / "c.nii.gz")
+    entries = inspect_paths([str(tree)])
+    assert [os.path.basename(e.source) for e in entries] == ["a.nii.gz", "c.nii.gz", "b.nii.gz"]
+    assert entries[-1].kind == "skipped" and "the same file as" in entries[-1].error
+    assert entries[-1].error.endswith("a.nii.gz (a link): read once")
+    out = tmp_path / "out"
+    assert main(["convert", str(tree), "-o", str(out), "--spacing", "4", "-q"]) == 0
+    assert sorted(_manifest(out)) == ["a", "c"]
+
+
 def _tree_with_seg(sample_data, tmp_path):
     from test_layouts import _axial_label, _write_seg
 

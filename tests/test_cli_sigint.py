@@ -92,8 +92,13 @@ def test_ctrl_c_finishes_running_cases_records_them_and_resume_continues(data, t
     assert "run the same command again to continue" in err
     if workers == "2":
         assert "2 worker(s), fork pool" in err  # workers forked, not spawned
-    rows = _rows(out)
-    assert 1 <= len(rows) < 6 and {r["status"] for r in rows} == {"ok"}, rows
+    every = _rows(out)  # a row per case: those not started say so
+    assert len(every) == 6, every
+    rows = [r for r in every if r["status"] == "ok"]
+    waiting = [r for r in every if r["status"] != "ok"]
+    assert 1 <= len(rows) < 6 and waiting, every
+    assert {r["status"] for r in waiting} == {"not started"}, waiting
+    assert all("interrupted (Ctrl-C)" in r["error"] for r in waiting)
     for r in rows:  # every recorded case finished: its output is complete
         assert medproc.load(r["output"]).shape == tuple(map(int, r["out_shape"].split("x")))
     files = os.listdir(out)
@@ -106,13 +111,16 @@ def test_ctrl_c_finishes_running_cases_records_them_and_resume_continues(data, t
     after = {r["case"]: r for r in _rows(out)}
     assert len(after) == 6 and {r["status"] for r in after.values()} == {"ok", "skipped"}
     assert {c for c, r in after.items() if r["status"] == "skipped"} == {r["case"] for r in rows}
+    assert all(r["error"] == "" for r in after.values())  # (done earlier: no error to say)
 
 
 def test_a_second_ctrl_c_stops_the_running_cases_at_once(data, tmp_path):
     out = str(tmp_path / "out")
     rc, err = _convert_then_ctrl_c(data, out, "2", presses=2, spacing="0.3")
     assert rc == 130 and "Traceback" not in err, err[-2000:]
-    rows = _rows(out)
+    every = _rows(out)
+    assert len(every) == 6 and {r["status"] for r in every} <= {"ok", "failed", "not started"}
+    rows = [r for r in every if r["status"] != "not started"]
     assert "failed" in {r["status"] for r in rows} and len(rows) <= 2, rows
     for r in rows:
         if r["status"] == "failed":

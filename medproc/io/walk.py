@@ -92,15 +92,17 @@ def walk_inputs(
         Do not enter sub-folders holding ``medproc convert`` outputs (a ``manifest.csv``).
     """
     out = Walk()
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # real path -> the name it was found under first
     walked: set[str] = set()  # real paths of the folders entered: each once, no loops
     excluded = {os.path.realpath(os.fspath(e)) for e in exclude}
 
     def add(p: str, real: str | None = None):
         real = real or os.path.realpath(p)
         if real not in seen:
-            seen.add(real)
+            seen[real] = p
             out.files.append(p)
+        elif os.path.abspath(seen[real]) != os.path.abspath(p):  # (not the same name twice)
+            out.skipped.append((p, f"the same file as {seen[real]} (a link): read once"))
 
     for p in paths:
         p = os.fspath(p)
