@@ -99,7 +99,9 @@ def write_layouts(a, targets: dict, batch, con) -> int:
             )
             n = len(os.listdir(os.path.join(d, "imagesTr")))
             m = len(os.listdir(os.path.join(d, "imagesTs")))
-            con.print(f"nnU-Net dataset: {d} ({n} training case(s), {m} test case(s))")
+            con.print(
+                f"nnU-Net dataset: {d} ({n} training case(s), {m} test case(s))", soft_wrap=True
+            )
         if "monai" in targets:
             p = write_monai_datalist(
                 a.outdir,
@@ -108,7 +110,7 @@ def write_layouts(a, targets: dict, batch, con) -> int:
                 validation=a.validation or (),
                 device=a.device,
             )
-            con.print(f"MONAI datalist: {p}")
+            con.print(f"MONAI datalist: {p}", soft_wrap=True)
     except (MedprocError, ValueError, OSError) as e:
         print(f"medproc convert: error: --layout: {e}", file=sys.stderr)
         return 1
