@@ -258,3 +258,21 @@ def test_monai_helpers_name_what_they_take():
         to_metatensor(np.zeros((3, 3, 3)))
     with pytest.raises(TypeError, match="plan_of takes the MetaTensor Resampled gave"):
         plan_of(torch.zeros(1, 3, 3, 3))
+
+
+def test_the_common_mistakes_of_a_monai_script_are_named(sample_data):
+    """A tutorial's EnsureChannelFirstd kept after LoadVolumed (a channel twice) and the keys
+    given label first without mode= (the label resampled as the image)."""
+    from monai.transforms import Compose, EnsureChannelFirstd
+
+    img = os.path.join(sample_data, "nifti", "images", "case001.nii.gz")
+    lab = os.path.join(sample_data, "nifti", "labels", "case001.nii.gz")
+    spec = medproc.Spec(spacing=3.0)
+    keys = ["image", "label"]
+    twice = Compose([LoadVolumed(keys), EnsureChannelFirstd(keys), Resampled(keys, spec)])
+    with pytest.raises(RuntimeError) as got:  # (MONAI's Compose chains the transform's error)
+        twice({"image": img, "label": lab})
+    said = str(got.value.__cause__)
+    assert "a channel was added twice" in said and "remove EnsureChannelFirstd" in said
+    with pytest.warns(medproc.errors.MedprocWarning, match="'image' as a label map"):
+        Resampled(["label", "image"], spec)

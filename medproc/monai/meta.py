@@ -91,9 +91,15 @@ def to_volume(x, affine=None) -> Volume:
             "LoadVolumed keeps the affine under '<key>_meta_dict') or affine="
         )
     if len(x.shape) != 4:
+        fix = (
+            "a channel was added twice: LoadVolumed (and LoadImaged(ensure_channel_first=True))"
+            " already put it first, remove EnsureChannelFirstd"
+            if len(x.shape) == 5 and x.shape[0] == 1
+            else "load it with LoadVolumed or LoadImaged(..., ensure_channel_first=True), or "
+            "add EnsureChannelFirstd"
+        )
         raise ValueError(
-            f"expected a channel-first image (C, i, j, k), got shape {tuple(x.shape)}; load it "
-            "with LoadImaged(..., ensure_channel_first=True) or add EnsureChannelFirstd"
+            f"expected a channel-first image (C, i, j, k), got shape {tuple(x.shape)}: {fix}"
         )
     aff = np.asarray(aff.detach().cpu() if torch.is_tensor(aff) else aff, dtype=np.float64)
     if torch.is_tensor(x):

@@ -144,6 +144,18 @@ class Resampled(MapTransform, InvertibleTransform):
         self.lesion_key = lesion_key
         if mode is None:
             self.roles = ((spec.interp, False),) + (("nearest", True),) * (len(self.keys) - 1)
+            if len(self.keys) > 1 and "image" in self.keys[1:]:  # a likely mistake: say so
+                import warnings
+
+                from ..errors import MedprocWarning
+
+                warnings.warn(
+                    f"Resampled{tuple(self.keys)} without mode=: the first key "
+                    f"({self.keys[0]!r}) is resampled as the image and 'image' as a label map "
+                    "(nearest, no intensity step); put the image first or pass mode=",
+                    MedprocWarning,
+                    stacklevel=2,
+                )
         else:
             modes = ensure_tuple_rep(mode, len(self.keys))
             interps = [interp_of(m, k) for m, k in zip(modes, self.keys)]
