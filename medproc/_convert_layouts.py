@@ -41,8 +41,13 @@ def check_layouts(a) -> dict:
                 f"--dataset {a.dataset}: nnU-Net finds raw datasets by name: the folder must be "
                 "named like Dataset501_Lungs (Dataset + 3 digits + _ + name)"
             )
-        if os.path.exists(a.dataset) and not a.force:
-            raise UsageError(f"--dataset {a.dataset} exists; add --force to replace it")
+        from .layouts import written_from
+
+        if os.path.exists(a.dataset) and not a.force and not written_from(a.dataset, a.outdir):
+            raise UsageError(
+                f"--dataset {a.dataset} exists and was not written from {a.outdir}; add --force "
+                "to replace it (which also converts every case again)"
+            )
         if a.format != "nii.gz":
             raise UsageError("--layout nnunet needs .nii.gz images: use --format nii.gz")
         if a.clip or a.scale or a.zscore or a.percentiles:
@@ -83,7 +88,7 @@ def check_cases(a, batch) -> None:
 def write_layouts(a, targets: dict, batch, con) -> int:
     """Write the layouts of ``targets`` from the finished conversion; 0, or 1 (said why)."""
     from .errors import MedprocError
-    from .layouts import find_dicom_labels, write_monai_datalist, write_nnunet
+    from .layouts import find_dicom_labels, write_monai_datalist, write_nnunet, written_from
 
     found = [p for p, _ in batch.annotations]
     try:
@@ -94,7 +99,7 @@ def write_layouts(a, targets: dict, batch, con) -> int:
                 targets["nnunet"],
                 labels=labels,
                 channel_name=a.channel_name,
-                overwrite=a.force,
+                overwrite=a.force or written_from(targets["nnunet"], a.outdir),
                 device=a.device,
             )
             n = len(os.listdir(os.path.join(d, "imagesTr")))

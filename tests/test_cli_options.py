@@ -206,9 +206,16 @@ def test_seg_files_are_annotations_and_layouts_use_them(sample_data, tmp_path, c
     train = load_decathlon_datalist(str(out / "datalist.json"))
     assert [x["image"] for x in train] == [row["output"]]
     assert nib.load(train[0]["label"]).shape == img.shape
-    # the dataset exists now: a second run refuses to replace it without --force
-    assert main(args + ["400"]) == 2
-    assert "exists; add --force" in capsys.readouterr().err
+    # the dataset exists now: the same run again rewrites it (medproc wrote it from this
+    # output folder) without converting anything again; from another folder it is refused
+    # without --force
+    assert main(args + ["400"]) == 0
+    cap = capsys.readouterr()
+    assert "0 converted, 1 skipped" in cap.err and "nnU-Net dataset:" in cap.err
+    assert (ds / "dataset.json").exists() and (ds / "labelsTr").is_dir()
+    other = ["-o", str(tmp_path / "out2")]
+    assert main(args[:2] + other + args[4:] + ["400"]) == 2
+    assert "exists and was not written from" in capsys.readouterr().err
 
 
 def test_inspect_shows_seg_as_an_annotation(sample_data, tmp_path, capsys):
