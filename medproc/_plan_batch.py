@@ -26,6 +26,18 @@ def _same_file(a: str, b: str) -> bool:
     return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
 
 
+def _held_by_another(prior: dict, nm: str, source: str) -> bool:
+    """Whether an earlier run's case ``nm`` came from another input and its output is still
+    there: this run's case of that name takes another (as two cases of one run do)."""
+    old = prior.get(nm)
+    return bool(
+        old
+        and old.get("status") in ("ok", "skipped")
+        and not _same_file(old.get("source", ""), source)
+        and os.path.exists(old.get("output", ""))
+    )
+
+
 def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) -> Batch:
     """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
     made with other options and ``force`` is not set."""
@@ -41,7 +53,7 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         n = 1
         # the stems a case writes: its image and its label (case "x" with a label and an image
         # named "x_label" would write one file)
-        while {nm, f"{nm}_label"} & seen:
+        while {nm, f"{nm}_label"} & seen or _held_by_another(prior, nm, c.source):
             nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
             n += 1
         seen |= {nm, f"{nm}_label"} if c.label else {nm}

@@ -217,6 +217,11 @@ def find_cases(
             if (c.label, c.fields["name"]) != (first.label, first.fields["name"]):
                 c.error = f"listed again ({origin}) with another label or name: list it once"
                 cases.append(c)
+        else:  # another name (a link) of an image named already: said, read once
+            first = next(x for x in cases if os.path.realpath(x.source) == real)
+            if os.path.abspath(first.source) != os.path.abspath(c.source):
+                skipped.append((c.source, f"another name of {first.source} (the same file): "
+                                          "read once"))  # fmt: skip
         found_by[origin] = found_by.get(origin, 0) + 1
 
     tree_inputs = []

@@ -167,11 +167,43 @@ def test_a_file_linked_under_two_names_is_read_once_and_the_other_name_said(samp
     shutil.copy(os.path.join(_images(sample_data), "case002.nii.gz"), tree / "c.nii.gz")
     entries = inspect_paths([str(tree)])
     assert [os.path.basename(e.source) for e in entries] == ["a.nii.gz", "c.nii.gz", "b.nii.gz"]
-    assert entries[-1].kind == "skipped" and "the same file as" in entries[-1].error
-    assert entries[-1].error.endswith("a.nii.gz (a link): read once")
+    assert entries[-1].kind == "skipped" and "another name of" in entries[-1].error
+    assert entries[-1].error.endswith("a.nii.gz (the same file): read once")
     out = tmp_path / "out"
     assert main(["convert", str(tree), "-o", str(out), "--spacing", "4", "-q"]) == 0
     assert sorted(_manifest(out)) == ["a", "c"]
+
+
+def test_hard_links_links_first_and_links_into_outputs(sample_data, tmp_path, capsys):
+    """A hard link is another name of the same file; a link met before its file yields to the
+    file (the case is named after the file, whatever the order of the inputs); a link into
+    the output folder, and a training dataset medproc wrote from it, are not inputs."""
+    from medproc.io.walk import walk_inputs
+
+    keep = lambda n: n.endswith(".nii.gz")  # noqa: E731
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    shutil.copy(os.path.join(_images(sample_data), "case001.nii.gz"), a / "z.nii.gz")
+    os.symlink(a / "z.nii.gz", a / "alias.nii.gz")  # sorts before its file
+    os.link(a / "z.nii.gz", b / "hard.nii.gz")
+    for order in ([a, b], [b, a]):
+        w = walk_inputs([str(p) for p in order], keep=keep)
+        assert len(w.files) == 1 and len(w.skipped) == 2, (w.files, w.skipped)
+        assert all("another name of" in r for _, r in w.skipped)
+        assert not w.files[0].endswith("alias.nii.gz")  # the file, not the link
+    out = tmp_path / "out"
+    assert main(["convert", str(a), "-o", str(out), "--spacing", "4", "-v"]) == 0
+    assert "skipped " + str(a / "alias.nii.gz") in capsys.readouterr().err
+    assert sorted(_manifest(out)) == ["z"]
+    os.symlink(out / "z.nii.gz", a / "from_out.nii.gz")
+    w = walk_inputs([str(a)], keep=keep, exclude=[str(out)])
+    assert dict(w.skipped)[str(a / "from_out.nii.gz")].startswith("a link into the output")
+    ds = a / "Dataset009_X"
+    ds.mkdir()
+    (ds / ".medproc_source").write_text(str(out))
+    shutil.copy(out / "z.nii.gz", ds / "z_0000.nii.gz")
+    w = walk_inputs([str(a)], keep=keep, exclude=[str(out)])
+    assert not any("Dataset009_X" in f for f in w.files)
 
 
 def _tree_with_seg(sample_data, tmp_path):

@@ -142,16 +142,16 @@ def test_ctrl_c_after_the_last_case_is_not_an_interruption(
 ):
     """Every case done when the Ctrl-C came: nothing to rerun, so the status is the batch's
     (0 here), not 130, and no "run again"."""
-    from medproc import convert_cli
+    from medproc import _convert_report
     from medproc.cli import main
 
-    real = convert_cli._run
+    real = _convert_report.run_with_bar
 
     def late(batch, quiet, t0):  # the batch ran to its end, then the Ctrl-C was noted
         rows, _, ui = real(batch, quiet, t0)
         return rows, True, ui
 
-    monkeypatch.setattr(convert_cli, "_run", late)
+    monkeypatch.setattr(_convert_report, "run_with_bar", late)
     images = os.path.join(sample_data, "nifti", "images")
     rc = main(["convert", images, "-o", str(tmp_path / "o"), "--spacing", "3", "-j", "1"])
     err = capsys.readouterr().err

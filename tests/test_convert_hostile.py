@@ -320,3 +320,23 @@ def test_dry_run_sizes_inputs_as_the_readers_load_them(tmp_path, monkeypatch, ca
     listed = capsys.readouterr().out
     assert "convert      cube" in listed and "convert      flat" in listed
     assert main(["convert", str(d), "-o", str(out), "--spacing", "1", "-q"]) == 0
+
+
+def test_a_later_run_of_another_input_never_overwrites_an_earlier_case(sample_data, tmp_path):
+    """Two folders each with an a.nii.gz, converted one after the other into one -o: the
+    second takes another name, as two such cases of one run do (it replaced the first)."""
+    for d, src in (("A", "case001.nii.gz"), ("B", "case002.nii.gz")):
+        (tmp_path / d).mkdir()
+        shutil.copy(os.path.join(_images(sample_data), src), tmp_path / d / "a.nii.gz")
+    out = tmp_path / "out"
+    args = ["-o", str(out), "--spacing", "3", "-q"]
+    assert main(["convert", str(tmp_path / "A"), *args]) == 0
+    first = open(out / "a.nii.gz", "rb").read()
+    assert main(["convert", str(tmp_path / "B"), *args]) == 0
+    assert open(out / "a.nii.gz", "rb").read() == first
+    m = _manifest(out)
+    assert len(m) == 2 and m["a"]["source"] == str(tmp_path / "A" / "a.nii.gz")
+    (other,) = [r for c, r in m.items() if c != "a"]
+    assert other["source"] == str(tmp_path / "B" / "a.nii.gz") and other["status"] == "ok"
+    assert main(["convert", str(tmp_path / "A"), *args]) == 0  # and A again: skipped
+    assert _manifest(out)["a"]["status"] == "skipped"
