@@ -28,6 +28,7 @@ __all__ = ["Batch", "Todo", "INTERRUPTED"]
 INTERRUPTED = "interrupted (Ctrl-C) before it finished; run the same command again to convert it"
 #: the status of a case a Ctrl-C kept from starting (converted when the command is run again)
 NOT_STARTED = "not started"
+_NOT_STARTED_WHY = "not started: a Ctrl-C came first; run the same command again to convert it"
 
 
 @dataclass
@@ -138,7 +139,7 @@ class Batch:
             settled = {id(r) for r in self.rows}
             for t in self.todo if interrupted else ():
                 if id(t.row) not in settled:
-                    t.row.update(status=NOT_STARTED, error=f"{t.case.source}: {INTERRUPTED}")
+                    t.row.update(status=NOT_STARTED, error=f"{t.case.source}: {_NOT_STARTED_WHY}")
                     self.rows.append(t.row)
             write_manifest(manifest, self.kept + self.rows)
         if interrupted:
@@ -267,7 +268,9 @@ class _Interrupts:
         self.requested, self.on_first, self.old = False, on_first, None
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
+        main = threading.current_thread() is threading.main_thread()
+        # (SIGINT ignored by whoever started us, e.g. `medproc convert &` in a script: kept so)
+        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self.old = signal.signal(signal.SIGINT, self._handler)
         return self
 

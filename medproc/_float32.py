@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_F32_MAX = float(np.finfo(np.float32).max)
+_F32 = float(np.finfo(np.float32).max)
 
 
 def beyond_float32(a) -> str | None:
@@ -16,25 +16,26 @@ def beyond_float32(a) -> str | None:
     if torch_like:
         if str(a.dtype) != "torch.float64" or not a.numel():
             return None
-        lo, hi = float(a.min()), float(a.max())
-        if not (np.isfinite(lo) and np.isfinite(hi)):  # NaN/inf somewhere: finite ones only
-            fin = a[a.isfinite()]
-            lo, hi = (float(fin.min()), float(fin.max())) if fin.numel() else (0.0, 0.0)
+        fin = a if bool(a.isfinite().all()) else a[a.isfinite()]  # (NaN/inf stay as they are)
+        if not fin.numel():
+            return None
+        lo, hi = np.float64(fin.min().item()), np.float64(fin.max().item())
     else:
         a = np.asarray(a)
         if a.dtype.kind != "f" or a.dtype.itemsize <= 4 or not a.size:
             return None
-        lo, hi = float(a.min()), float(a.max())
+        lo, hi = a.min(), a.max()  # (scalars of a's own type: a longdouble stays one)
         if not (np.isfinite(lo) and np.isfinite(hi)):
             fin = np.isfinite(a)
-            lo = float(np.min(a, where=fin, initial=0.0))
-            hi = float(np.max(a, where=fin, initial=0.0))
+            lo = np.min(a, where=fin, initial=a.dtype.type(0))
+            hi = np.max(a, where=fin, initial=a.dtype.type(0))
     big = max(-lo, hi)
     with np.errstate(over="ignore"):
         if np.isfinite(np.float32(big)):
             return None
+    show = np.format_float_scientific(big, precision=8, trim="-")
     return (
-        f"{_name(a)} values reach {big:.3g}, beyond float32's range ({_F32_MAX:.4g}) that "
+        f"{_name(a)} values reach {show}, beyond float32's range ({_F32:.8e}) that "
         "medproc resamples in (DALI computes in float32): they would become inf; rescale them"
     )
 

@@ -196,7 +196,7 @@ def find_cases(
     files, case lists); it may return an executor to read them with. Returns (cases, skipped
     files with reasons); inputs that yield nothing are cases with an ``error``.
     """
-    from .io.dicom_scan import scan_dicom
+    from .io.dicom_scan import scan_dicom, series_source
     from .io.walk import walk_inputs
 
     inputs = [os.fspath(p) for p in inputs]
@@ -265,7 +265,7 @@ def find_cases(
                 skipped.append((f, f"{_ANNOTATION}a DICOM SEG (segmentation), not an image: not "
                                    "converted (--layout uses it as a label)"))  # fmt: skip
             continue
-        src = files[0] if len(files) == 1 else os.path.commonpath(files)
+        src = series_source(files)
         folder = os.path.commonpath([os.path.dirname(f) for f in files])
         c = Case(
             src,

@@ -143,7 +143,7 @@ def _cmd_inspect(a) -> int:
             con.print(_styled("error", "red"), f"#{n} {e.source}: {e.error}", soft_wrap=True)
     skipped = [e for e in entries if e.kind == "skipped"]
     if skipped and not a.quiet:
-        con.print(f"{len(skipped)} file(s) skipped (not DICOM images or image files):")
+        con.print(f"{len(skipped)} file(s) skipped (not images, or other names of files listed):")
         for e in skipped[: a.max_skipped]:
             con.print(f"  {e.source}: {e.error}", soft_wrap=True)
         if len(skipped) > a.max_skipped:

@@ -93,10 +93,12 @@ def check_device(device, cuda: bool = False) -> str:
     ``"cuda:N"``; a ``torch.device`` is taken by its name), else a :class:`UsageError`."""
     if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
         device = str(device)
+    import re
+
     ok = device in ("cpu", "gpu") if isinstance(device, str) else False
-    if cuda and isinstance(device, str) and not ok:
-        ok = device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())
-    if not ok:
+    cuda_name = isinstance(device, str) and re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", device)
+    if not ok and not (cuda and cuda_name):
         names = "'cpu', 'gpu', 'cuda' or 'cuda:N'" if cuda else "'cpu' or 'gpu'"
-        raise UsageError(f"device must be {names}, got {device!r}")
+        hint = " ('gpu' is the current CUDA device)" if cuda_name else ""
+        raise UsageError(f"device must be {names}, got {device!r}{hint}")
     return device

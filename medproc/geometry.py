@@ -33,7 +33,12 @@ def as_affine(affine, name: str = "affine") -> np.ndarray:
     """
     if np.iscomplexobj(affine):  # (numpy would drop the imaginary parts with a warning)
         raise ValueError(f"{name} must be real, got complex values")
-    a = np.array(affine, dtype=np.float64, copy=True)
+    if affine is None:
+        raise ValueError(f"{name} must be a 4x4 matrix, got None")
+    try:
+        a = np.array(affine, dtype=np.float64, copy=True)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"{name} must be a 4x4 matrix of numbers ({e})") from None
     if a.shape != (4, 4):
         raise ValueError(f"{name} must be a 4x4 matrix, got shape {a.shape}")
     if not np.all(np.isfinite(a)):

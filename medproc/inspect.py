@@ -39,6 +39,8 @@ class Entry:
     decode: str = ""
     warnings: list[str] = field(default_factory=list)
     error: str = ""
+    #: the folders holding a series' files (a series may span input folders)
+    folders: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         """The entry as a plain dict (``medproc inspect --json``)."""
@@ -68,7 +70,7 @@ def inspect_paths(paths) -> list[Entry]:
     Files that cannot be used are entries of kind ``"error"`` with the reason; stray files that
     are not images are entries of kind ``"skipped"``. Reads headers only (and never opens a
     FIFO or a device)."""
-    from .io.dicom_scan import scan_dicom
+    from .io.dicom_scan import scan_dicom, series_source
     from .io.headers import series_grid, series_shape
     from .io.walk import walk_inputs
     from .pipeline.decode import decode_path
@@ -88,7 +90,7 @@ def inspect_paths(paths) -> list[Entry]:
         i = s.info
         files = s.files
         accounted.update(os.path.realpath(f) for f in files + s.copies + [p for p, _ in s.problems])
-        src = files[0] if len(files) == 1 else os.path.commonpath(files)
+        src = series_source(files)
         ts = i.get("TransferSyntaxUID")
         e = Entry(
             "annotation" if _is_seg(i) else "dicom",
@@ -100,6 +102,7 @@ def inspect_paths(paths) -> list[Entry]:
             files=len(files),
             transfer_syntax=str(getattr(ts, "name", ts) or ""),
             decode=decode_path(i),
+            folders=sorted(s.folders),
         )
         if s.problems:
             p, reason = s.problems[0]
@@ -165,7 +168,11 @@ def _named_inputs_accounted(paths, out: list[Entry]) -> list[Entry]:
     """A path the user named that gave no volume and no error becomes an error entry saying
     why (an empty folder, a report with no image...): never silently nothing."""
     for p in paths:
-        found = [e for e in out if e.kind != "skipped" and _under(e.source, p)]
+        found = [
+            e
+            for e in out
+            if e.kind != "skipped" and (_under(e.source, p) or any(_under(f, p) for f in e.folders))
+        ]
         if found:
             continue
         mine = [e for e in out if e.kind == "skipped" and _under(e.source, p)]

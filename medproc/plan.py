@@ -282,8 +282,9 @@ def make_plan(
             m_in2out = np.linalg.inv(out) @ A
             oc = apply_affine(m_in2out, corners)
             margin = spec.margin / s_out
-            start = np.maximum(0, np.floor(oc.min(0) - margin).astype(int))
-            stop = np.minimum(n_out - 1, np.ceil(oc.max(0) + margin).astype(int))
+            # (clipped to the grid in float first: a huge margin keeps the whole grid)
+            start = np.floor(np.clip(oc.min(0) - margin, 0, n_out - 1)).astype(int)
+            stop = np.ceil(np.clip(oc.max(0) + margin, 0, n_out - 1)).astype(int)
             size = stop - start + 1
     if spec.crop is not None:
         want = np.array(spec.crop, dtype=int)

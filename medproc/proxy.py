@@ -111,7 +111,10 @@ class ProxyTransform:
         arr = img.array if self.spec.needs_array else None
         plan = make_plan(img.shape, img.affine, self.spec, arr, img.meta.get("source"))
         if self.augment is not None:
-            plan = plan.augmented(self.augment(plan, self._generator()))
+            try:
+                plan = plan.augmented(self.augment(plan, self._generator()))
+            except ValueError as e:  # (a user's augment: say which sample it was)
+                raise ValueError(f"{img.meta.get('source') or 'a sample'}: {e}") from None
         return plan
 
     def _ship(self, region):

@@ -213,6 +213,8 @@ def resample(
     >>> medproc.resample(v, spacing=1.5, orientation="RAS").orientation  # doctest: +SKIP
     'RAS'
     """
+    if isinstance(spacing, Spec):
+        raise UsageError("resample(volume, Spec(...)): pass the spec by name, spec=Spec(...)")
     s = _spec(spec, spacing=spacing, orientation=orientation, interp=interp, shape=shape, **spec_kw)
     res = resample_batch([volume], s, device=device, labels=None if label is None else [label])
     return res[0]

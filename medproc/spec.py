@@ -7,6 +7,7 @@ orientation codes name axes ``(i, j, k)`` (``"RAS"``: i -> Right, j -> Anterior,
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -43,14 +44,25 @@ def _triple(value, name: str, positive: bool = True, integer: bool = False):
 
 
 def _number(value, name: str, what: str, minimum: float | None = None) -> float:
-    """``value`` as one finite real number (>= ``minimum``), or a UsageError naming ``name``."""
-    bad = isinstance(value, (bool, np.bool_, str, bytes)) or np.iscomplexobj(value)
+    """``value`` as one finite real number (>= ``minimum``), or a UsageError naming ``name``:
+    bools, strings and arrays of them, complex numbers and sequences are refused."""
     try:
-        v = float(value) if not bad and np.ndim(value) == 0 else None
-    except (TypeError, ValueError):
+        arr = np.asarray(value)
+        ok = (
+            arr.ndim == 0
+            and (
+                arr.dtype.kind in "iuf"
+                or (arr.dtype.kind == "O" and isinstance(value, numbers.Real))
+            )
+            and not isinstance(value, bool)
+        )
+        v = float(value) if ok else None
+    except (TypeError, ValueError, OverflowError):
         v = None
     if v is None or not np.isfinite(v) or (minimum is not None and v < minimum):
-        raise UsageError(f"{name} must be {what}, got {value!r}")
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise UsageError(f"{name} must be {what}, got {shown}")
     return v
 
 

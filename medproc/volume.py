@@ -164,7 +164,7 @@ def _points(values, where: str, what: str) -> np.ndarray:
     """``values`` as float64 of shape ``(..., 3)``, or a ValueError saying what it got."""
     try:
         arr = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{where}: expected {what}, numbers of shape (3,) or (n, 3)") from None
     if arr.ndim == 0 or arr.shape[-1] != 3:
         raise ValueError(f"{where}: expected {what} of shape (3,) or (n, 3), got shape {arr.shape}")

@@ -164,6 +164,10 @@ def test_luna_csv_is_lps_and_errors_name_the_line(tmp_path, sample_data):
     bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm\nA,1,2,3,-4\n")
     with pytest.raises(medproc.ReadError, match=r"line 2: .*diameter > 0"):
         read_luna_csv(bad)
+    # a row with a cell more than the header (an unquoted comma): refused, not dropped
+    bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm\nA,1,2,3,4,99\nB,1,2,3,4,\n")
+    with pytest.raises(medproc.ReadError, match=r"line 2: more cells than the header"):
+        read_luna_csv(bad)
     # a column twice: the csv module would keep the last one silently
     bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm,coordX\nA,1,2,3,4,99\n")
     with pytest.raises(medproc.ReadError, match=r"line 1: the column\(s\) \['coordX'\] appear"):

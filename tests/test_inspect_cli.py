@@ -147,3 +147,28 @@ def test_out_of_range_options_are_usage_errors(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(args)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_series_split_over_two_named_folders_is_one_volume(sample_data, tmp_path, capsys):
+    """Half the slices in A, half in B, both named (relative paths): one series, no folder
+    reported empty; convert's manifest names the folder holding both."""
+    import csv
+    import shutil
+
+    files = sorted(os.listdir(os.path.join(sample_data, "dicom", "ct_axial")))
+    for n, f in enumerate(files):
+        d = tmp_path / ("A" if n < len(files) // 2 else "B")
+        d.mkdir(exist_ok=True)
+        shutil.copy(os.path.join(sample_data, "dicom", "ct_axial", f), d / f)
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert main(["inspect", "A", "B", "--json"]) == 0
+        (entry,) = json.loads(capsys.readouterr().out)
+        assert entry["kind"] == "dicom" and entry["files"] == len(files)
+        assert entry["folders"] == ["A", "B"]
+        assert main(["convert", "A", "B", "-o", "out", "--spacing", "4", "-q"]) == 0
+        (row,) = csv.DictReader(open("out/manifest.csv"))
+        assert row["source"] == str(tmp_path) and row["status"] == "ok"
+    finally:
+        os.chdir(here)

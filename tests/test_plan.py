@@ -111,6 +111,9 @@ def test_intensity_params():
         ({"margin": -50}, "margin must be one finite number of mm >= 0"),
         ({"margin": (1, 2)}, "margin must be one finite number of mm >= 0"),
         ({"margin": np.bool_(True)}, "margin must be one finite number of mm >= 0"),
+        ({"margin": np.array(True)}, "margin must be one finite number of mm >= 0"),
+        ({"margin": np.array("5")}, "margin must be one finite number of mm >= 0"),
+        ({"crop_foreground": 10**400}, r"crop_foreground must be one finite threshold, got 1000"),
     ],
 )
 def test_spec_validation(kw, match):
@@ -352,3 +355,29 @@ def test_lesions_that_are_a_whole_table_are_refused_with_advice():
     plan = make_plan((10, 10, 10), np.eye(4), Spec(spacing=2))
     with pytest.raises(TypeError, match="got dict: a table of all cases"):
         plan.lesions_on_grid({"1.2.3": None})
+
+
+def test_a_huge_margin_keeps_the_whole_grid_and_huge_numbers_are_refused():
+    a = np.zeros((20, 20, 20), np.float32)
+    a[5:10, 5:10, 5:10] = 100
+    v = medproc.Volume(a, np.eye(4))
+    spec = Spec(spacing=1, crop_foreground=50, margin=1e20)
+    assert medproc.resample(v, spec=spec).shape == (20, 20, 20)  # (it gave (1, 1, 1))
+    with pytest.raises(ValueError, match="world_to_voxel: expected RAS mm points"):
+        v.world_to_voxel([10**400, 0, 0])
+    plan = make_plan((10, 10, 10), np.eye(4), Spec(spacing=2))
+    with pytest.raises(ValueError, match="must be a 4x4 matrix, got None"):
+        plan.augmented(None)
+    with pytest.raises(medproc.UsageError, match="pass the spec by name"):
+        medproc.resample(v, Spec(spacing=2))
+
+
+def test_device_names_are_checked_exactly_with_a_hint_for_cuda():
+    from medproc.errors import check_device
+
+    for bad in ("cuda:00", "cuda:\u00b2", "cuda:-1", "GPU", None, 0, b"cpu"):
+        with pytest.raises(medproc.UsageError, match="device must be"):
+            check_device(bad, cuda=True)
+    assert check_device("cuda:1", cuda=True) == "cuda:1"
+    with pytest.raises(medproc.UsageError, match="'gpu' is the current CUDA device"):
+        check_device("cuda:0")

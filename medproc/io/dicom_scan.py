@@ -40,6 +40,7 @@ __all__ = [
     "DicomSeries",
     "DicomScan",
     "find_series",
+    "series_source",
     "scan_dicom",
     "read_header",
     "is_dicom_file",
@@ -118,6 +119,14 @@ TASKS_PER_WORKER = 4
 #: (~0.6 ms each) is over about as soon as the pool's workers would have started, and the
 #: workers are free for other work meanwhile
 POOL_MIN_FILES = 256
+
+
+def series_source(files: list[str]) -> str:
+    """The path naming a series: its file, or the folder holding all its files (absolute when
+    relative paths share none, e.g. a series split over two input folders)."""
+    if len(files) == 1:
+        return files[0]
+    return os.path.commonpath(files) or os.path.commonpath([os.path.abspath(f) for f in files])
 
 
 def _scan_files(files: list[str], strict: bool = False) -> list[tuple]:

@@ -70,7 +70,16 @@ def read_csv_rows(path: str, need: tuple, what: str):
                 where="line 1",
             )
         for line, row in enumerate(reader, 2):
-            yield reader.line_num if reader.line_num else line, row
+            at = reader.line_num if reader.line_num else line
+            extra = [x for x in row.pop(None, None) or [] if (x or "").strip()]
+            if extra:  # (DictReader would drop them silently)
+                raise ReadError(
+                    f"more cells than the header has columns ({len(fields)}), extra "
+                    f"{extra[:3]}: a comma inside a value? quote it, or fix the header",
+                    path,
+                    where=f"line {at}",
+                )
+            yield at, row
     except csv.Error as e:
         raise ReadError(
             f"is not a valid CSV ({e}); fix that line", path, where=f"line {reader.line_num}"
