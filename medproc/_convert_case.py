@@ -58,18 +58,18 @@ def _convert_one(
             vol = load(case.source, series=case.series, nan=nan, device=here)
     if lab is not None:
         check_label_grid(vol, lab, f"the label map {case.label}", case.source)
-    for note in (_dtype_clips(vol, spec), _no_foreground(vol, spec)):
-        if note:  # said per case (warning line, manifest, sidecar)
-            vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), note]
-            warnings.warn(f"{case.source}: {note}", MedprocWarning, stacklevel=1)
+    # said per case (a warning line, the manifest, the sidecar); the GPU service plans in its
+    # own process, so its route looks for the foreground here (the CPU route's plan says it)
+    for note in (_dtype_clips(vol, spec), _SERVICE and _no_foreground(vol, spec)):
+        _note(vol, case, note)
     got = None
     if _SERVICE is not None:
         with span("to_service", case=case.source):
             got = _SERVICE.resample(vol, lab)
     if got is None:  # here (or the service's arena had no room, or it would be later)
         t_here = time.perf_counter()
-        with span("resample_here", case=case.source), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", ".*crop_foreground: no voxel", MedprocWarning)
+        with span("resample_here", case=case.source), warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
             (res,) = resample_batch(
                 [vol],
                 spec,
@@ -77,6 +77,12 @@ def _convert_one(
                 labels=None if lab is None else [lab],
                 num_threads=dali_threads,
             )
+        for x in w:  # the plan's notes about this case become the case's (once), others pass
+            text = str(x.message)
+            if "crop_foreground: no voxel" in text:  # (without the volume's name: said below)
+                _note(vol, case, text[text.index("crop_foreground: no voxel") :])
+            else:
+                warnings.warn(text, x.category, stacklevel=1)
         if _SERVICE is not None:
             _SERVICE.policy.resampled_here(time.perf_counter() - t_here)
         out, out_lab = res if lab is not None else (res, None)
@@ -113,6 +119,14 @@ def _convert_one(
         "lesions": n_les,
         "warnings": " | ".join(str(w) for w in vol.meta.get("warnings") or []),
     }
+
+
+def _note(vol, case, note, say: bool = True) -> None:
+    """A note about this case: in its warnings (the manifest, the sidecar), once, and said."""
+    if note and note not in (vol.meta.get("warnings") or []):
+        vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), note]
+        if say:
+            warnings.warn(f"{case.source}: {note}", MedprocWarning, stacklevel=2)
 
 
 def _no_foreground(vol, spec: Spec) -> str | None:
@@ -163,7 +177,7 @@ def _write_case(
         n_les = str(len(lesions))
         if off:  # (the manifest's count is of every lesion written; say which are off)
             note = f'{off} of {n_les} lesion(s) lie outside the output grid ("inside": false)'
-            vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), note]
+            _note(vol, case, note, say=False)
     if record is not None:  # (after the notes above: the sidecar lists them too)
         _write_sidecar(out_path, case, vol, out, label_path, record)
     if qc_path:

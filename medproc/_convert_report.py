@@ -21,7 +21,7 @@ def print_plan(batch, con) -> None:
     for p, reason in batch.annotations:
         con.print(f"{'annotation':12s} {p}: {reason}", soft_wrap=True)
     for p, reason in _other_skipped(batch):
-        con.print(f"{'skip (file)':12s} {p}: {reason}", soft_wrap=True)
+        con.print(f"{'skip':12s} {p}: {reason}", soft_wrap=True)
     n_skip = sum(r["status"] == "skipped" for r in batch.decided)
     con.print(
         f"{len(batch.todo)} to convert, {n_skip} already done, "
@@ -36,7 +36,8 @@ def _other_skipped(batch) -> list[tuple[str, str]]:
     non-image files named like images, an output folder met in the inputs..."""
     from .cases import is_annotation
 
-    return [(p, r) for p, r in batch.skipped if not is_annotation(r)]
+    # (a folder both walks passed over, the images' and the DICOM headers', is listed once)
+    return list(dict.fromkeys((p, r) for p, r in batch.skipped if not is_annotation(r)))
 
 
 def summary_line(a, batch, s: dict, seconds: float) -> str:

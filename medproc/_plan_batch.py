@@ -26,15 +26,20 @@ def _same_file(a: str, b: str) -> bool:
     return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
 
 
-def _held_by_another(prior: dict, nm: str, source: str) -> bool:
-    """Whether an earlier run's case ``nm`` came from another input and its output is still
-    there: this run's case of that name takes another (as two cases of one run do)."""
+def _held_by_another(prior: dict, nm: str, case) -> bool:
+    """Whether an earlier run's case ``nm`` (whatever its status) left an output that came from
+    another input, still there: this run's case of that name then takes another, as two cases
+    of one run do. The same input is not another: the same file, the same DICOM series found
+    elsewhere, or an input that is gone (moved or renamed: it keeps its name)."""
     old = prior.get(nm)
+    src = (old or {}).get("source", "")
+    uid = case.dicom.uid if case.dicom is not None else None
     return bool(
         old
-        and old.get("status") in ("ok", "skipped")
-        and not _same_file(old.get("source", ""), source)
         and os.path.exists(old.get("output", ""))
+        and not _same_file(src, case.source)
+        and not (uid and old.get("series_uid") == uid)
+        and os.path.exists(src)
     )
 
 
@@ -53,7 +58,7 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         n = 1
         # the stems a case writes: its image and its label (case "x" with a label and an image
         # named "x_label" would write one file)
-        while {nm, f"{nm}_label"} & seen or _held_by_another(prior, nm, c.source):
+        while {nm, f"{nm}_label"} & seen or _held_by_another(prior, nm, c):
             nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
             n += 1
         seen |= {nm, f"{nm}_label"} if c.label else {nm}

@@ -197,28 +197,27 @@ def find_cases(
     files with reasons); inputs that yield nothing are cases with an ``error``.
     """
     from .io.dicom_scan import scan_dicom, series_source
-    from .io.walk import walk_inputs
+    from .io.walk import file_identity, walk_inputs
 
     inputs = [os.fspath(p) for p in inputs]
     lists = check_inputs(inputs, labels_dir)
     exclude = list(exclude) + ([labels_dir] if labels_dir else [])
     cases: list[Case] = []
     skipped: list[tuple[str, str]] = []
-    seen: set[str] = set()
+    seen: dict = {}  # file identity (io.walk.file_identity, as the walk knows files) -> case
     found_by: dict[str, int] = {}
 
     def add(c: Case, origin: str):
-        real = os.path.realpath(c.source)
-        if c.error or real not in seen:
-            seen.add(real)
+        ident = file_identity(c.source)
+        first = seen.get(ident)
+        if c.error or first is None:
+            seen.setdefault(ident, c)
             cases.append(c)
         elif origin.lower().endswith(".csv"):  # a case list's row: same image, other case?
-            first = next(x for x in cases if os.path.realpath(x.source) == real)
             if (c.label, c.fields["name"]) != (first.label, first.fields["name"]):
                 c.error = f"listed again ({origin}) with another label or name: list it once"
                 cases.append(c)
-        else:  # another name (a link) of an image named already: said, read once
-            first = next(x for x in cases if os.path.realpath(x.source) == real)
+        else:  # another name (a symbolic or hard link) of an image named already: said
             if os.path.abspath(first.source) != os.path.abspath(c.source):
                 skipped.append((c.source, f"another name of {first.source} (the same file): "
                                           "read once"))  # fmt: skip
@@ -286,7 +285,7 @@ def find_cases(
             if any(_under(f, r) for f in files + s.copies):
                 found_by[r] = found_by.get(r, 0) + 1
     for p, reason in (scan.bad if scan else []) + images.bad:
-        if os.path.realpath(p) not in seen:
+        if file_identity(p) not in seen:
             add(_failed(p, reason), next((r for r in tree_inputs if _under(p, r)), p))
     skipped += [(p, _annotation_reason(r)) for p, r in (scan.skipped if scan else [])]
     skipped += images.skipped

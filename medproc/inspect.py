@@ -135,7 +135,8 @@ def inspect_paths(paths) -> list[Entry]:
             else:
                 out.append(Entry("skipped", p, error=reason))
     out = _named_inputs_accounted(paths, _stray_files(paths, out, accounted))
-    return sorted(out, key=lambda e: (e.kind == "skipped", e.source))  # by path, skipped last
+    once = {(e.kind, e.source, e.error): e for e in out}.values()  # (both walks skip a folder)
+    return sorted(once, key=lambda e: (e.kind == "skipped", e.source))  # by path, skipped last
 
 
 def _is_seg(info: dict) -> bool:
@@ -159,14 +160,11 @@ def _stray_files(paths, out: list[Entry], accounted: set) -> list[Entry]:
     return out
 
 
-def _under(p: str, root: str) -> bool:
-    p, root = os.path.abspath(p), os.path.abspath(root)
-    return p == root or p.startswith(root.rstrip(os.sep) + os.sep)
-
-
 def _named_inputs_accounted(paths, out: list[Entry]) -> list[Entry]:
     """A path the user named that gave no volume and no error becomes an error entry saying
     why (an empty folder, a report with no image...): never silently nothing."""
+    from .cases import _under
+
     for p in paths:
         found = [
             e

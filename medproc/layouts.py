@@ -36,18 +36,13 @@ _DESCRIPTION = "written by medproc from a converted dataset (manifest.csv)"
 _NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
 
 
-#: in a dataset folder medproc wrote: the real path of the converted folder it came from
-_SOURCE_MARK = ".medproc_source"
-
-
 def written_from(dataset_dir, source) -> bool:
     """Whether ``dataset_dir`` is a dataset medproc wrote from the converted folder ``source``
     (a later run into the same pair rewrites it without ``overwrite``)."""
-    try:
-        with open(os.path.join(os.fspath(dataset_dir), _SOURCE_MARK)) as f:
-            return f.read().strip() == os.path.realpath(os.fspath(source))
-    except OSError:
-        return False
+    from .io.walk import dataset_source
+
+    got = dataset_source(os.fspath(dataset_dir))
+    return got is not None and got == os.path.realpath(os.fspath(source))
 
 
 def _manifest_rows(source) -> list[dict]:
@@ -212,7 +207,9 @@ def write_nnunet(
         with open(os.path.join(tmp, "dataset.json"), "w") as f:
             json.dump(doc, f, indent=1)
         if isinstance(source, (str, os.PathLike)):  # (nnU-Net reads no dotfile)
-            with open(os.path.join(tmp, _SOURCE_MARK), "w") as f:
+            from .io.walk import SOURCE_MARK
+
+            with open(os.path.join(tmp, SOURCE_MARK), "w") as f:
                 f.write(os.path.realpath(os.fspath(source)) + "\n")
         _swap_in(tmp, target)
     finally:

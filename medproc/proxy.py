@@ -113,8 +113,9 @@ class ProxyTransform:
         if self.augment is not None:
             try:
                 plan = plan.augmented(self.augment(plan, self._generator()))
-            except ValueError as e:  # (a user's augment: say which sample it was)
-                raise ValueError(f"{img.meta.get('source') or 'a sample'}: {e}") from None
+            except ValueError as e:  # (a user's augment: say which sample, keep the rest)
+                e.add_note(f"in medproc's proxy, sample {img.meta.get('source') or '?'}")
+                raise
         return plan
 
     def _ship(self, region):

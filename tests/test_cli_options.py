@@ -197,13 +197,46 @@ def test_hard_links_links_first_and_links_into_outputs(sample_data, tmp_path, ca
     assert sorted(_manifest(out)) == ["z"]
     os.symlink(out / "z.nii.gz", a / "from_out.nii.gz")
     w = walk_inputs([str(a)], keep=keep, exclude=[str(out)])
-    assert dict(w.skipped)[str(a / "from_out.nii.gz")].startswith("a link into the output")
+    assert dict(w.skipped)[str(a / "from_out.nii.gz")].startswith("a link to an output")
+    # a dataset medproc wrote from that output folder: not an input, saying how to convert it
     ds = a / "Dataset009_X"
     ds.mkdir()
     (ds / ".medproc_source").write_text(str(out))
     shutil.copy(out / "z.nii.gz", ds / "z_0000.nii.gz")
     w = walk_inputs([str(a)], keep=keep, exclude=[str(out)])
     assert not any("Dataset009_X" in f for f in w.files)
+    assert "name this folder itself to convert it" in dict(w.skipped)[str(ds)]
+    assert walk_inputs([str(ds)], keep=keep).files == [str(ds / "z_0000.nii.gz")]  # named: read
+    # one written from elsewhere is an ordinary folder
+    (ds / ".medproc_source").write_text(str(tmp_path / "elsewhere"))
+    assert str(ds / "z_0000.nii.gz") in walk_inputs([str(a)], keep=keep).files
+    # an output folder above the inputs: a link to another input file is an input
+    os.symlink(b / "hard.nii.gz", a / "to_b.nii.gz")
+    w = walk_inputs([str(a)], keep=keep, exclude=[str(tmp_path)])
+    assert "a link to an output" not in dict(w.skipped).get(str(a / "to_b.nii.gz"), "")
+
+
+def test_a_file_system_without_inodes_still_tells_files_apart(tmp_path, monkeypatch):
+    """st_ino 0 (some FUSE/SMB file systems): files are told apart by their real path."""
+    from medproc.io import walk
+
+    for n in range(5):
+        (tmp_path / f"s{n}.dcm").write_bytes(b"x")
+    real_stat = os.stat
+
+    class NoInode:
+        def __init__(self, st):
+            self._st = st
+
+        def __getattr__(self, k):
+            return 0 if k == "st_ino" else getattr(self._st, k)
+
+    real_lstat = os.lstat
+    monkeypatch.setattr(walk.os, "stat", lambda p, *a, **k: NoInode(real_stat(p, *a, **k)))
+    monkeypatch.setattr(walk.os, "lstat", lambda p, *a, **k: NoInode(real_lstat(p, *a, **k)))
+    assert len({walk.file_identity(str(tmp_path / f"s{n}.dcm")) for n in range(5)}) == 5
+    w = walk.walk_inputs([str(tmp_path)])
+    assert len(w.files) == 5 and w.skipped == []
 
 
 def _tree_with_seg(sample_data, tmp_path):

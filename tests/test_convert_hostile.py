@@ -340,3 +340,34 @@ def test_a_later_run_of_another_input_never_overwrites_an_earlier_case(sample_da
     assert other["source"] == str(tmp_path / "B" / "a.nii.gz") and other["status"] == "ok"
     assert main(["convert", str(tmp_path / "A"), *args]) == 0  # and A again: skipped
     assert _manifest(out)["a"]["status"] == "skipped"
+
+
+def test_another_input_never_replaces_an_output_whatever_its_row_says_and_moves_keep_names(
+    sample_data, tmp_path
+):
+    """The earlier row failed or was not started, yet its output is on disk from input A: B's
+    case takes another name. A moved input (A renamed) is the same input: its name is kept,
+    no duplicate case."""
+    import csv as _csv
+
+    for d, src in (("A", "case001.nii.gz"), ("B", "case002.nii.gz")):
+        (tmp_path / d).mkdir()
+        shutil.copy(os.path.join(_images(sample_data), src), tmp_path / d / "a.nii.gz")
+    out = tmp_path / "out"
+    args = ["-o", str(out), "--spacing", "3", "-q"]
+    assert main(["convert", str(tmp_path / "A"), *args]) == 0
+    first = open(out / "a.nii.gz", "rb").read()
+    rows = list(_csv.DictReader(open(out / "manifest.csv", newline="")))
+    rows[0]["status"] = "not started"
+    with open(out / "manifest.csv", "w", newline="") as f:
+        w = _csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert main(["convert", str(tmp_path / "B"), *args]) == 0
+    assert open(out / "a.nii.gz", "rb").read() == first  # A's output untouched
+    out2 = tmp_path / "out2"
+    args2 = ["-o", str(out2), "--spacing", "3", "-q"]
+    assert main(["convert", str(tmp_path / "A"), *args2]) == 0
+    os.rename(tmp_path / "A", tmp_path / "A_moved")
+    assert main(["convert", str(tmp_path / "A_moved"), *args2]) == 0
+    assert sorted(_manifest(out2)) == ["a"]  # the same input, moved: one case

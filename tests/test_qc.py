@@ -221,3 +221,22 @@ def test_qc_figure_writes_the_picture_fast(sample_data, tmp_path):
     pic, _ = qc_render(v, after, lesions=lesions, title="ct_axial")
     np.testing.assert_array_equal((mpimg.imread(path)[..., :3] * 255).round(), pic)
     assert [f for f in os.listdir(tmp_path) if f != "qc.png"] == []  # atomic: no leftovers
+
+
+def test_the_legend_names_only_the_marks_the_picture_has(sample_data, monkeypatch):
+    from medproc import qc
+
+    said = []
+    real = qc._stamp
+    monkeypatch.setattr(
+        qc, "_stamp", lambda pic, text, *a, **k: said.append(text) or real(pic, text, *a, **k)
+    )
+    vol = medproc.load(os.path.join(sample_data, "nifti", "images", "case001.nii.gz"))
+    lab = medproc.load(os.path.join(sample_data, "nifti", "labels", "case001.nii.gz"))
+    qc_render(vol, vol)
+    legend = next(t for t in said if t.startswith("radiological views"))
+    assert "label outlined" not in legend and "circled" not in legend
+    said.clear()
+    qc_render(vol, vol, lab, lab, lesions=[((0.0, 0.0, 0.0), 10.0)])
+    legend = next(t for t in said if t.startswith("radiological views"))
+    assert "label outlined" in legend and "lesions circled in red" in legend

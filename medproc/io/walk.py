@@ -1,6 +1,8 @@
-"""Walking input trees safely: every file once (by real path), folders that cannot be listed
-reported, FIFOs, devices, sockets and broken symlinks never opened, and excluded folders (an
-output folder inside an input tree, earlier medproc outputs) never entered.
+"""Walking input trees safely: every file once (known by device and inode, :func:`file_identity`:
+a symbolic or hard link is another name of its file, listed as skipped, and the file's own name
+is kept over a link's), folders that cannot be listed reported, FIFOs, devices, sockets and
+broken symlinks never opened, and excluded folders (an output folder inside an input tree,
+earlier medproc outputs, training datasets medproc wrote from them) never entered.
 
 Symlinked folders are followed (dataset trees are often assembled from links), each real folder
 is entered once: a link back to a folder above it (a loop) or to a folder already walked is
@@ -16,17 +18,37 @@ from dataclasses import dataclass, field
 
 from .safety import special_kind
 
-__all__ = ["Walk", "walk_inputs", "is_medproc_output"]
+__all__ = ["Walk", "walk_inputs", "is_medproc_output", "file_identity", "SOURCE_MARK"]
 
 #: the first line of a ``manifest.csv`` that ``medproc convert`` wrote
 _MANIFEST_HEAD = "case,source,output,"
+#: in a training dataset medproc wrote (``--layout``): the real path of the converted folder
+SOURCE_MARK = ".medproc_source"
+
+
+def file_identity(path: str, st: os.stat_result | None = None):
+    """What makes two names one file: (device, inode) of what ``path`` leads to (``st``: its
+    stat, when known), else its real path (no stat, or a file system that reports inode 0)."""
+    try:
+        st = st or os.stat(path)
+        if st.st_ino:
+            return (st.st_dev, st.st_ino)
+    except OSError:
+        pass
+    return os.path.realpath(path)
+
+
+def dataset_source(folder: str) -> str | None:
+    """The converted folder a training dataset medproc wrote came from, or None."""
+    try:
+        with open(os.path.join(folder, SOURCE_MARK)) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def is_medproc_output(folder: str) -> bool:
-    """True when ``folder`` holds a ``manifest.csv`` written by ``medproc convert``, or is a
-    training dataset medproc wrote (``.medproc_source``: its images are the outputs)."""
-    if os.path.isfile(os.path.join(folder, ".medproc_source")):
-        return True
+    """True when ``folder`` holds a ``manifest.csv`` written by ``medproc convert``."""
     p = os.path.join(folder, "manifest.csv")
     try:
         if not stat.S_ISREG(os.stat(p).st_mode):
@@ -39,7 +61,7 @@ def is_medproc_output(folder: str) -> bool:
 
 @dataclass
 class Walk:
-    """What a walk found: regular ``files`` (in order, each real path once), ``skipped``
+    """What a walk found: regular ``files`` (in order, each file once under one name), ``skipped``
     ``(path, reason)`` never opened (special files, broken links, excluded folders), and
     ``bad`` ``(path, reason)``: things that could not be looked at (unlistable folders) or that
     were named explicitly but are not regular files."""
@@ -92,13 +114,28 @@ def walk_inputs(
     skip_names : tuple of str
         Lower-case suffixes of file names ignored in folders without a word.
     skip_outputs : bool
-        Do not enter sub-folders holding ``medproc convert`` outputs (a ``manifest.csv``).
+        Do not enter sub-folders holding ``medproc convert`` outputs (a ``manifest.csv``), nor
+        training datasets medproc wrote from outputs among ``paths`` or from an ``exclude``d
+        folder (:data:`SOURCE_MARK`).
     """
+    paths = [os.fspath(p) for p in paths]
     out = Walk()
     seen: dict = {}  # a file's identity (device, inode) -> its place in out.files
     links: list[bool] = []  # per out.files: whether that name is a symlink
     walked: set[str] = set()  # real paths of the folders entered: each once, no loops
     excluded = {os.path.realpath(os.fspath(e)) for e in exclude}
+    roots = [os.path.realpath(os.fspath(p)) for p in paths]
+
+    def derived(folder: str) -> str | None:
+        """Why ``folder`` is a training dataset medproc wrote from outputs among these inputs
+        (or from the output folder), or None."""
+        src = dataset_source(folder)
+        if src and (src in excluded or any(_is_above(r, src) for r in roots)):
+            return (
+                f"a training dataset medproc wrote from {src} ({SOURCE_MARK}): its images are "
+                "those outputs; name this folder itself to convert it"
+            )
+        return None
 
     def add(p: str, st: os.stat_result | None = None):
         """One file under the name ``p`` (``st``: its lstat, when it is a regular file);
@@ -107,14 +144,10 @@ def walk_inputs(
         link = st is None and os.path.islink(p)
         if link:  # (a regular file lies in its folder, which was checked)
             real = os.path.realpath(p)
-            if any(real == e or real.startswith(e.rstrip(os.sep) + os.sep) for e in excluded):
-                out.skipped.append((p, f"a link into the output folder ({real}): not an input"))
+            if os.path.dirname(real) in excluded:  # (outputs lie directly in the output folder)
+                out.skipped.append((p, f"a link to an output ({real}): not an input"))
                 return
-        try:
-            st = st or os.stat(p)
-            ident = (st.st_dev, st.st_ino)
-        except OSError:
-            ident = os.path.realpath(p)
+        ident = file_identity(p, st)
         i = seen.get(ident)
         if i is None:
             seen[ident] = len(out.files)
@@ -163,6 +196,9 @@ def walk_inputs(
                         out.skipped.append(
                             (full, "holds medproc convert outputs (manifest.csv): not an input")
                         )
+                    elif skip_outputs and derived(full):
+                        dirs.remove(d)
+                        out.skipped.append((full, derived(full)))
                     else:
                         walked.add(real)
                 for name in sorted(files):
