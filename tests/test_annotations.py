@@ -152,26 +152,20 @@ def test_luna_csv_is_lps_and_errors_name_the_line(tmp_path, sample_data):
     table = read_luna_csv(os.path.join(sample_data, "lesions.csv"))
     les = table["1.2.826.0.1.3680043.8.498.2026.1.1"]
     np.testing.assert_allclose(les.centers[0], [62.0, 10.0, 5.0])  # LPS (-62, -10, 5) -> RAS
-    bad = tmp_path / "bad.csv"
-    bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm\nA,1,2,3,4\nB,1,x,3,4\n")
-    with pytest.raises(
-        medproc.ReadError, match=r"bad.csv: line 3: coordinates and diameter must be numbers"
+    head = "seriesuid,coordX,coordY,coordZ,diameter_mm"
+    for text, says in (
+        (f"{head}\nA,1,2,3,4\nB,1,x,3,4\n", r"line 3: coordinates and diameter must be numbers"),
+        ("uid,x,y,z\n", r"line 1: missing column"),
+        (f"{head}\nA,1,2,3,-4\n", r"line 2: .*diameter > 0"),
+        # a cell more than the header (an unquoted comma): refused, not dropped
+        (f"{head}\nA,1,2,3,4,99\nB,1,2,3,4,\n", r"line 2: more cells than the header"),
+        # a column twice: the csv module would keep the last one silently
+        (f"{head},coordX\nA,1,2,3,4,99\n", r"line 1: the column\(s\) \['coordX'\] appear"),
     ):
-        read_luna_csv(bad)
-    bad.write_text("uid,x,y,z\n")
-    with pytest.raises(medproc.ReadError, match=r"line 1: missing column"):
-        read_luna_csv(bad)
-    bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm\nA,1,2,3,-4\n")
-    with pytest.raises(medproc.ReadError, match=r"line 2: .*diameter > 0"):
-        read_luna_csv(bad)
-    # a row with a cell more than the header (an unquoted comma): refused, not dropped
-    bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm\nA,1,2,3,4,99\nB,1,2,3,4,\n")
-    with pytest.raises(medproc.ReadError, match=r"line 2: more cells than the header"):
-        read_luna_csv(bad)
-    # a column twice: the csv module would keep the last one silently
-    bad.write_text("seriesuid,coordX,coordY,coordZ,diameter_mm,coordX\nA,1,2,3,4,99\n")
-    with pytest.raises(medproc.ReadError, match=r"line 1: the column\(s\) \['coordX'\] appear"):
-        read_luna_csv(bad)
+        bad = tmp_path / "bad.csv"
+        bad.write_text(text)
+        with pytest.raises(medproc.ReadError, match="bad.csv: " + says):
+            read_luna_csv(bad)
 
 
 def test_json_boxes_and_points(tmp_path):

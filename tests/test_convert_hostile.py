@@ -322,16 +322,22 @@ def test_dry_run_sizes_inputs_as_the_readers_load_them(tmp_path, monkeypatch, ca
     assert main(["convert", str(d), "-o", str(out), "--spacing", "1", "-q"]) == 0
 
 
-def test_a_later_run_of_another_input_never_overwrites_an_earlier_case(sample_data, tmp_path):
-    """Two folders each with an a.nii.gz, converted one after the other into one -o: the
-    second takes another name, as two such cases of one run do (it replaced the first)."""
+def _a_converted_beside_another_a(sample_data, tmp_path):
+    """Folders A and B each with an a.nii.gz (different images); A converted into out:
+    (out, the convert options, A's output bytes)."""
     for d, src in (("A", "case001.nii.gz"), ("B", "case002.nii.gz")):
         (tmp_path / d).mkdir()
         shutil.copy(os.path.join(_images(sample_data), src), tmp_path / d / "a.nii.gz")
     out = tmp_path / "out"
     args = ["-o", str(out), "--spacing", "3", "-q"]
     assert main(["convert", str(tmp_path / "A"), *args]) == 0
-    first = open(out / "a.nii.gz", "rb").read()
+    return out, args, open(out / "a.nii.gz", "rb").read()
+
+
+def test_a_later_run_of_another_input_never_overwrites_an_earlier_case(sample_data, tmp_path):
+    """Two folders each with an a.nii.gz, converted one after the other into one -o: the
+    second takes another name, as two such cases of one run do (it replaced the first)."""
+    out, args, first = _a_converted_beside_another_a(sample_data, tmp_path)
     assert main(["convert", str(tmp_path / "B"), *args]) == 0
     assert open(out / "a.nii.gz", "rb").read() == first
     m = _manifest(out)
@@ -350,13 +356,7 @@ def test_another_input_never_replaces_an_output_whatever_its_row_says_and_moves_
     no duplicate case."""
     import csv as _csv
 
-    for d, src in (("A", "case001.nii.gz"), ("B", "case002.nii.gz")):
-        (tmp_path / d).mkdir()
-        shutil.copy(os.path.join(_images(sample_data), src), tmp_path / d / "a.nii.gz")
-    out = tmp_path / "out"
-    args = ["-o", str(out), "--spacing", "3", "-q"]
-    assert main(["convert", str(tmp_path / "A"), *args]) == 0
-    first = open(out / "a.nii.gz", "rb").read()
+    out, args, first = _a_converted_beside_another_a(sample_data, tmp_path)
     rows = list(_csv.DictReader(open(out / "manifest.csv", newline="")))
     rows[0]["status"] = "not started"
     with open(out / "manifest.csv", "w", newline="") as f:
