@@ -352,4 +352,9 @@ def _worker(args):
         msg = f"{case.source}: not enough memory for this case; free memory or use fewer -j"
         return case, "failed", {"worker": _worker_id()}, msg
     except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
+        import logging
+        import traceback
+
+        # a bug, not bad input: its traceback for -v (the row keeps one line)
+        logging.getLogger("medproc.convert").info("%s: %s", case.source, traceback.format_exc())
         return case, "failed", {"worker": _worker_id()}, f"{case.source}: {type(e).__name__}: {e}"

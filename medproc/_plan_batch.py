@@ -23,7 +23,10 @@ __all__ = ["plan_cases", "foresee"]
 
 
 def _same_file(a: str, b: str) -> bool:
-    return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
+    """Whether ``a`` and ``b`` name one file or folder (links, hard links: io.walk's rule)."""
+    from .io.walk import file_identity
+
+    return bool(a) and bool(b) and file_identity(a) == file_identity(b)
 
 
 def _held_by_another(prior: dict, nm: str, case) -> bool:
@@ -64,7 +67,13 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         seen |= {nm, f"{nm}_label"} if c.label else {nm}
         out_path = os.path.join(outdir, f"{nm}.{fmt}")
         label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
-        row = {"case": nm, "source": c.source, "output": out_path, "label_output": label_path or ""}
+        # (absolute: a later run started elsewhere still knows its input)
+        row = {
+            "case": nm,
+            "source": os.path.abspath(c.source),
+            "output": out_path,
+            "label_output": label_path or "",
+        }
         err = f"{c.source}: {c.error}" if c.error else ""
         if not err and os.path.abspath(out_path) == os.path.abspath(c.source):
             err = f"{c.source}: the output would overwrite the input; choose another -o"

@@ -218,17 +218,26 @@ def find_cases(
                 c.error = f"listed again ({origin}) with another label or name: list it once"
                 cases.append(c)
         else:  # another name (a symbolic or hard link) of an image named already: said
+            if os.path.islink(first.source) and not os.path.islink(c.source):
+                cases[cases.index(first)] = seen[ident] = c  # the file itself, not a link to it
+                first, c = c, first
             if os.path.abspath(first.source) != os.path.abspath(c.source):
                 skipped.append((c.source, f"another name of {first.source} (the same file): "
                                           "read once"))  # fmt: skip
         found_by[origin] = found_by.get(origin, 0) + 1
 
+    outs = {os.path.realpath(e) for e in exclude}
     tree_inputs = []
     for inp in inputs:
         if inp in lists:
             for c in lists[inp]:
                 add(c, inp)
         elif inp.lower().endswith(_IMAGE_EXT) and not os.path.isdir(inp):
+            if os.path.islink(inp) and os.path.dirname(os.path.realpath(inp)) in outs:
+                skipped.append(
+                    (inp, f"a link to an output ({os.path.realpath(inp)}): not an input")
+                )
+                continue
             add(_image_case(inp), inp)  # a missing or unreadable one fails when loaded
         else:
             tree_inputs.append(inp)
@@ -314,7 +323,10 @@ def find_cases(
         c.fields.setdefault("modality", "")
         c.fields.setdefault("description", "")
         c.fields.setdefault("folder", _folder_of(c.source))
-    return cases, skipped
+    once = {}  # a path skipped by two walks (images, DICOM headers) or twice: listed once
+    for p, reason in skipped:
+        once.setdefault(p, (p, reason))
+    return cases, list(once.values())
 
 
 def _is_seg(info: dict) -> bool:

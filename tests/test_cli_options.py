@@ -216,6 +216,25 @@ def test_hard_links_links_first_and_links_into_outputs(sample_data, tmp_path, ca
     assert "a link to an output" not in dict(w.skipped).get(str(a / "to_b.nii.gz"), "")
 
 
+def test_named_links_a_folder_and_a_link_into_it_and_a_link_to_an_output(
+    sample_data, tmp_path, monkeypatch, capsys
+):
+    inp = tmp_path / "in"
+    inp.mkdir()
+    shutil.copy(os.path.join(_images(sample_data), "case001.nii.gz"), inp / "zz_real.nii.gz")
+    os.symlink(inp / "zz_real.nii.gz", inp / "aa_sym.nii.gz")
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "in", "in/aa_sym.nii.gz", "-o", "o", "--dry-run"]) == 0
+    cap = capsys.readouterr()
+    err = cap.out + cap.err
+    assert "convert      zz_real" in err and "another name of zz_real" not in err
+    assert err.count("in/aa_sym.nii.gz: another name of in/zz_real.nii.gz") == 1
+    assert main(["convert", "in", "-o", "o", "--spacing", "4", "-q"]) == 0
+    os.symlink(tmp_path / "o" / "zz_real.nii.gz", tmp_path / "linked_out.nii.gz")
+    assert main(["convert", "linked_out.nii.gz", "-o", "o", "--dry-run"]) == 0
+    assert "a link to an output" in capsys.readouterr().out
+
+
 def test_a_file_system_without_inodes_still_tells_files_apart(tmp_path, monkeypatch):
     """st_ino 0 (some FUSE/SMB file systems): files are told apart by their real path."""
     from medproc.io import walk

@@ -371,3 +371,39 @@ def test_another_input_never_replaces_an_output_whatever_its_row_says_and_moves_
     os.rename(tmp_path / "A", tmp_path / "A_moved")
     assert main(["convert", str(tmp_path / "A_moved"), *args2]) == 0
     assert sorted(_manifest(out2)) == ["a"]  # the same input, moved: one case
+
+
+def test_runs_started_from_other_folders_know_their_inputs(sample_data, tmp_path, monkeypatch):
+    """Relative inputs: the manifest records absolute sources, so a later run started from
+    another folder skips the same input and never replaces another input's output."""
+    out, args, first = _a_converted_beside_another_a(sample_data, tmp_path)
+    assert os.path.isabs(_manifest(out)["a"]["source"])
+    monkeypatch.chdir(tmp_path / "B")
+    assert main(["convert", ".", *args]) == 0  # B's a.nii.gz, from B, relative
+    assert open(out / "a.nii.gz", "rb").read() == first and len(_manifest(out)) == 2
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "A", *args]) == 0
+    assert _manifest(out)["a"]["status"] == "skipped"
+
+
+def test_a_bug_inside_a_case_shows_its_traceback_with_v(sample_data, tmp_path, monkeypatch):
+    from medproc import _convert_case
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(_convert_case, "_convert_one", boom)
+    images = _images(sample_data)
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("medproc.convert").addHandler(handler)
+    logging.getLogger("medproc.convert").setLevel(logging.INFO)
+    try:
+        assert main(["convert", images, "-o", str(tmp_path / "o"), "-j", "1", "-q"]) == 1
+    finally:
+        logging.getLogger("medproc.convert").removeHandler(handler)
+    text = "\n".join(r.getMessage() for r in records)
+    assert "Traceback" in text and "simulated bug" in text
