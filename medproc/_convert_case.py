@@ -60,8 +60,9 @@ def _convert_one(
         check_label_grid(vol, lab, f"the label map {case.label}", case.source)
     # said per case (a warning line, the manifest, the sidecar); the GPU service plans in its
     # own process, so its route looks for the foreground here (the CPU route's plan says it)
-    for note in (_dtype_clips(vol, spec), _SERVICE is not None and _no_foreground(vol, spec)):
-        _note(vol, case, note)
+    _note(vol, case, _dtype_clips(vol, spec))
+    if _SERVICE is not None:
+        _note(vol, case, _no_foreground(vol, spec))
     got = None
     if _SERVICE is not None:
         with span("to_service", case=case.source):
