@@ -62,7 +62,9 @@ def _convert_one(
     # own process, so its route looks for the foreground here (the CPU route's plan says it)
     _note(vol, case, _dtype_clips(vol, spec))
     if _SERVICE is not None:
-        _note(vol, case, _no_foreground(vol, spec))
+        from .plan_values import no_foreground_note
+
+        _note(vol, case, no_foreground_note(vol.array, spec))
     got = None
     if _SERVICE is not None:
         with span("to_service", case=case.source):
@@ -128,16 +130,6 @@ def _note(vol, case, note, say: bool = True) -> None:
         vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), note]
         if say:
             warnings.warn(f"{case.source}: {note}", MedprocWarning, stacklevel=2)
-
-
-def _no_foreground(vol, spec: Spec) -> str | None:
-    """The note when ``--crop-foreground`` finds nothing to crop to in this case (said here:
-    the GPU service plans in its own process)."""
-    if spec.crop_foreground is None:
-        return None
-    from .plan import no_foreground_note
-
-    return no_foreground_note(vol.array, spec)
 
 
 def _dtype_clips(vol, spec: Spec) -> str | None:

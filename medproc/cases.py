@@ -197,7 +197,7 @@ def find_cases(
     files with reasons); inputs that yield nothing are cases with an ``error``.
     """
     from .io.dicom_scan import scan_dicom, series_source
-    from .io.walk import file_identity, walk_inputs
+    from .io.walk import another_name, file_identity, link_to_output, walk_inputs
 
     inputs = [os.fspath(p) for p in inputs]
     lists = check_inputs(inputs, labels_dir)
@@ -222,8 +222,7 @@ def find_cases(
                 cases[cases.index(first)] = seen[ident] = c  # the file itself, not a link to it
                 first, c = c, first
             if os.path.abspath(first.source) != os.path.abspath(c.source):
-                skipped.append((c.source, f"another name of {first.source} (the same file): "
-                                          "read once"))  # fmt: skip
+                skipped.append((c.source, another_name(first.source)))
         found_by[origin] = found_by.get(origin, 0) + 1
 
     outs = {os.path.realpath(e) for e in exclude}
@@ -233,10 +232,9 @@ def find_cases(
             for c in lists[inp]:
                 add(c, inp)
         elif inp.lower().endswith(_IMAGE_EXT) and not os.path.isdir(inp):
-            if os.path.islink(inp) and os.path.dirname(os.path.realpath(inp)) in outs:
-                skipped.append(
-                    (inp, f"a link to an output ({os.path.realpath(inp)}): not an input")
-                )
+            why = link_to_output(inp, outs)
+            if why:
+                skipped.append((inp, why))
                 continue
             add(_image_case(inp), inp)  # a missing or unreadable one fails when loaded
         else:

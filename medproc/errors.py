@@ -13,6 +13,7 @@ traceback (``-v`` shows one).
 from __future__ import annotations
 
 import os
+import re
 
 __all__ = [
     "MedprocError",
@@ -88,15 +89,16 @@ class GeometryWarning(MedprocWarning):
     """Geometry that is usable but unusual (uneven spacing, gantry tilt, no patient geometry)."""
 
 
+_CUDA_NAME = re.compile(r"cuda(:(0|[1-9][0-9]*))?")  # (ASCII digits, no leading zero)
+
+
 def check_device(device, cuda: bool = False) -> str:
     """``device`` as a string: ``"cpu"`` or ``"gpu"`` (with ``cuda``, also ``"cuda"`` and
     ``"cuda:N"``; a ``torch.device`` is taken by its name), else a :class:`UsageError`."""
     if type(device).__name__ == "device" and hasattr(device, "type"):  # torch.device
         device = str(device)
-    import re
-
     ok = device in ("cpu", "gpu") if isinstance(device, str) else False
-    cuda_name = isinstance(device, str) and re.fullmatch(r"cuda(:(0|[1-9][0-9]*))?", device)
+    cuda_name = isinstance(device, str) and _CUDA_NAME.fullmatch(device)
     if not ok and not (cuda and cuda_name):
         names = "'cpu', 'gpu', 'cuda' or 'cuda:N'" if cuda else "'cpu' or 'gpu'"
         hint = " ('gpu' is the current CUDA device)" if cuda_name else ""

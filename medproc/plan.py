@@ -13,7 +13,7 @@ import numpy as np
 from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 
 from .geometry import apply_affine, as_affine, is_orthogonal, spacing_of
-from .plan_values import _foreground_box, intensity_params, no_foreground_note
+from .plan_values import _foreground_box, _nothing_above, intensity_params
 from .spec import Spec
 
 __all__ = [
@@ -271,7 +271,7 @@ def make_plan(
 
             from .errors import MedprocWarning
 
-            note = no_foreground_note(array, spec)
+            note = _nothing_above(array, spec.crop_foreground)
             warnings.warn(f"{source}: {note}" if source else note, MedprocWarning, stacklevel=3)
         else:
             lo, hi = box

@@ -16,8 +16,13 @@ def no_foreground_note(array, spec: Spec) -> str | None:
     its threshold, so that nothing is cropped; None when it finds some (or is not set)."""
     if spec.crop_foreground is None or _foreground_box(array, spec.crop_foreground) is not None:
         return None
+    return _nothing_above(array, spec.crop_foreground)
+
+
+def _nothing_above(array, threshold: float) -> str:
+    """The note's words (for a box search that found nothing)."""
     where = " of channel 0" if array.ndim == 4 else ""
-    return f"crop_foreground: no voxel{where} is above {spec.crop_foreground}: not cropped"
+    return f"crop_foreground: no voxel{where} is above {threshold}: not cropped"
 
 
 def _foreground_box(array, threshold: float):

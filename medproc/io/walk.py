@@ -38,6 +38,22 @@ def file_identity(path: str, st: os.stat_result | None = None):
     return os.path.realpath(path)
 
 
+def another_name(first: str) -> str:
+    """Why a name is skipped: it names a file found already, under ``first``."""
+    return f"another name of {first} (the same file): read once"
+
+
+def link_to_output(path: str, outputs) -> str | None:
+    """Why the symlink ``path`` is not an input (it leads to a file directly in one of the real
+    folders ``outputs``, where medproc writes its outputs), or None."""
+    if not os.path.islink(path):
+        return None
+    real = os.path.realpath(path)
+    return (
+        f"a link to an output ({real}): not an input" if os.path.dirname(real) in outputs else None
+    )
+
+
 def dataset_source(folder: str) -> str | None:
     """The converted folder a training dataset medproc wrote came from, or None."""
     try:
@@ -142,11 +158,10 @@ def walk_inputs(
         another name of a file found already (a symlink, a hard link) is listed as skipped,
         the file itself kept rather than a link to it."""
         link = st is None and os.path.islink(p)
-        if link:  # (a regular file lies in its folder, which was checked)
-            real = os.path.realpath(p)
-            if os.path.dirname(real) in excluded:  # (outputs lie directly in the output folder)
-                out.skipped.append((p, f"a link to an output ({real}): not an input"))
-                return
+        why = link and link_to_output(p, excluded)  # (a regular file's folder was checked)
+        if why:
+            out.skipped.append((p, why))
+            return
         ident = file_identity(p, st)
         i = seen.get(ident)
         if i is None:
@@ -159,7 +174,7 @@ def walk_inputs(
             return  # the same name twice
         if links[i] and not link:  # the file itself wins over a link to it
             out.files[i], links[i], first, p = p, link, p, first
-        out.skipped.append((p, f"another name of {first} (the same file): read once"))
+        out.skipped.append((p, another_name(first)))
 
     for p in paths:
         p = os.fspath(p)
@@ -196,9 +211,9 @@ def walk_inputs(
                         out.skipped.append(
                             (full, "holds medproc convert outputs (manifest.csv): not an input")
                         )
-                    elif skip_outputs and derived(full):
+                    elif skip_outputs and (why := derived(full)):
                         dirs.remove(d)
-                        out.skipped.append((full, derived(full)))
+                        out.skipped.append((full, why))
                     else:
                         walked.add(real)
                 for name in sorted(files):
