@@ -11,6 +11,7 @@ rerun converts them.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -21,6 +22,8 @@ from ._convert_case import _worker, annotations_path, sidecar_path
 from ._trace import span
 from .cases import Case
 from .manifest import write_manifest
+
+log = logging.getLogger("medproc.convert")
 
 __all__ = ["Batch", "Todo", "INTERRUPTED"]
 
@@ -115,6 +118,9 @@ class Batch:
 
         def finish(res, row, write: bool = True):
             case, status, info, err = res
+            tb = info.pop("traceback", None)
+            if tb:  # a bug in a case, not bad input: said with -v
+                log.info("%s: %s", case.source, tb)
             row.update(info, status=status, error=err)
             self.rows.append(row)
             with span("finish"):

@@ -58,40 +58,31 @@ def _convert_one(
             vol = load(case.source, series=case.series, nan=nan, device=here)
     if lab is not None:
         check_label_grid(vol, lab, f"the label map {case.label}", case.source)
-    # said per case (a warning line, the manifest, the sidecar); the GPU service plans in its
-    # own process, so its route looks for the foreground here (the CPU route's plan says it)
+    # said per case (a warning line, the manifest, the sidecar), as planning's notes below
     _note(vol, case, _dtype_clips(vol, spec))
-    if _SERVICE is not None:
-        from .plan_values import no_foreground_note
-
-        _note(vol, case, no_foreground_note(vol.array, spec))
     got = None
     if _SERVICE is not None:
         with span("to_service", case=case.source):
             got = _SERVICE.resample(vol, lab)
     if got is None:  # here (or the service's arena had no room, or it would be later)
         t_here = time.perf_counter()
-        with span("resample_here", case=case.source), warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
+        with span("resample_here", case=case.source):
             (res,) = resample_batch(
                 [vol],
                 spec,
                 device=here,
                 labels=None if lab is None else [lab],
                 num_threads=dali_threads,
+                warn=False,
             )
-        for x in w:  # the plan's notes about this case become the case's (once), others pass
-            text = str(x.message)
-            if "crop_foreground: no voxel" in text:  # (without the volume's name: said below)
-                _note(vol, case, text[text.index("crop_foreground: no voxel") :])
-            else:
-                warnings.warn(text, x.category, stacklevel=1)
         if _SERVICE is not None:
             _SERVICE.policy.resampled_here(time.perf_counter() - t_here)
         out, out_lab = res if lab is not None else (res, None)
         release = None
     else:
         out, out_lab, release = got
+    for note in out.meta.get("warnings") or []:  # planning's notes (the input's are there)
+        _note(vol, case, note)
     try:
         with span("write", case=case.source):
             n_les = _write_case(
@@ -345,9 +336,9 @@ def _worker(args):
         msg = f"{case.source}: not enough memory for this case; free memory or use fewer -j"
         return case, "failed", {"worker": _worker_id()}, msg
     except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
-        import logging
         import traceback
 
-        # a bug, not bad input: its traceback for -v (the row keeps one line)
-        logging.getLogger("medproc.convert").info("%s: %s", case.source, traceback.format_exc())
-        return case, "failed", {"worker": _worker_id()}, f"{case.source}: {type(e).__name__}: {e}"
+        # a bug, not bad input: its traceback goes to the main process, for -v (the row keeps
+        # one line); a worker's own log may be lost (spawned workers, Dask)
+        info = {"worker": _worker_id(), "traceback": traceback.format_exc()}
+        return case, "failed", info, f"{case.source}: {type(e).__name__}: {e}"

@@ -138,8 +138,15 @@ class Server:
         # one pipeline for every batch size; outputs copied from the GPU straight into arena
         # pieces (``into``), page-locked ones unless page-locking is off
         s = self.s
+        # (planning's notes come back with each output: the worker says them, naming its case)
         return resample_batch(
-            vols, s.spec, device=s.device, labels=labs, batch_size=config.BATCH, into=self.into
+            vols,
+            s.spec,
+            device=s.device,
+            labels=labs,
+            batch_size=config.BATCH,
+            into=self.into,
+            warn=False,
         )
 
     def into(self, dhw_shape: tuple, dtype):
@@ -278,7 +285,7 @@ class Server:
                     with s._no_room.get_lock():
                         s._no_room.value += 1
                 else:
-                    s._send(r, (slots, outs[0].affine))
+                    s._send(r, (slots, outs[0].affine, outs[0].meta.get("warnings") or []))
                     self.served += 1
                     with s._served.get_lock():
                         s._served.value += 1

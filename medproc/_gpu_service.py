@@ -162,10 +162,12 @@ class GpuService:
             return None
         if isinstance(reply, str):
             raise MedprocError(reply, vol.meta.get("source", ""))
-        kept, affine = reply
+        kept, affine, notes = reply
         try:
             views = [self.arena.array(s) for s in kept]
             meta = {"resampled_from": vol.meta.get("source"), "device": self.device}
+            if notes:  # planning's, in the service (e.g. crop_foreground found nothing)
+                meta["warnings"] = [*(vol.meta.get("warnings") or []), *notes]
             out = vol.with_array(views[0], affine, **meta)
             out_lab = lab.with_array(views[1], affine, **meta) if lab is not None else None
         except BaseException:

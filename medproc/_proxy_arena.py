@@ -8,7 +8,8 @@ the H200 node that took a third of the main process's time and capped the proxy 
 samples/s. From the arena the GPU copies a piece directly (it is pinned), so the main process
 touches no voxel. Pieces have any size (crops and whole volumes alike): a worker takes the first
 gap that fits, without waiting; when none does it falls back to a shared-memory tensor, so
-nothing can deadlock.
+nothing can deadlock. :class:`Streamed` is the main process's side: batches finished by the
+engine, their pieces given back once copied.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["Arena", "Slot", "arena_bytes", "populate"]
+__all__ = ["Arena", "Slot", "Streamed", "arena_bytes", "populate"]
 
 _ALIGN = mmap.PAGESIZE  # pieces start on page boundaries (madvise needs them there)
 #: madvise(2) advice that maps a range's pages now, in one call (Linux 5.14+; not in Python's
@@ -218,3 +219,45 @@ def arena_bytes(gb: float | None = None) -> int:
         ram = 16 * 2**30
     ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1))
     return int(max(min(4 * 2**30, ram // 8 // ranks), 64 * 2**20))
+
+
+class Streamed:
+    """A DataLoader whose batches are finished by the engine in its background thread."""
+
+    def __init__(self, loader, engine, graph, ahead: int, with_label: bool, arena=None):
+        self.loader, self.engine, self.graph = loader, engine, graph
+        self.ahead, self.with_label, self.arena = ahead, with_label, arena
+
+    def _tensor(self, x):
+        return self.arena.tensor(x) if isinstance(x, Slot) else x
+
+    def _release(self, batch) -> None:
+        for p in batch["image"]:
+            for x in (p.array, *p.labels):
+                if isinstance(x, Slot):
+                    self.arena.release(x)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def _items(self):
+        from .pipeline import Job
+
+        for batch in self.loader:
+            jobs = [
+                Job(self._tensor(p.array), p.plan, tuple(self._tensor(x) for x in p.labels))
+                for p in batch["image"]
+            ]
+            yield jobs, self.graph, batch
+
+    def __iter__(self):
+        from .pipeline import stacked
+
+        for res, batch in self.engine.stream(self._items(), as_torch=True, ahead=self.ahead):
+            if self.arena is not None:
+                self._release(batch)  # the engine has copied them: the workers may refill
+            cols = list(zip(*res))
+            for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
+                same = all(t.shape == col[0].shape for t in col)
+                batch[key] = stacked(col) if same else list(col)
+            yield batch

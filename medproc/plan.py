@@ -13,12 +13,13 @@ import numpy as np
 from nibabel.orientations import axcodes2ornt, io_orientation, ornt_transform
 
 from .geometry import apply_affine, as_affine, is_orthogonal, spacing_of
-from .plan_values import _foreground_box, _nothing_above, intensity_params
+from .plan_values import foreground_box, intensity_params, nothing_above
 from .spec import Spec
 
 __all__ = [
     "Plan",
     "make_plan",
+    "say_notes",
     "intensity_params",
     "flip_map",
     "affine_map",
@@ -115,6 +116,9 @@ class Plan:
     #: world-space motion of the content by augmentation (identity for plain resampling):
     #: annotations move by it, exactly as the voxels do
     motion: np.ndarray = field(default_factory=lambda: np.eye(4))
+    #: what planning has to say about this volume in words (e.g. crop_foreground found no
+    #: voxel above its threshold); callers say them (:func:`say_notes`) or record them
+    notes: tuple[str, ...] = ()
 
     def augmented(self, index_map: np.ndarray) -> Plan:
         """This plan followed by an augmentation on its output grid.
@@ -205,14 +209,12 @@ def _round_half_up(x):
     return np.floor(np.asarray(x) + 0.5).astype(int)
 
 
-def make_plan(
-    shape, affine, spec: Spec, array: np.ndarray | None = None, source: str | None = None
-) -> Plan:
+def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Plan:
     """Plan the resample of a volume of ``shape`` ``(ni, nj, nk)`` on ``affine`` to ``spec``.
 
     ``array`` (numpy or torch) is needed only when ``spec.needs_array``: for ``crop_foreground``
-    and the intensity statistics (percentiles, z-score, scale without a window). ``source``
-    names the volume in warnings.
+    and the intensity statistics (percentiles, z-score, scale without a window). What planning
+    has to say about the volume is in ``plan.notes`` (see :func:`say_notes`).
 
     Examples
     --------
@@ -221,7 +223,7 @@ def make_plan(
     (50, 50, 50)
     """
     shape = tuple(int(s) for s in shape[:3])
-    A = np.asarray(affine, dtype=np.float64)
+    A = as_affine(affine, "make_plan's affine")
     s_in = spacing_of(A)
     dirs = A[:3, :3] / s_in  # unit column per array axis
     if not is_orthogonal(A):
@@ -260,19 +262,15 @@ def make_plan(
         centre = apply_affine(A, (np.array(shape) - 1) / 2.0)
         out[:3, 3] = centre - out[:3, :3] @ ((n_out - 1) / 2.0)
     # 3) crop / pad on the output grid
+    notes: list[str] = []
     start = np.zeros(3, dtype=int)
     size = n_out.copy()
     if spec.crop_foreground is not None:
         if array is None:
             raise ValueError("crop_foreground needs the array to find the foreground")
-        box = _foreground_box(array, spec.crop_foreground)
+        box = foreground_box(array, spec.crop_foreground)
         if box is None:  # (the whole grid is kept: say so, a wrong threshold looks like this)
-            import warnings
-
-            from .errors import MedprocWarning
-
-            note = _nothing_above(array, spec.crop_foreground)
-            warnings.warn(f"{source}: {note}" if source else note, MedprocWarning, stacklevel=3)
+            notes.append(nothing_above(array, spec.crop_foreground))
         else:
             lo, hi = box
             corners = np.array(
@@ -292,10 +290,21 @@ def make_plan(
         size = want
     out[:3, 3] = out[:3, 3] + out[:3, :3] @ start
     matrix = np.linalg.inv(A) @ out
-    plan = Plan(shape, A.copy(), tuple(int(x) for x in size), out, matrix)
+    plan = Plan(shape, A.copy(), tuple(int(x) for x in size), out, matrix, notes=tuple(notes))
     if spec.intensity.active:
         plan.intensity = intensity_params(spec, array)
     return plan
+
+
+def say_notes(plan: Plan, source: str | None = None) -> None:
+    """Say ``plan.notes`` as :class:`~medproc.errors.MedprocWarning` s naming ``source``."""
+    if plan.notes:
+        import warnings
+
+        from .errors import MedprocWarning
+
+        for note in plan.notes:
+            warnings.warn(f"{source}: {note}" if source else note, MedprocWarning, stacklevel=3)
 
 
 def monai_grid(shape, affine, src, sign, spacing) -> tuple[np.ndarray, np.ndarray]:

@@ -8,24 +8,17 @@ import numpy as np
 
 from .spec import Spec
 
-__all__ = ["intensity_params", "no_foreground_note"]
+__all__ = ["intensity_params", "foreground_box", "nothing_above"]
 
 
-def no_foreground_note(array, spec: Spec) -> str | None:
-    """What to say when ``spec.crop_foreground`` finds no voxel of ``array`` (channel 0) above
-    its threshold, so that nothing is cropped; None when it finds some (or is not set)."""
-    if spec.crop_foreground is None or _foreground_box(array, spec.crop_foreground) is not None:
-        return None
-    return _nothing_above(array, spec.crop_foreground)
-
-
-def _nothing_above(array, threshold: float) -> str:
-    """The note's words (for a box search that found nothing)."""
+def nothing_above(array, threshold: float) -> str:
+    """The note when :func:`foreground_box` finds nothing: the whole grid is kept (a wrong
+    threshold looks like this)."""
     where = " of channel 0" if array.ndim == 4 else ""
     return f"crop_foreground: no voxel{where} is above {threshold}: not cropped"
 
 
-def _foreground_box(array, threshold: float):
+def foreground_box(array, threshold: float):
     """(lo, hi) voxel indices of the box around voxels above ``threshold`` (channel 0), or None.
     Works on numpy arrays and torch tensors (on their device: only 3 small vectors come back)."""
     a = array[..., 0] if array.ndim == 4 else array

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .annotations.boxes import lesion_boxes
-from .plan import Plan, make_plan
+from .plan import Plan, make_plan, say_notes
 from .spec import Spec
 
 __all__ = ["ProxyServer", "ProxyTransform", "collate", "lesion_boxes"]
@@ -75,7 +75,9 @@ class ProxyTransform:
 
     ``augment(plan, rng) -> index_map`` may add a random spatial augmentation (see
     :func:`medproc.plan.flip_map`, :func:`medproc.plan.affine_map`); the voxels and the lesions
-    move by the same matrix. ``box_mode`` is the boxes' MONAI mode; ``with_label`` True requires
+    move by the same matrix; its ``rng`` is seeded by ``seed`` and, in DataLoader workers, by
+    PyTorch's worker seed (new every epoch, reproducible under ``torch.manual_seed``).
+    ``box_mode`` is the boxes' MONAI mode; ``with_label`` True requires
     a label in every sample, False ignores labels, None ships them when present.
     """
 
@@ -98,22 +100,25 @@ class ProxyTransform:
         self._rng = None
 
     def _generator(self):
+        # (not persistent, a worker of each epoch is a new process: PyTorch's worker seed keeps
+        # it from repeating the last epoch's draws)
         if self._rng is None:
             import torch.utils.data as tud
 
             info = tud.get_worker_info()
-            self._rng = np.random.default_rng([self.seed, info.id if info else 0])
+            self._rng = np.random.default_rng([self.seed, info.seed if info else 0])
         return self._rng
 
     def plan(self, sample: dict) -> Plan:
         """The sample's plan: the spec's resample, then the random augmentation if any."""
         img = sample["image"]
         arr = img.array if self.spec.needs_array else None
-        plan = make_plan(img.shape, img.affine, self.spec, arr, img.meta.get("source"))
+        plan = make_plan(img.shape, img.affine, self.spec, arr)
+        say_notes(plan, img.meta.get("source"))
         if self.augment is not None:
             try:
                 plan = plan.augmented(self.augment(plan, self._generator()))
-            except ValueError as e:  # (a user's augment: say which sample, keep the rest)
+            except Exception as e:  # (a user's augment: say which sample, keep the rest)
                 e.add_note(f"in medproc's proxy, sample {img.meta.get('source') or '?'}")
                 raise
         return plan
@@ -340,60 +345,14 @@ class ProxyServer:
 
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
             return Mapped(base, self._proxy.server.produce_data)
+        from ._proxy_arena import Arena, Streamed, arena_bytes
+
         arena = None
         if num_workers > 0:
             kw.setdefault("persistent_workers", True)
-            from ._proxy_arena import Arena, arena_bytes
-
             per_batch = batch_size * (1 + int(self.with_label))
             entries = (num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3) * per_batch
             arena = Arena(arena_bytes(self.arena_gb), entries, pin=self.device == "gpu")
             self.transform.arena = arena  # the workers fork with it
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)
-        return _Streamed(base, self._engine, self._graph, self.prefetch, self.with_label, arena)
-
-
-class _Streamed:
-    """A DataLoader whose batches are finished by the engine in its background thread."""
-
-    def __init__(self, loader, engine, graph, ahead: int, with_label: bool, arena=None):
-        self.loader, self.engine, self.graph = loader, engine, graph
-        self.ahead, self.with_label, self.arena = ahead, with_label, arena
-
-    def _tensor(self, x):
-        from ._proxy_arena import Slot
-
-        return self.arena.tensor(x) if isinstance(x, Slot) else x
-
-    def _release(self, batch) -> None:
-        from ._proxy_arena import Slot
-
-        for p in batch["image"]:
-            for x in (p.array, *p.labels):
-                if isinstance(x, Slot):
-                    self.arena.release(x)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def _items(self):
-        from .pipeline import Job
-
-        for batch in self.loader:
-            jobs = [
-                Job(self._tensor(p.array), p.plan, tuple(self._tensor(x) for x in p.labels))
-                for p in batch["image"]
-            ]
-            yield jobs, self.graph, batch
-
-    def __iter__(self):
-        from .pipeline import stacked
-
-        for res, batch in self.engine.stream(self._items(), as_torch=True, ahead=self.ahead):
-            if self.arena is not None:
-                self._release(batch)  # the engine has copied them: the workers may refill
-            cols = list(zip(*res))
-            for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
-                same = all(t.shape == col[0].shape for t in col)
-                batch[key] = stacked(col) if same else list(col)
-            yield batch
+        return Streamed(base, self._engine, self._graph, self.prefetch, self.with_label, arena)

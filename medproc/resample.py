@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .errors import UsageError
-from .plan import make_plan
+from .plan import make_plan, say_notes
 from .spec import Spec
 from .volume import Volume
 
@@ -73,6 +73,7 @@ def resample_batch(
     batch_size: int = 8,
     num_threads: int | None = None,
     into: Callable[[tuple, np.dtype], np.ndarray | None] | None = None,
+    warn: bool = True,
 ):
     """Resample many volumes with one spec, batched through the engine.
 
@@ -99,6 +100,10 @@ def resample_batch(
         arrays: one DMA transfer). The outputs are views of those arrays (see
         :meth:`medproc.pipeline.Engine.map`), but label maps of a dtype DALI does not take
         (bool, int32, int64...), cast back to it afterwards: new arrays.
+    warn : bool
+        Say planning's notes about a volume (e.g. ``crop_foreground`` found no voxel above its
+        threshold) as warnings naming its source; they are added to the output's
+        ``meta["warnings"]`` either way.
 
     Returns
     -------
@@ -137,13 +142,12 @@ def resample_batch(
     if into is not None and on_gpu:
         raise UsageError("into: for numpy outputs; these inputs are CUDA tensors (outputs too)")
     plans = [
-        make_plan(
-            v.shape, v.affine, spec, v.array if spec.needs_array else None, v.meta.get("source")
-        )
-        for v in vols
+        make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None) for v in vols
     ]
     for v, p in zip(vols, plans):
         _check_output_size(v, p)
+        if warn:
+            say_notes(p, v.meta.get("source"))
     jobs = [
         Job(v.array, p, () if labs is None else (labs[n].array,))
         for n, (v, p) in enumerate(zip(vols, plans))
@@ -156,6 +160,8 @@ def resample_batch(
     out = []
     for n, (res, p, v) in enumerate(zip(results, plans, vols)):
         meta = {"resampled_from": v.meta.get("source"), "device": device}
+        if p.notes:
+            meta["warnings"] = [*(v.meta.get("warnings") or []), *p.notes]
         img = v.with_array(res[0], p.out_affine, **meta)
         out.append(img if labs is None else (img, labs[n].with_array(res[1], p.out_affine, **meta)))
     return out

@@ -407,3 +407,21 @@ def test_a_bug_inside_a_case_shows_its_traceback_with_v(sample_data, tmp_path, m
         logging.getLogger("medproc.convert").removeHandler(handler)
     text = "\n".join(r.getMessage() for r in records)
     assert "Traceback" in text and "simulated bug" in text
+
+
+def test_a_bug_in_a_pool_worker_sends_its_traceback_back(monkeypatch, caplog):
+    """A worker's log may be lost (spawned workers, Dask): the traceback travels in the
+    result, for the main process to log, and the worker logs nothing itself."""
+    from medproc import _convert_case
+    from medproc.cases import Case
+
+    def boom(*a, **k):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(_convert_case, "_convert_one", boom)
+    caplog.set_level("INFO", logger="medproc")
+    case = Case(source="/x/a.nii.gz")
+    got_case, status, info, err = _convert_case._worker((case,))
+    assert status == "failed" and err == "/x/a.nii.gz: RuntimeError: simulated bug"
+    assert "Traceback" in info["traceback"] and "simulated bug" in info["traceback"]
+    assert not caplog.records

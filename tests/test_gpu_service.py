@@ -54,7 +54,7 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
 
     from medproc import _gpu_service, load
 
-    spec = Spec(spacing=float(spacing))
+    spec = Spec(spacing=float(spacing), crop_foreground=1e9 if mode == "no-foreground" else None)
     with _plan(sample_data, out, spec) as batch:
         todo = batch.todo
         if mode == "outputs-no-room":  # inputs fit one at a time, their outputs never
@@ -134,7 +134,7 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
         assert not any(service.arena._size[:]), "arena pieces were not given back"
         if mode != "dies":  # (a dead service leaves the requests it never took counted)
             assert service.policy.pending.value == 0, "the backlog count drifted"
-    rows = [(r[0].source, r[1], r[3]) for r in res]
+    rows = [(r[0].source, r[1], r[3], r[2].get("warnings", "")) for r in res]
     counts = {
         "served": service.served,
         "no_room": service.no_room,
@@ -167,6 +167,15 @@ def test_service_outputs_equal_the_workers_own_and_every_piece_comes_back(sample
     names = _outputs(tmp_path / "here")
     assert names == _outputs(tmp_path / "served") and len(names) >= 5  # images and labels
     _same_files(tmp_path / "here", tmp_path / "served", names)
+
+
+def test_the_services_planning_notes_come_back_to_the_worker(sample_data, tmp_path):
+    """The service plans in its own process; what planning says about a case (here: no voxel
+    above the crop threshold) comes back with the output, so the case's row says it."""
+    got = _served(sample_data, tmp_path / "notes", 2.0, mode="no-foreground")
+    assert got["served"] == len(got["rows"]) >= 4
+    for source, status, _, said in got["rows"]:
+        assert status == "ok" and "no voxel is above 1000000000.0: not cropped" in said, source
 
 
 def test_the_workers_resample_while_the_service_warms_up_then_hand_over(sample_data, tmp_path):

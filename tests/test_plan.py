@@ -1,5 +1,7 @@
 """Plans: the output grid rule and the output affine, exact in float64."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -273,10 +275,20 @@ def test_integer_images_beyond_float32_exactness_are_refused():
 
 
 def test_a_foreground_threshold_above_every_voxel_says_it_did_not_crop():
+    """The plan says it in its notes; resample_batch says them as a warning naming the volume,
+    and records them in the output's warnings (warn=False: recorded only)."""
     a = np.zeros((10, 10, 10), np.float32)
-    with pytest.warns(medproc.errors.MedprocWarning, match="no voxel is above 5.0: not cropped"):
-        p = make_plan(a.shape, np.eye(4), Spec(crop_foreground=5.0), a)
+    p = make_plan(a.shape, np.eye(4), Spec(crop_foreground=5.0), a)
     assert p.out_shape == (10, 10, 10)
+    assert p.notes == ("crop_foreground: no voxel is above 5.0: not cropped",)
+    v = medproc.Volume(a, np.eye(4), {"source": "/x/a.nii"})
+    with pytest.warns(medproc.errors.MedprocWarning, match="/x/a.nii: crop_foreground: no voxel"):
+        (out,) = medproc.resample_batch([v], Spec(crop_foreground=5.0))
+    assert out.meta["warnings"] == [p.notes[0]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (out,) = medproc.resample_batch([v], Spec(crop_foreground=5.0), warn=False)
+    assert out.meta["warnings"] == [p.notes[0]]
 
 
 def test_volumes_refuse_empty_arrays_complex_affines_and_unknown_devices():

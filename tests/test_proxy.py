@@ -355,3 +355,31 @@ def test_server_arguments_are_checked_when_made():
     with ProxyServer(medproc.Spec(spacing=2.0), device="cpu", batch_size=2) as server:
         with pytest.raises(ValueError, match="larger than the server's batch_size 2"):
             server.loader([], batch_size=5)
+
+
+def random_rotation(plan, rng):
+    return affine_map(plan.out_shape, [1.5] * 3, rotate_deg=(rng.uniform(-20, 20), 0, 0))
+
+
+def test_workers_that_are_not_persistent_draw_new_augmentations_every_epoch():
+    """Each epoch's workers are new processes: seeded from PyTorch's per-epoch worker seed,
+    they draw new augmentations (not the last epoch's again), reproducibly under
+    torch.manual_seed."""
+    spec = medproc.Spec(spacing=1.5, orientation="RAS", crop=(24, 28, 20))
+    with ProxyServer(spec, device="cpu", batch_size=2, augment=random_rotation) as server:
+
+        def epoch():
+            loader = server.loader(
+                CaseDataset(4, server.transform),
+                batch_size=2,
+                num_workers=2,
+                persistent_workers=False,
+            )
+            return torch.cat([b["image"] for b in loader])
+
+        torch.manual_seed(0)
+        first, second = epoch(), epoch()
+        torch.manual_seed(0)
+        again = epoch()
+    assert not torch.equal(first, second)
+    assert torch.equal(first, again)

@@ -18,7 +18,7 @@ from monai.transforms import InvertibleTransform, MapTransform
 from monai.utils import ensure_tuple_rep
 
 from ..errors import check_device
-from ..plan import Plan, make_plan
+from ..plan import Plan, make_plan, say_notes
 from ..resample import check_label_grid
 from ..spec import Spec
 from ._voxels import MONAI_NAME, interp_of, invert, resample_arrays
@@ -186,7 +186,8 @@ class Resampled(MapTransform, InvertibleTransform):
         roles = dict(items)
         stats = next((k for k in keys if not roles[k][1]), keys[0])
         arr = vols[stats].array if self.spec.needs_array else None
-        plan = make_plan(ref.shape, ref.affine, self.spec, arr, vols[stats].meta.get("source"))
+        plan = make_plan(ref.shape, ref.affine, self.spec, arr)
+        say_notes(plan, vols[stats].meta.get("source"))
         out = resample_arrays(
             {k: vols[k].array for k in keys}, plan, roles, self.spec, self.device, device_id
         )
