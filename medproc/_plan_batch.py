@@ -11,12 +11,14 @@ or QC picture) is converted again, and a warning says so. :func:`foresee` adds, 
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
 from ._batch import Batch, Todo
 from ._convert_case import annotations_path
 from .errors import MedprocError, MedprocWarning
+from .io.walk import file_identity
 from .manifest import options_diff
 
 __all__ = ["plan_cases", "foresee"]
@@ -24,9 +26,16 @@ __all__ = ["plan_cases", "foresee"]
 
 def _same_file(a: str, b: str) -> bool:
     """Whether ``a`` and ``b`` name one file or folder (links, hard links: io.walk's rule)."""
-    from .io.walk import file_identity
-
     return bool(a) and bool(b) and file_identity(a) == file_identity(b)
+
+
+def _made_with(row: dict) -> dict | None:
+    """The options an earlier run recorded in its manifest row, or None (not recorded)."""
+    try:
+        made_with = json.loads(row.get("options") or "null")
+    except ValueError:
+        return None
+    return made_with if isinstance(made_with, dict) else None
 
 
 def _held_by_another(prior: dict, nm: str, case) -> bool:
@@ -49,7 +58,6 @@ def _held_by_another(prior: dict, nm: str, case) -> bool:
 def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) -> Batch:
     """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
     made with other options and ``force`` is not set."""
-    import json
     import logging
 
     from .cases import lesions_for
@@ -96,13 +104,10 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         there = os.path.exists(out_path)
         done = there and not lacks  # (lacking a file this run adds: the case is redone)
         if there and recorded:
-            try:
-                made_with = json.loads(old.get("options") or "null")
-            except ValueError:
-                made_with = None
+            made_with = _made_with(old)
             diff = (
                 options_diff(made_with, options)
-                if isinstance(made_with, dict)
+                if made_with is not None
                 else ["the options were not recorded (an older medproc made them)"]
             )
             if diff:
@@ -122,22 +127,19 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
     # --name) with other options: refused too, or the folder would hold both unsaid; with
     # --force those rows are marked superseded (their files stay), so a rerun resumes
     here = {t.row["case"]: os.path.basename(t.out_path) for t in todo}
-    sources = {os.path.realpath(t.case.source) for t in todo}
+    sources = {file_identity(t.case.source) for t in todo}
     elsewhere: dict[str, list[str]] = {}
     for nm, old in prior.items():
         if nm in conflicts or old.get("status") not in ("ok", "skipped"):
             continue
-        if not old.get("source") or os.path.realpath(old["source"]) not in sources:
+        if not old.get("source") or file_identity(old["source"]) not in sources:
             continue
         if here.get(nm) == os.path.basename(old.get("output", "")):
             continue  # the same output: decided above
         if not old.get("output") or not os.path.exists(old["output"]):
             continue
-        try:
-            made_with = json.loads(old.get("options") or "null")
-        except ValueError:
-            made_with = None
-        diff = options_diff(made_with, options) if isinstance(made_with, dict) else []
+        made_with = _made_with(old)
+        diff = options_diff(made_with, options) if made_with is not None else []
         if diff:
             elsewhere[nm] = diff
     if conflicts and not force:

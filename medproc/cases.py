@@ -21,6 +21,7 @@ from ._case_checks import check_label_pairs
 from .errors import ReadError, UsageError
 from .io import IMAGE_EXT as _IMAGE_EXT
 from .io import stem as _stem
+from .io.safety import is_within
 from .io.tables import read_csv_rows
 
 __all__ = [
@@ -142,9 +143,12 @@ def _failed(p: str, reason: str) -> Case:
     return Case(p, fields={"name": _stem(p) or "input", "stem": _stem(p)}, error=reason)
 
 
-def _under(path: str, root: str) -> bool:
-    path, root = os.path.abspath(path), os.path.abspath(root)
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+def nothing_in_folder(skipped: list[tuple[str, str]]) -> str:
+    """Why a folder gave no input, from the ``(file, reason)`` skipped under it."""
+    listed = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped[:3])
+    return f"holds no DICOM series or NIfTI/NRRD/MHA file ({len(skipped)} file(s) skipped" + (
+        f": {listed})" if listed else ")"
+    )
 
 
 def check_exist(paths) -> None:
@@ -197,11 +201,20 @@ def find_cases(
     files with reasons); inputs that yield nothing are cases with an ``error``.
     """
     from .io.dicom_scan import scan_dicom, series_source
-    from .io.walk import another_name, file_identity, link_to_output, walk_inputs
+    from .io.walk import (
+        OUTPUT_FOLDER,
+        another_name,
+        excluded_folders,
+        file_identity,
+        link_to_output,
+        walk_inputs,
+    )
 
     inputs = [os.fspath(p) for p in inputs]
     lists = check_inputs(inputs, labels_dir)
-    exclude = list(exclude) + ([labels_dir] if labels_dir else [])
+    exclude = {e: OUTPUT_FOLDER for e in exclude}
+    if labels_dir:
+        exclude[labels_dir] = "the labels folder (--labels)"
     cases: list[Case] = []
     skipped: list[tuple[str, str]] = []
     seen: dict = {}  # file identity (io.walk.file_identity, as the walk knows files) -> case
@@ -225,7 +238,7 @@ def find_cases(
                 skipped.append((c.source, another_name(first.source)))
         found_by[origin] = found_by.get(origin, 0) + 1
 
-    outs = {os.path.realpath(e) for e in exclude}
+    outs = excluded_folders(exclude)
     tree_inputs = []
     for inp in inputs:
         if inp in lists:
@@ -256,7 +269,7 @@ def find_cases(
             c.label = cand if os.path.exists(cand) else None
         add(c, p)
         for r in tree_inputs:  # every input folder that holds it found something
-            if _under(p, r):
+            if is_within(p, r):
                 found_by[r] = found_by.get(r, 0) + 1
     hook = (lambda files: on_files(files, len(cases))) if on_files is not None else None
     scan = (
@@ -272,7 +285,7 @@ def find_cases(
                                    "converted (--layout uses it as a label)"))  # fmt: skip
             continue
         src = series_source(files)
-        folder = os.path.commonpath([os.path.dirname(f) for f in files])
+        folder = os.path.abspath(os.path.dirname(src) if len(files) == 1 else src)
         c = Case(
             src,
             series=s.key,
@@ -289,27 +302,23 @@ def find_cases(
         )
         cases.append(c)
         for r in tree_inputs:
-            if any(_under(f, r) for f in files + s.copies):
+            if any(is_within(f, r) for f in files + s.copies):
                 found_by[r] = found_by.get(r, 0) + 1
     for p, reason in (scan.bad if scan else []) + images.bad:
         if file_identity(p) not in seen:
-            add(_failed(p, reason), next((r for r in tree_inputs if _under(p, r)), p))
+            add(_failed(p, reason), next((r for r in tree_inputs if is_within(p, r)), p))
     skipped += [(p, _annotation_reason(r)) for p, r in (scan.skipped if scan else [])]
     skipped += images.skipped
     for inp in tree_inputs:  # a named file or folder that gave nothing fails, saying why
         if found_by.get(inp):
             continue
-        mine = [(p, r) for p, r in skipped if _under(p, inp)]
+        mine = [(p, r) for p, r in skipped if is_within(p, inp)]
         if any(is_annotation(r) for _, r in mine):
             continue  # SEG/RTSTRUCT named, or a folder of them: annotations, not a failure
         if not os.path.lexists(inp):
             reason = "no such file or folder; check the path"
         elif os.path.isdir(inp):
-            listed = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in mine[:3])
-            reason = (
-                f"holds no DICOM series or NIfTI/NRRD/MHA file ({len(mine)} file(s) skipped"
-                + (f": {listed})" if listed else ")")
-            )
+            reason = nothing_in_folder(mine)
         else:
             reason = mine[0][1] if mine else "not a DICOM or image file"
         cases.append(_failed(inp, reason))

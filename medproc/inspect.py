@@ -72,7 +72,7 @@ def inspect_paths(paths) -> list[Entry]:
     FIFO or a device)."""
     from .io.dicom_scan import scan_dicom, series_source
     from .io.headers import series_grid, series_shape
-    from .io.walk import walk_inputs
+    from .io.walk import file_identity, walk_inputs
     from .pipeline.decode import decode_path
 
     if isinstance(paths, (str, os.PathLike)):
@@ -85,11 +85,11 @@ def inspect_paths(paths) -> list[Entry]:
     )
     dicom_paths = [p for p in paths if os.path.isdir(p) or not p.lower().endswith(_IMAGE_EXT)]
     scan = scan_dicom(dicom_paths, skip_outputs=False) if dicom_paths else None
-    accounted = set()  # real paths of the files of every series
+    accounted = set()  # the files of every series, by identity (io.walk.file_identity)
     for s in scan.series if scan else []:
         i = s.info
         files = s.files
-        accounted.update(os.path.realpath(f) for f in files + s.copies + [p for p, _ in s.problems])
+        accounted.update(file_identity(f) for f in files + s.copies + [p for p, _ in s.problems])
         src = series_source(files)
         ts = i.get("TransferSyntaxUID")
         e = Entry(
@@ -148,14 +148,14 @@ def _is_seg(info: dict) -> bool:
 def _stray_files(paths, out: list[Entry], accounted: set) -> list[Entry]:
     """Files the scans pass over without a word (``.csv``, ``.txt``, ``.png``...), as skipped
     entries: the report accounts for every file under the paths."""
-    from .io.walk import walk_inputs
+    from .io.walk import file_identity, walk_inputs
 
     folders = [p for p in paths if os.path.isdir(p)]
     if not folders:
         return out
-    known = accounted | {os.path.realpath(e.source) for e in out}
+    known = accounted | {file_identity(e.source) for e in out}
     for f in walk_inputs(folders, skip_outputs=False).files:
-        if os.path.realpath(f) not in known:
+        if file_identity(f) not in known:
             out.append(Entry("skipped", f, error="not a DICOM or image file (by its name)"))
     return out
 
@@ -163,21 +163,22 @@ def _stray_files(paths, out: list[Entry], accounted: set) -> list[Entry]:
 def _named_inputs_accounted(paths, out: list[Entry]) -> list[Entry]:
     """A path the user named that gave no volume and no error becomes an error entry saying
     why (an empty folder, a report with no image...): never silently nothing."""
-    from .cases import _under
+    from .cases import nothing_in_folder
+    from .io.safety import is_within
 
     for p in paths:
         found = [
             e
             for e in out
-            if e.kind != "skipped" and (_under(e.source, p) or any(_under(f, p) for f in e.folders))
+            if e.kind != "skipped"
+            and (is_within(e.source, p) or any(is_within(f, p) for f in e.folders))
         ]
         if found:
             continue
-        mine = [e for e in out if e.kind == "skipped" and _under(e.source, p)]
+        mine = [e for e in out if e.kind == "skipped" and is_within(e.source, p)]
         if os.path.isdir(p):
-            listed = "; ".join(f"{os.path.basename(e.source)}: {e.error}" for e in mine[:3])
-            reason = f"holds no DICOM series or NIfTI/NRRD/MHA file ({len(mine)} file(s) skipped"
-            out.append(Entry("error", p, error=reason + (f": {listed})" if listed else ")")))
+            reason = nothing_in_folder([(e.source, e.error) for e in mine])
+            out.append(Entry("error", p, error=reason))
         else:
             for e in mine:
                 out.remove(e)

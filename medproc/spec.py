@@ -23,17 +23,22 @@ _VALID_CODES = set("RLAPSI")
 
 
 def _triple(value, name: str, positive: bool = True, integer: bool = False):
+    """``value`` (one number or three, for axes (i, j, k)) as a tuple of three, each checked
+    as :func:`_number` checks one; None stays None."""
     if value is None:
         return None
-    if isinstance(value, (bool, np.bool_)) or (
-        isinstance(value, (list, tuple)) and any(isinstance(x, bool) for x in value)
-    ):  # (True is 1.0 to numpy)
-        raise UsageError(f"{name} must be one number or three (i, j, k), got {value!r}")
-    v = np.atleast_1d(np.asarray(value, dtype=np.float64))
-    if v.size == 1:
-        v = np.repeat(v, 3)
-    if v.shape != (3,) or not np.all(np.isfinite(v)):
-        raise UsageError(f"{name} must be one number or three (i, j, k), got {value!r}")
+    try:
+        many = np.ndim(value) > 0 and not isinstance(value, str)
+    except ValueError:  # (a ragged sequence)
+        many = True
+    items = list(value) if many else [value]
+    what = "one number or three (i, j, k)"
+    if len(items) not in (1, 3):
+        raise UsageError(f"{name} must be {what}, got {value!r}")
+    try:
+        v = np.array([_number(x, name, what) for x in items] * (3 // len(items)))
+    except UsageError:
+        raise UsageError(f"{name} must be {what}, got {value!r}") from None
     if positive and np.any(v <= 0):
         raise UsageError(f"{name} must be > 0, got {value!r}")
     if integer:

@@ -197,7 +197,7 @@ def test_hard_links_links_first_and_links_into_outputs(sample_data, tmp_path, ca
     assert sorted(_manifest(out)) == ["z"]
     os.symlink(out / "z.nii.gz", a / "from_out.nii.gz")
     w = walk_inputs([str(a)], keep=keep, exclude=[str(out)])
-    assert dict(w.skipped)[str(a / "from_out.nii.gz")].startswith("a link to an output")
+    assert dict(w.skipped)[str(a / "from_out.nii.gz")].startswith("a link into the output folder")
     # a dataset medproc wrote from that output folder: not an input, saying how to convert it
     ds = a / "Dataset009_X"
     ds.mkdir()
@@ -213,7 +213,7 @@ def test_hard_links_links_first_and_links_into_outputs(sample_data, tmp_path, ca
     # an output folder above the inputs: a link to another input file is an input
     os.symlink(b / "hard.nii.gz", a / "to_b.nii.gz")
     w = walk_inputs([str(a)], keep=keep, exclude=[str(tmp_path)])
-    assert "a link to an output" not in dict(w.skipped).get(str(a / "to_b.nii.gz"), "")
+    assert "a link into the output folder" not in dict(w.skipped).get(str(a / "to_b.nii.gz"), "")
 
 
 def test_named_links_a_folder_and_a_link_into_it_and_a_link_to_an_output(
@@ -232,7 +232,7 @@ def test_named_links_a_folder_and_a_link_into_it_and_a_link_to_an_output(
     assert main(["convert", "in", "-o", "o", "--spacing", "4", "-q"]) == 0
     os.symlink(tmp_path / "o" / "zz_real.nii.gz", tmp_path / "linked_out.nii.gz")
     assert main(["convert", "linked_out.nii.gz", "-o", "o", "--dry-run"]) == 0
-    assert "a link to an output" in capsys.readouterr().out
+    assert "a link into the output folder" in capsys.readouterr().out
 
 
 def test_a_file_system_without_inodes_still_tells_files_apart(tmp_path, monkeypatch):
@@ -390,3 +390,23 @@ def test_grid_monai_writes_monai_spacingd_s_grid(sample_data, tmp_path):
     assert json.load(open(out / "case001.json"))["spec"]["grid"] == "monai"
     # the grid is part of the result: a rerun with the other one refuses, saying so
     assert main(["convert", src, "-o", str(out), "--spacing", "1.5", "-q"]) == 2
+
+
+def test_the_labels_folder_is_not_an_input_and_a_link_into_it_says_so(sample_data, tmp_path):
+    """Inside an input tree the --labels folder is not entered, and a link among the images to a
+    label map is skipped as a label map (not as "an output")."""
+    from medproc.cases import find_cases
+
+    data = tmp_path / "data"
+    shutil.copytree(_images(sample_data), data / "images")
+    labels = os.path.join(os.path.dirname(_images(sample_data)), "labels")
+    shutil.copytree(labels, data / "labels")
+    os.symlink(data / "labels" / "case001.nii.gz", data / "images" / "lab_alias.nii.gz")
+    cases, skipped = find_cases([str(data)], labels_dir=str(data / "labels"))
+    assert sorted(os.path.basename(c.source) for c in cases) == ["case001.nii.gz", "case002.nii.gz"]
+    assert all(c.label and "labels" in c.label for c in cases)
+    why = dict(skipped)
+    assert why[str(data / "labels")] == "the labels folder (--labels): never read as an input"
+    assert why[str(data / "images" / "lab_alias.nii.gz")].startswith(
+        "a link into the labels folder (--labels)"
+    )

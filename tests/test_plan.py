@@ -105,6 +105,10 @@ def test_intensity_params():
         ({"grid": "centered"}, "spells it 'centred'"),
         ({"grid": "itk"}, "grid must be one of"),
         ({"spacing": True}, "one number or three"),
+        ({"spacing": "1.5"}, "spacing must be one number or three"),  # as margin="1.5"
+        ({"spacing": 1.5 + 0j}, "spacing must be one number or three"),
+        ({"spacing": (1, "a", 3)}, "spacing must be one number or three"),
+        ({"shape": (8, 8, np.bool_(True))}, "shape must be one number or three"),
         ({"orientation": 5}, "must be a string"),
         ({"intensity": "zscore"}, "must be a medproc.Intensity"),
         ({"crop_foreground": float("nan")}, "crop_foreground must be one finite threshold"),

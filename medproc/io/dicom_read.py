@@ -17,7 +17,7 @@ from ..volume import Volume
 from .dicom_geometry import series_geometry
 from .dicom_header import n_frames
 from .dicom_records import expected_pixel_bytes
-from .dicom_scan import DicomSeries, scan_dicom
+from .dicom_scan import DicomSeries, scan_dicom, series_source
 from .safety import os_error
 
 _NATIVE_TS = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.2"}
@@ -321,7 +321,7 @@ def read_series_cpu(series: DicomSeries, workers: int | None = None) -> Volume:
 
 def series_meta(series: DicomSeries, geom, decode: str) -> dict:
     """A read series' metadata (and its geometry warnings, issued as GeometryWarning)."""
-    source = series.files[0] if len(series.files) == 1 else os.path.commonpath(series.files)
+    source = series_source(series.files)
     for w in geom.warnings:
         warnings.warn(f"{source}: {w}", GeometryWarning, stacklevel=4)
     for w in series.notes:  # how the series was assembled (copies, folders kept apart)

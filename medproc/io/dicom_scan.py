@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import ReadError
@@ -282,7 +282,7 @@ def scan_dicom(
     paths,
     strict: bool = False,
     executor=None,
-    exclude: Iterable[str] = (),
+    exclude: Iterable[str] | Mapping[str, str] = (),
     skip_outputs: bool = True,
     on_files=None,
 ) -> DicomScan:
@@ -297,8 +297,9 @@ def scan_dicom(
     executor : concurrent.futures.Executor, optional
         Read headers in parallel (a few tasks per worker, see :func:`_chunks`), e.g. the
         process pool of a batch run, when there are :data:`POOL_MIN_FILES` files or more.
-    exclude : iterable of str
-        Folders never entered (e.g. an output folder inside an input tree).
+    exclude : iterable of str, or mapping
+        Folders never entered (e.g. an output folder inside an input tree; a mapping says what
+        each is, see :func:`~medproc.io.walk.walk_inputs`).
     skip_outputs : bool
         Do not enter sub-folders holding ``medproc convert`` outputs.
     on_files : callable, optional

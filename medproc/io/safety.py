@@ -24,6 +24,7 @@ __all__ = [
     "os_error",
     "check_declared",
     "check_inside",
+    "is_within",
     "check_affine",
     "MAX_DEFLATE_RATIO",
     "SPACING_RANGE_MM",
@@ -172,14 +173,21 @@ def check_declared(
         )
 
 
+def is_within(path: str, folder: str, real: bool = False) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it, by absolute paths (by real paths, links
+    resolved, with ``real``)."""
+    norm = os.path.realpath if real else os.path.abspath
+    path, folder = norm(os.fspath(path)), norm(os.fspath(folder))
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def check_inside(ref: str, header, kind: str = "data file") -> str:
     """The real path of ``ref`` (relative to ``header``'s folder) when it lies inside that
     folder and is a regular file; a :class:`ReadError` otherwise (path traversal, absolute paths
     elsewhere, symlinks out of the folder, devices, FIFOs)."""
     base = os.path.dirname(os.path.abspath(os.fspath(header)))
     target = os.path.realpath(os.path.join(base, ref))
-    root = os.path.realpath(base)
-    if os.path.commonpath([root, target]) != root:
+    if not is_within(target, base, real=True):
         raise ReadError(
             f"its {kind} {ref!r} lies outside the header's folder ({target}); medproc reads "
             "detached data only beside its header. Move the data file next to the header and "

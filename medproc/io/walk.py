@@ -13,12 +13,21 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .safety import special_kind
+from .safety import is_within, special_kind
 
-__all__ = ["Walk", "walk_inputs", "is_medproc_output", "file_identity", "SOURCE_MARK"]
+__all__ = [
+    "Walk",
+    "walk_inputs",
+    "is_medproc_output",
+    "file_identity",
+    "excluded_folders",
+    "link_to_output",
+    "another_name",
+    "SOURCE_MARK",
+]
 
 #: the first line of a ``manifest.csv`` that ``medproc convert`` wrote
 _MANIFEST_HEAD = "case,source,output,"
@@ -43,15 +52,27 @@ def another_name(first: str) -> str:
     return f"another name of {first} (the same file): read once"
 
 
-def link_to_output(path: str, outputs) -> str | None:
-    """Why the symlink ``path`` is not an input (it leads to a file directly in one of the real
-    folders ``outputs``, where medproc writes its outputs), or None."""
+#: what an excluded folder is, when the caller does not say (:func:`excluded_folders`)
+OUTPUT_FOLDER = "the output folder"
+
+
+def excluded_folders(exclude) -> dict[str, str]:
+    """``exclude`` as ``{real path: what the folder is}``: a mapping as given (e.g. ``{out:
+    "the output folder", labels: "the labels folder (--labels)"}``), else output folders."""
+    items = (
+        exclude.items() if isinstance(exclude, Mapping) else ((e, OUTPUT_FOLDER) for e in exclude)
+    )
+    return {os.path.realpath(os.fspath(e)): what for e, what in items}
+
+
+def link_to_output(path: str, excluded: Mapping[str, str]) -> str | None:
+    """Why the symlink ``path`` is not an input (it leads to a file directly in one of the
+    folders ``excluded``, from :func:`excluded_folders`: an output, a label map), or None."""
     if not os.path.islink(path):
         return None
     real = os.path.realpath(path)
-    return (
-        f"a link to an output ({real}): not an input" if os.path.dirname(real) in outputs else None
-    )
+    what = excluded.get(os.path.dirname(real))
+    return f"a link into {what} ({real}): not an input" if what else None
 
 
 def dataset_source(folder: str) -> str | None:
@@ -104,16 +125,10 @@ def _kind(path: str) -> tuple[str | None, int | None]:
     return None, st.st_mode
 
 
-def _is_above(folder: str, root: str) -> bool:
-    """Whether the real folder ``folder`` is ``root`` or one of its ancestors."""
-    r = os.path.realpath(root)
-    return r == folder or r.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def walk_inputs(
     paths: Iterable,
     keep=None,
-    exclude: Iterable[str] = (),
+    exclude: Iterable[str] | Mapping[str, str] = (),
     skip_names=(),
     skip_outputs: bool = True,
 ) -> Walk:
@@ -125,8 +140,9 @@ def walk_inputs(
         ``keep(name) -> bool`` on file names found in folders (explicit files are always kept).
         A kept name that is not a readable regular file (a FIFO, a device, a broken link) is
         listed in ``bad``: it claims to be what the caller wants.
-    exclude : iterable of str
-        Folders never entered (compared by real path), e.g. the output folder.
+    exclude : iterable of str, or mapping
+        Folders never entered (compared by real path), e.g. the output folder; a mapping says
+        what each is (see :func:`excluded_folders`), for the reasons listed in ``skipped``.
     skip_names : tuple of str
         Lower-case suffixes of file names ignored in folders without a word.
     skip_outputs : bool
@@ -139,14 +155,14 @@ def walk_inputs(
     seen: dict = {}  # a file's identity (device, inode) -> its place in out.files
     links: list[bool] = []  # per out.files: whether that name is a symlink
     walked: set[str] = set()  # real paths of the folders entered: each once, no loops
-    excluded = {os.path.realpath(os.fspath(e)) for e in exclude}
+    excluded = excluded_folders(exclude)
     roots = [os.path.realpath(os.fspath(p)) for p in paths]
 
     def derived(folder: str) -> str | None:
         """Why ``folder`` is a training dataset medproc wrote from outputs among these inputs
         (or from the output folder), or None."""
         src = dataset_source(folder)
-        if src and (src in excluded or any(_is_above(r, src) for r in roots)):
+        if src and (src in excluded or any(is_within(src, r, real=True) for r in roots)):
             return (
                 f"a training dataset medproc wrote from {src} ({SOURCE_MARK}): its images are "
                 "those outputs; name this folder itself to convert it"
@@ -182,7 +198,7 @@ def walk_inputs(
         if mode is not None and stat.S_ISDIR(mode):
             real = os.path.realpath(p)
             if real in excluded:
-                out.skipped.append((p, "the output folder: never read as an input"))
+                out.skipped.append((p, f"{excluded[real]}: never read as an input"))
                 continue
             if real in walked:
                 continue  # named twice, or inside a folder named before: its files are listed
@@ -198,10 +214,10 @@ def walk_inputs(
                     real = os.path.realpath(full)
                     if real in excluded:
                         dirs.remove(d)
-                        out.skipped.append((full, "the output folder: never read as an input"))
+                        out.skipped.append((full, f"{excluded[real]}: never read as an input"))
                     elif real in walked:
                         dirs.remove(d)
-                        if _is_above(real, root):
+                        if is_within(root, real, real=True):
                             why = f"a symlink to {real}, a folder above it (a loop): not followed"
                         else:
                             why = f"a symlink to {real}, a folder already scanned"
