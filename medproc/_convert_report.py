@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["print_plan", "run_with_bar", "summary_line", "Mute"]
+__all__ = ["print_plan", "print_skipped", "run_with_bar", "summary_line", "Mute"]
 
 
 def print_plan(batch, con) -> None:
+    """--dry-run's report: each case, what would be done with it and the files it would write."""
     for r in sorted(batch.decided, key=lambda r: r["case"]):
         what = "skip (done)" if r["status"] == "skipped" else "fail"
         tail = r["error"] if r["status"] == "failed" else f"{r['source']} -> {r['output']}"
@@ -40,12 +41,16 @@ def _other_skipped(batch) -> list[tuple[str, str]]:
     return list(dict.fromkeys((p, r) for p, r in batch.skipped if not is_annotation(r)))
 
 
+def print_skipped(batch) -> None:
+    """The files skipped (not annotations), one line each on stderr (for -v)."""
+    for p, reason in _other_skipped(batch):
+        print(f"medproc convert: skipped {p}: {reason}", file=sys.stderr)
+
+
 def summary_line(a, batch, s: dict, seconds: float) -> str:
+    """The run's one-line summary: counts, time, workers, the manifest, what was skipped."""
     n_ann = len(batch.annotations)
     others = _other_skipped(batch)
-    if others and getattr(a, "verbose", False):  # (-v lists them, one line each)
-        for p, reason in others:
-            print(f"medproc convert: skipped {p}: {reason}", file=sys.stderr)
     return (
         f"{s['ok']} converted, {s['skipped']} skipped (already done), {s['failed']} failed, "
         f"of {len(batch.decided) + len(batch.todo)} case(s) in {seconds:.1f} s with "
@@ -142,5 +147,7 @@ class _Bar:
 
 
 class Mute:
+    """A console that prints nothing (-q)."""
+
     def print(self, *args, **kw) -> None:
         pass

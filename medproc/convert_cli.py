@@ -220,7 +220,7 @@ def _cmd_convert(a) -> int:
     import time
 
     from ._convert_layouts import check_cases, check_layouts, write_layouts
-    from ._convert_report import Mute, print_plan, run_with_bar, summary_line
+    from ._convert_report import Mute, print_plan, print_skipped, run_with_bar, summary_line
     from ._trace import span
     from .cli import plain_console
     from .convert import prepare, summary
@@ -253,6 +253,8 @@ def _cmd_convert(a) -> int:
             rows, interrupted, ui = run_with_bar(batch, quiet, t0)
         s = summary(rows)
         if not quiet:
+            if getattr(a, "verbose", False):
+                print_skipped(batch)
             line = summary_line(a, batch, s, time.perf_counter() - t0)
             ui.console().print(line, soft_wrap=True)
         ok = {r["case"] for r in rows if r["status"] == "ok"}

@@ -101,6 +101,11 @@ def check_device(device, cuda: bool = False) -> str:
     cuda_name = isinstance(device, str) and _CUDA_NAME.fullmatch(device)
     if not ok and not (cuda and cuda_name):
         names = "'cpu', 'gpu', 'cuda' or 'cuda:N'" if cuda else "'cpu' or 'gpu'"
-        hint = " ('gpu' is the current CUDA device)" if cuda_name else ""
+        hint = (
+            " ('gpu' is the current CUDA device; pick another with CUDA_VISIBLE_DEVICES, or"
+            " device_id where the function takes one)"
+            if cuda_name
+            else ""
+        )
         raise UsageError(f"device must be {names}, got {device!r}{hint}")
     return device

@@ -395,5 +395,5 @@ def test_device_names_are_checked_exactly_with_a_hint_for_cuda():
         with pytest.raises(medproc.UsageError, match="device must be"):
             check_device(bad, cuda=True)
     assert check_device("cuda:1", cuda=True) == "cuda:1"
-    with pytest.raises(medproc.UsageError, match="'gpu' is the current CUDA device"):
-        check_device("cuda:0")
+    with pytest.raises(medproc.UsageError, match="'gpu' is the current CUDA device; pick another"):
+        check_device("cuda:1")
