@@ -8,6 +8,7 @@ layouts, print a summary and return the exit status.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import textwrap
 
@@ -73,6 +74,9 @@ def add_convert_parser(sub) -> None:
         formatter_class=HelpFormatter,
         epilog=EXIT_CODES,
     )
+    # argparse takes "-1e3" for an option (its negative numbers have no exponent): values such
+    # as --clip -1e3 400 are numbers here (no option of convert looks like one)
+    c._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
     add = c.add_argument
     add("inputs", nargs="+", metavar="INPUT", help="folders, image/DICOM files or CSV case lists")
     add("-o", "--outdir", required=True, help="output folder (created; locked while running)")

@@ -48,6 +48,10 @@ def _triple(value, name: str, positive: bool = True, integer: bool = False):
     return tuple(float(x) for x in v)
 
 
+#: the pipelines compute in float32: intensity bounds beyond it cannot be represented
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _number(value, name: str, what: str, minimum: float | None = None) -> float:
     """``value`` as one finite real number (>= ``minimum``), or a UsageError naming ``name``:
     bools, strings and arrays of them, complex numbers and sequences are refused."""
@@ -97,9 +101,16 @@ class Intensity:
         for name in ("clip", "percentiles", "scale"):
             v = getattr(self, name)
             if v is not None:
-                v = tuple(float(x) for x in v)
-                if len(v) != 2 or not v[0] < v[1]:
-                    raise UsageError(f"Intensity.{name} must be (lo, hi) with lo < hi, got {v!r}")
+                what = "(lo, hi) with lo < hi, two finite numbers within float32's range"
+                bad = UsageError(f"Intensity.{name} must be {what}, got {v!r}")
+                if isinstance(v, str) or np.ndim(v) != 1 or len(v) != 2:
+                    raise bad
+                try:
+                    v = tuple(_number(x, f"Intensity.{name}", what) for x in v)
+                except UsageError:
+                    raise bad from None
+                if not v[0] < v[1] or max(abs(v[0]), abs(v[1])) > _F32_MAX:
+                    raise bad
                 object.__setattr__(self, name, v)
         if self.clip and self.percentiles:
             raise UsageError("Intensity: give clip or percentiles, not both")

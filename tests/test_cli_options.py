@@ -410,3 +410,11 @@ def test_the_labels_folder_is_not_an_input_and_a_link_into_it_says_so(sample_dat
     assert why[str(data / "images" / "lab_alias.nii.gz")].startswith(
         "a link into the labels folder (--labels)"
     )
+
+
+def test_negative_values_in_scientific_notation_are_numbers(sample_data, tmp_path, capsys):
+    """--clip -1e3 4e2: argparse alone takes -1e3 for an option."""
+    args = ["convert", _images(sample_data), "-o", str(tmp_path / "o"), "--spacing", "3"]
+    assert main([*args, "--clip", "-1e3", "4e2", "--dry-run"]) == 0
+    assert main([*args, "--clip", "-1e39", "1e39"]) == 2
+    assert "within float32's range" in capsys.readouterr().err

@@ -120,6 +120,7 @@ def test_intensity_params():
         ({"margin": np.array(True)}, "margin must be one finite number of mm >= 0"),
         ({"margin": np.array("5")}, "margin must be one finite number of mm >= 0"),
         ({"crop_foreground": 10**400}, r"crop_foreground must be one finite threshold, got 1000"),
+        ({"intensity": medproc.Intensity}, "must be a medproc.Intensity"),
     ],
 )
 def test_spec_validation(kw, match):
@@ -397,3 +398,20 @@ def test_device_names_are_checked_exactly_with_a_hint_for_cuda():
     assert check_device("cuda:1", cuda=True) == "cuda:1"
     with pytest.raises(medproc.UsageError, match="'gpu' is the current CUDA device; pick another"):
         check_device("cuda:1")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"clip": (-1e39, 1e39)},  # beyond float32, which the pipelines compute in
+        {"clip": (float("-inf"), 400)},
+        {"clip": ("a", "b")},
+        {"clip": (-1000, "400")},
+        {"clip": (400, -1000)},
+        {"scale": (0, 1, 2)},
+        {"scale": "01"},
+    ],
+)
+def test_intensity_bounds_are_two_finite_float32_numbers(kw):
+    with pytest.raises(medproc.UsageError, match=r"Intensity\.\w+ must be \(lo, hi\) with lo < hi"):
+        medproc.Intensity(**kw)
