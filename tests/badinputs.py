@@ -152,6 +152,8 @@ def _nifti_cases(root: str, secret_dir: str) -> list[BadCase]:
         "spacing along i is 1e-06 mm",
     )
     bad("n_scl_inf.nii.gz", _patch(_nii_bytes(_ct()), 112, "f", np.inf), "scl_slope=inf")
+    pix0 = _patch(_nii_bytes(_ct()), 252, "2h", 1, 0)  # qform only (nibabel makes 0 into 1 mm)
+    bad("n_pixdim0_qform.nii", _patch(pix0, 80, "f", 0.0), "voxel size along i as 0 mm")
     f = _ct().astype(np.float32)
     f[1, 1, 1] = np.nan
     bad("n_nan_voxels.nii.gz", _nii_bytes(f), "NaN", inspect=False)
@@ -305,6 +307,11 @@ def _dicom_cases(root: str) -> list[BadCase]:
     f = _series(P("d_slope_inf"), next(uid))
     _edit(f[0], RescaleSlope="inf")
     out.append(BadCase("d_slope_inf", "error", "RescaleSlope", culprit=f[0]))
+    f = _series(P("d_slope_overflows"), next(uid))  # finite, but inf/NaN in float32
+    _edit(f[1], RescaleSlope="1e300")
+    out.append(  # (seen when the pixels are read, not in the headers)
+        BadCase("d_slope_overflows", "error", "beyond float32's range", False, culprit=f[1])
+    )
     f = _series(P("d_int32_rescale"), next(uid))
     for p in f:
         _edit(p, RescaleSlope="100")

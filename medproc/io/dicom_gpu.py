@@ -8,7 +8,8 @@ import numpy as np
 
 from ..volume import Volume
 from .dicom_geometry import series_geometry
-from .dicom_read import rescale, series_meta
+from .dicom_read import series_meta
+from .dicom_rescale import rescale
 from .dicom_scan import DicomSeries
 
 __all__ = ["read_series_gpu"]
@@ -41,7 +42,7 @@ def read_series_gpu(series: DicomSeries, device_id: int = 0) -> Volume:
     stack = torch.stack(decode_frames_gpu(data, config, bits, signed, device_id=device_id))
     slopes = np.array([f.slope for f in frames], dtype=np.float64)
     inter = np.array([f.intercept for f in frames], dtype=np.float64)
-    out = rescale(stack, slopes, inter)  # (slice, row, column)
+    out = rescale(stack, slopes, inter, [f.path for f in frames])  # (slice, row, column)
     return Volume(
         out.permute(2, 1, 0), geom.affine, series_meta(series, geom, "gpu (nvImageCodec)")
     )

@@ -17,6 +17,7 @@ from ..volume import Volume
 from .dicom_geometry import series_geometry
 from .dicom_header import n_frames
 from .dicom_records import expected_pixel_bytes
+from .dicom_rescale import rescale, rescaled_dtype  # noqa: F401  (rescaled_dtype: re-exported)
 from .dicom_scan import DicomSeries, scan_dicom, series_source
 from .safety import os_error
 
@@ -119,82 +120,6 @@ def _read_native(
     if dt.kind == "u" and bits_stored < dt.itemsize * 8 and px.max() >> bits_stored:
         return None  # bits above BitsStored are set: let pydicom decide what they mean
     return px
-
-
-def rescaled_dtype(smin: int, smax: int, slopes: np.ndarray, intercepts: np.ndarray):
-    """The integer dtype that holds ``stored * slope + intercept`` exactly for stored values in
-    [smin, smax], or None when the result needs float32 (varying or fractional slopes, fractional
-    intercepts). Shared by the CPU reader and the GPU decoder."""
-    if not (
-        np.all(slopes == slopes[0])
-        and float(slopes[0]).is_integer()
-        and np.all(np.mod(intercepts, 1) == 0)
-    ):
-        return None
-    m = int(slopes[0])
-    lo = min(smin * m, smax * m) + int(intercepts.min())
-    hi = max(smin * m, smax * m) + int(intercepts.max())
-    for dt in (np.int16, np.int32, np.int64):
-        info = np.iinfo(dt)
-        if info.min <= lo and hi <= info.max:
-            return np.dtype(dt)
-    return None
-
-
-def rescale(stored, slopes: np.ndarray, intercepts: np.ndarray):
-    """Apply RescaleSlope/Intercept per slice (``stored`` is slice-first, numpy or torch);
-    integer output when the result is integral (:func:`rescaled_dtype`), else float32. The one
-    rule for the CPU reader and the GPU decoder.
-
-    ``stored`` is owned by the caller and may be reused in place (no copy of a whole series
-    when, e.g., 12-bit unsigned CT becomes int16 HU)."""
-    if np.all(slopes == 1) and np.all(intercepts == 0):
-        return stored
-    tensor = not isinstance(stored, np.ndarray)
-    shape = (-1,) + (1,) * (stored.ndim - 1)
-
-    def cast(x, dt):
-        if not tensor:
-            return x.astype(dt)
-        import torch
-
-        return x.to(getattr(torch, np.dtype(dt).name))
-
-    def per_slice(v, dt):
-        v = np.ascontiguousarray(v, dtype=dt).reshape(shape)
-        if not tensor:
-            return v
-        import torch
-
-        return torch.from_numpy(v).to(stored.device)
-
-    integer = (not stored.is_floating_point()) if tensor else stored.dtype.kind in "iu"
-    if integer:
-        smin, smax = int(stored.min()), int(stored.max())
-        dt = rescaled_dtype(smin, smax, slopes, intercepts)
-        if dt is not None:
-            info = np.iinfo(dt)
-            if (
-                not tensor
-                and dt.itemsize == stored.dtype.itemsize
-                and smin >= info.min
-                and smax <= info.max
-            ):
-                out = stored.view(dt)  # same bits, same values: reinterpret, no copy
-            else:
-                out = cast(stored, dt)
-            m = int(slopes[0])
-            if m != 1:
-                out *= m
-            if np.all(intercepts == intercepts[0]):
-                out += int(intercepts[0])
-            else:
-                out += per_slice(intercepts, dt)
-            return out
-    out = cast(stored, np.float32)
-    out *= per_slice(slopes, np.float32)
-    out += per_slice(intercepts, np.float32)
-    return out
 
 
 _POOLS: dict[int, ProcessPoolExecutor] = {}
@@ -313,7 +238,7 @@ def read_series_cpu(series: DicomSeries, workers: int | None = None) -> Volume:
             stored[slot] = px[0 if idx is None else idx]
     slopes = np.array([f.slope for f in frames], dtype=np.float64)
     intercepts = np.array([f.intercept for f in frames], dtype=np.float64)
-    array = rescale(stored, slopes, intercepts)  # (slice, row, column[, sample]), C order
+    array = rescale(stored, slopes, intercepts, [f.path for f in frames])  # (slice, row, col[, s])
     array = array.transpose(2, 1, 0) if array.ndim == 3 else array.transpose(2, 1, 0, 3)
     decode = "cpu (pydicom)" if used_pydicom else "cpu (native)"
     return Volume(array, geom.affine, series_meta(series, geom, decode))

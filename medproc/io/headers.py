@@ -80,7 +80,7 @@ def series_grid(series) -> HeaderGrid:
     """The grid of a scanned DICOM series (:class:`~medproc.io.dicom_scan.DicomSeries`), from
     the header scan; a :class:`MedprocError` when its geometry is unusable."""
     from .dicom_geometry import series_geometry
-    from .dicom_read import rescaled_dtype
+    from .dicom_rescale import rescaled_dtype
 
     geo = series_geometry(series)
     info, frames = series.info, series.frames

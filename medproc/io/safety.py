@@ -134,6 +134,7 @@ def check_declared(
     available: int | None = None,
     compressed: str | None = None,
     stored: int | None = None,
+    peak: int | None = None,
 ) -> None:
     """Refuse a header whose declared data cannot be real, before anything is allocated.
 
@@ -148,11 +149,16 @@ def check_declared(
     compressed : str, optional
         The compression (``"gzip"``...): the data then needs at least
         ``nbytes / MAX_DEFLATE_RATIO`` bytes in the file (``stored`` of them are there).
+    peak : int, optional
+        Bytes reading takes at once, when more than ``nbytes`` (e.g. the stored voxels and their
+        scaled float64 copy); the memory cap applies to it.
     """
     cap = max_bytes()
-    if nbytes > cap:
+    need = max(nbytes, peak or 0)
+    if need > cap:
+        also = f" ({human(need)} while reading)" if need > nbytes else ""
         raise LimitError(
-            f"the header declares {what} = {human(nbytes)}, more than the "
+            f"the header declares {what} = {human(nbytes)}{also}, more than the "
             f"{human(cap)} one volume may take here (physical memory, ulimit -v or "
             "MEDPROC_MAX_BYTES). The header is damaged, or the volume needs a bigger machine "
             "(raise MEDPROC_MAX_BYTES)",
