@@ -104,6 +104,37 @@ def test_different_copies_under_one_series_uid_are_kept_apart_per_folder(tmp_pat
         assert medproc.load(tmp_path / d).shape == (12, 10, 5)
 
 
+def test_exports_of_one_series_that_differ_in_a_file_are_each_whole(tmp_path):
+    """Three exports of one series: B an identical copy of A, C with one file edited. Each
+    folder that differs is the whole series it always was (not the edited file alone, its
+    other files merged into A's), and B is a copy of A; a damaged file in C fails C only."""
+    import pydicom
+
+    from medproc.io.dicom_scan import scan_dicom
+
+    uid = "1.2.826.0.1.3680043.8.498.55.3"
+    files = _series(str(tmp_path / "A"), uid)
+    shutil.copytree(tmp_path / "A", tmp_path / "B")
+    shutil.copytree(tmp_path / "A", tmp_path / "C")
+    edited = os.path.join(tmp_path, "C", os.path.basename(files[2]))
+    ds = pydicom.dcmread(edited)
+    ds.InstitutionName = "another export"
+    ds.save_as(edited)
+    scan = scan_dicom(str(tmp_path))
+    assert sorted(len(s.frames) for s in scan.series) == [5, 5]
+    assert sorted({os.path.basename(d) for s in scan.series for d in s.folders}) == ["A", "C"]
+    assert not any(s.problems for s in scan.series)
+    a = next(s for s in scan.series if "A" in {os.path.basename(d) for d in s.folders})
+    assert len(a.copies) == 5 and all(os.sep + "B" + os.sep in c for c in a.copies)
+    del ds.PixelData  # now C holds a damaged file: C fails, naming it; A converts
+    ds.save_as(edited)
+    out = tmp_path / "out"
+    assert main(["convert", str(tmp_path), "-o", str(out), "--spacing", "3", "-j", "1"]) == 1
+    m = {os.path.basename(r["source"]): r for r in _manifest(out).values()}
+    assert m["A"]["status"] == "ok" and m["C"]["status"] == "failed"
+    assert os.path.basename(edited) in m["C"]["error"] and len(m) == 2
+
+
 def test_outputs_inside_an_input_tree_are_never_inputs(tmp_path):
     data = tmp_path / "data"
     for n in range(2):
