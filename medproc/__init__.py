@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from .errors import (
+    DeviceError,
     GeometryError,
     GeometryWarning,
     LimitError,
@@ -37,6 +38,7 @@ __all__ = [
     "LimitError",
     "MedprocWarning",
     "OutputError",
+    "DeviceError",
     "UsageError",
     "MedprocError",
     "ReadError",

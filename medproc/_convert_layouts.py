@@ -73,12 +73,21 @@ def check_layouts(a) -> dict:
 
 
 def check_cases(a, batch) -> None:
-    """--validation names, checked against the output folder's cases once they are known
-    (before any conversion): a name that is no case is a usage error."""
+    """What --layout needs of the cases, checked once they are known (before any conversion):
+    a --validation name that is no case, or nnU-Net without any label (a label map, a DICOM
+    SEG or RTSTRUCT), is a usage error."""
     from .errors import UsageError
     from .layouts import check_validation
 
-    cases = {r["case"] for r in batch.kept + batch.decided} | {t.row["case"] for t in batch.todo}
+    rows = batch.kept + batch.decided + [t.row for t in batch.todo]
+    if "nnunet" in (a.layout or ()) and not batch.annotations:
+        if not any(r.get("label_output") for r in rows if r.get("status") != "failed"):
+            raise UsageError(
+                "--layout nnunet: no case has a label (nnU-Net trains on labelled cases): give "
+                "--labels FOLDER (label maps named as their images), or DICOM SEG/RTSTRUCT "
+                "files among the inputs"
+            )
+    cases = {r["case"] for r in rows}
     try:  # this run's cases and the earlier runs' the output folder holds: the datalist's
         check_validation(a.validation or (), cases)
     except ValueError as e:

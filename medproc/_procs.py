@@ -179,6 +179,16 @@ def kill_pool(ex) -> None:
         p.join(5)
 
 
+def check_dask() -> None:
+    """A UsageError (before any work) when dask.distributed is not installed."""
+    import importlib.util
+
+    from .errors import UsageError
+
+    if importlib.util.find_spec("distributed") is None:
+        raise UsageError("--dask needs dask.distributed: pip install 'dask[distributed]'")
+
+
 def dask_executor(address: str, workers: int):
     """An executor on a dask.distributed cluster (``local[:N]``: one started here) and the
     calls that close it."""

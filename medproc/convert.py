@@ -211,13 +211,15 @@ def prepare(
     t0 = time.perf_counter()
     from ._gpu_service import GpuService
     from ._gpu_share import service_count, service_wanted
-    from ._procs import _cores, auto_workers, can_fork, dask_executor, start_pool
+    from ._procs import _cores, auto_workers, can_fork, check_dask, dask_executor, start_pool
     from ._trace import span
     from .manifest import check_outdir
 
     single = isinstance(inputs, (str, os.PathLike))
     inputs = [os.fspath(p) for p in ([inputs] if single else inputs)]
     check_options(fmt, nan, workers, device, name, spec)
+    if dask:
+        check_dask()
     check_inputs(inputs, labels_dir)
     table = read_annotation_table(annotations) if annotations else None  # fails before work
     if dry_run:

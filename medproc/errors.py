@@ -23,6 +23,7 @@ __all__ = [
     "GeometryError",
     "UsageError",
     "OutputError",
+    "DeviceError",
     "MedprocWarning",
     "GeometryWarning",
 ]
@@ -77,6 +78,11 @@ class UsageError(MedprocError):
     """An argument or option is invalid (the command line exits with status 2)."""
 
 
+class DeviceError(MedprocError, RuntimeError):
+    """The device asked for is not here (``device="gpu"`` without a GPU DALI or PyTorch sees);
+    a RuntimeError too, as such errors were before."""
+
+
 class OutputError(MedprocError):
     """The output folder cannot be used (it is a file, not writable, or busy)."""
 
@@ -88,6 +94,13 @@ class MedprocWarning(UserWarning):
 class GeometryWarning(MedprocWarning):
     """Geometry that is usable but unusual (uneven spacing, gantry tilt, no patient geometry)."""
 
+
+#: after an install command that brings PyTorch: an unpinned torch on a machine without a GPU
+#: pulls a multi-GB CUDA build
+TORCH_CPU_HINT = (
+    "(on a CPU-only machine install PyTorch's CPU build first, e.g. pip install torch==2.13.0, "
+    "as the README says)"
+)
 
 _CUDA_NAME = re.compile(r"cuda(:(0|[1-9][0-9]*))?")  # (ASCII digits, no leading zero)
 

@@ -67,11 +67,13 @@ _ENC = {"encoding": "utf-8", "errors": "backslashreplace"}
 
 class OutdirLock:
     """An exclusive lock on ``OUTDIR/.medproc.lock`` held by this process until :meth:`release`
-    (or its death)."""
+    (or its death). ``created``: this run made the folder (released with nothing else in it,
+    e.g. after a usage error found once the cases were known, it is removed again)."""
 
-    def __init__(self, outdir: str):
+    def __init__(self, outdir: str, created: bool = False):
         import fcntl
 
+        self.outdir, self.created = outdir, created
         self.path = os.path.join(outdir, ".medproc.lock")
         try:
             self._f = open(self.path, "a+")
@@ -94,8 +96,17 @@ class OutdirLock:
         self._f.flush()
 
     def release(self) -> None:
-        """Unlock (closing the file releases the lock)."""
-        if not self._f.closed:
+        """Unlock (closing the file releases the lock); a folder this run made and left empty
+        goes."""
+        if self._f.closed:
+            return
+        try:
+            if self.created and os.listdir(self.outdir) == [".medproc.lock"]:
+                os.unlink(self.path)
+                os.rmdir(self.outdir)
+        except OSError:
+            pass
+        finally:
             self._f.close()
 
 
@@ -122,6 +133,7 @@ def prepare_outdir(outdir: str) -> OutdirLock:
     """Create, check and lock ``outdir``; remove stale temporaries. Returns the lock."""
     outdir = os.fspath(outdir)
     check_outdir(outdir)
+    created = not os.path.isdir(outdir)
     try:
         os.makedirs(outdir, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".medproc-write-test.", dir=outdir)
@@ -132,7 +144,7 @@ def prepare_outdir(outdir: str) -> OutdirLock:
             f"cannot be written to ({e.strerror}); choose a folder you can write to with -o",
             outdir,
         ) from None
-    lock = OutdirLock(outdir)
+    lock = OutdirLock(outdir, created)
     removed = 0
     for d in (outdir, os.path.join(outdir, "qc")):
         try:

@@ -252,8 +252,10 @@ class ProxyServer:
         try:
             import torch  # noqa: F401
         except ImportError:
+            from .errors import TORCH_CPU_HINT
+
             raise ImportError(
-                "the proxy feeds PyTorch DataLoaders: pip install 'medproc[torch]'"
+                f"the proxy feeds PyTorch DataLoaders: pip install 'medproc[torch]' {TORCH_CPU_HINT}"
             ) from None
         from .pipeline import Engine, Graph, gpu_available
         from .spec import check_args

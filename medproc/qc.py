@@ -12,13 +12,13 @@ private ``Figure`` objects (Agg canvas): no pyplot, no backend switch, no rcPara
 
 from __future__ import annotations
 
-import functools
 from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
 from nibabel.orientations import io_orientation
 
+from ._qc_text import GREY, WHITE, YELLOW, stamp, wrap_parts
 from .volume import Volume
 
 __all__ = ["ViewAxes", "view_axes", "orientation_letters", "qc_figure", "qc_render"]
@@ -248,44 +248,6 @@ def _describe(vol: Volume) -> str:
     return f"{'x'.join(map(str, vol.shape))} @ {sp} mm {vol.orientation}"
 
 
-@functools.lru_cache(maxsize=512)
-def _text_mask(text: str, size: float, bold: bool) -> np.ndarray:
-    """Coverage (uint8, tight box) of ``text`` at ``size`` points, rendered once by matplotlib
-    on a private Figure with the Agg canvas (no pyplot, no global state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # a core dependency
-    from matplotlib.figure import Figure
-
-    w, h = int(size * 1.4 * max(1, len(text))) + 8, int(size * 3) + 8
-    fig = Figure(figsize=(w / 100, h / 100), dpi=100)
-    fig.patch.set_alpha(0)
-    fig.text(4 / w, 0.5, text, fontsize=size, color="white", va="center", ha="left",
-             fontweight="bold" if bold else "normal")  # fmt: skip
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    a = np.asarray(canvas.buffer_rgba())[..., 3]
-    rows, cols = np.flatnonzero(a.any(1)), np.flatnonzero(a.any(0))
-    if rows.size == 0:
-        return np.zeros((1, 1), np.uint8)
-    return a[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1].copy()
-
-
-def _stamp(pic, text, x, y, ha="left", va="top", size=7.0, colour=(255, 255, 255), bold=False):
-    """Blend ``text`` into ``pic`` anchored at pixel (x, y) (``ha``/``va`` as in matplotlib)."""
-    m = _text_mask(text, float(size), bold)
-    h, w = m.shape
-    x0 = int(round(x - {"left": 0, "center": w / 2, "right": w}[ha]))
-    y0 = int(round(y - {"top": 0, "center": h / 2, "bottom": h}[va]))
-    xa, ya, xb, yb = max(0, x0), max(0, y0), min(pic.shape[1], x0 + w), min(pic.shape[0], y0 + h)
-    if xa < xb and ya < yb:
-        a = m[ya - y0 : yb - y0, xa - x0 : xb - x0, None].astype(np.float32) / 255.0
-        region = pic[ya:yb, xa:xb]
-        region[:] = region * (1 - a) + np.asarray(colour, np.float32) * a
-
-
-_GREY, _WHITE, _YELLOW = (190, 190, 190), (255, 255, 255), (255, 230, 0)
-_VIEWS_ARE = "radiological views: patient's left on the image's right (axial, coronal), anterior"
-
-
 def qc_render(
     before: Volume,
     after: Volume,
@@ -313,16 +275,25 @@ def qc_render(
     lesions = [(np.asarray(c, dtype=np.float64), float(d)) for c, d in lesions]
     label = label_before if label_before is not None else label_after
     targets, hidden = _targets(before, label, lesions, max_targets)
-    gap, cap, head, btitle, mx, my = 4, 14, 52, 18, 20, 14  # pixels
+    gap, cap, btitle, mx, my = 4, 14, 18, 20, 14  # pixels
     block_w, block_h = 3 * panel + 2 * gap, btitle + 2 * (cap + panel) + gap
     per_row = 1 if len(targets) == 1 else 2  # targets side by side
     W = per_row * block_w + (per_row - 1) * 4 * gap + 2 * gap
+    more = f"{hidden} more not shown" if hidden else ""
+    marks = [m for m, on in (("label outlined", label is not None), ("lesions circled in red",
+                                                                      bool(lesions))) if on]  # fmt: skip
+    legend = wrap_parts(  # (wrapped to the picture's width: one target's is 664 pixels)
+        [f"before {_describe(before)}  ->  after {_describe(after)}", *([more] if more else []),
+         "radiological views: patient's left on the image's right (axial, coronal)",
+         "anterior on the left (sagittal)", *marks], W - 2 * gap,
+    )  # fmt: skip
+    head = 20 + 15 * len(legend) + 2
     H = head + -(-len(targets) // per_row) * (block_h + 2 * gap)
     pic, panels = np.zeros((H, W, 3), np.uint8), []
     for t, (tname, points) in enumerate(targets):
         bx = gap + (t % per_row) * (block_w + 4 * gap)
         by = head + (t // per_row) * (block_h + 2 * gap)
-        _stamp(pic, tname, bx, by + 3, size=8, colour=_WHITE)
+        stamp(pic, tname, bx, by + 3, size=8, colour=WHITE)
         for r, (stage, vol, lab, win) in enumerate(stages):
             for c, view in enumerate(VIEWS):
                 va = view_axes(vol.affine, view)
@@ -337,7 +308,7 @@ def qc_render(
                 panels.append(_Panel(stage, tname, va, k, inside, (x0, y0, w, h)))
                 note = f" (oblique {va.tilt_deg:.0f}°)" if va.tilt_deg > 1 else ""
                 note += "" if inside else ": off this grid"
-                _stamp(pic, f"{stage} {view}{note}", px, py - 2, va="bottom", colour=_GREY)
+                stamp(pic, f"{stage} {view}{note}", px, py - 2, va="bottom", colour=GREY)
                 L = va.letters
                 for txt, x, y, ha, vaa in (
                     (L["left"], x0 - 3, y0 + h / 2, "right", "center"),
@@ -345,13 +316,10 @@ def qc_render(
                     (L["top"], x0 + w / 2, y0 - 2, "center", "bottom"),
                     (L["bottom"], x0 + w / 2, y0 + h + 2, "center", "top"),
                 ):
-                    _stamp(pic, txt, x, y, ha, vaa, size=9, colour=_YELLOW, bold=True)
-    more = f"; {hidden} more not shown" if hidden else ""
-    _stamp(pic, title or "QC", gap, 3, size=10, colour=_WHITE)
-    _stamp(pic, f"before {_describe(before)}  ->  after {_describe(after)}{more}", gap, 20)
-    marks = [m for m, on in (("label outlined", label is not None), ("lesions circled in red",
-                                                                      bool(lesions))) if on]  # fmt: skip
-    _stamp(pic, "; ".join([_VIEWS_ARE + " on the left (sagittal)", *marks]), gap, 35)
+                    stamp(pic, txt, x, y, ha, vaa, size=9, colour=YELLOW, bold=True)
+    stamp(pic, title or "QC", gap, 3, size=10, colour=WHITE)
+    for n, line in enumerate(legend):
+        stamp(pic, line, gap, 20 + 15 * n)
     return pic, panels
 
 

@@ -108,7 +108,9 @@ class Volume:
         except ImportError:
             raise ImportError(f"Volume.to({device!r}) needs PyTorch: pip install torch") from None
         if not torch.cuda.is_available():
-            raise RuntimeError(
+            from .errors import DeviceError
+
+            raise DeviceError(
                 f"Volume.to({device!r}): PyTorch sees no CUDA GPU here; use device='cpu'"
             )
         dev = "cuda" if device == "gpu" else device

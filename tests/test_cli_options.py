@@ -418,3 +418,26 @@ def test_negative_values_in_scientific_notation_are_numbers(sample_data, tmp_pat
     assert main([*args, "--clip", "-1e3", "4e2", "--dry-run"]) == 0
     assert main([*args, "--clip", "-1e39", "1e39"]) == 2
     assert "within float32's range" in capsys.readouterr().err
+
+
+def test_layout_and_dask_needs_are_checked_before_any_work(
+    sample_data, tmp_path, capsys, monkeypatch
+):
+    """nnU-Net without any label, and --dask without dask.distributed: usage errors (exit 2)
+    before anything is converted or the output folder made."""
+    import importlib.util
+
+    out = tmp_path / "o"
+    ds = tmp_path / "Dataset501_Lungs"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3"]
+    assert main([*args, "--layout", "nnunet", "--dataset", str(ds)]) == 2
+    assert "--layout nnunet: no case has a label" in capsys.readouterr().err
+    assert not out.exists() and not ds.exists()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "distributed" else real(n, *a)
+    )
+    assert main([*args, "--dask", "local:1"]) == 2
+    err = capsys.readouterr().err
+    assert "--dask needs dask.distributed: pip install" in err and "bug" not in err
+    assert not out.exists()

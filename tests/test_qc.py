@@ -224,19 +224,29 @@ def test_qc_figure_writes_the_picture_fast(sample_data, tmp_path):
 
 
 def test_the_legend_names_only_the_marks_the_picture_has(sample_data, monkeypatch):
-    from medproc import qc
+    """...and fits the picture: wrapped into lines no wider than it (one target's picture is
+    three views wide)."""
+    from medproc import _qc_text, qc
 
     said = []
-    real = qc._stamp
+    real = qc.stamp
     monkeypatch.setattr(
-        qc, "_stamp", lambda pic, text, *a, **k: said.append(text) or real(pic, text, *a, **k)
+        qc, "stamp", lambda pic, text, *a, **k: said.append(text) or real(pic, text, *a, **k)
     )
     vol = medproc.load(os.path.join(sample_data, "nifti", "images", "case001.nii.gz"))
     lab = medproc.load(os.path.join(sample_data, "nifti", "labels", "case001.nii.gz"))
-    qc_render(vol, vol)
-    legend = next(t for t in said if t.startswith("radiological views"))
-    assert "label outlined" not in legend and "circled" not in legend
+
+    def legend():
+        start = next(i for i, t in enumerate(said) if t.startswith("before "))
+        return said[start:]
+
+    pic, _ = qc_render(vol, vol)
+    text = "; ".join(legend())
+    assert "radiological views" in text and "anterior on the left (sagittal)" in text
+    assert "label outlined" not in text and "circled" not in text
     said.clear()
-    qc_render(vol, vol, lab, lab, lesions=[((0.0, 0.0, 0.0), 10.0)])
-    legend = next(t for t in said if t.startswith("radiological views"))
-    assert "label outlined" in legend and "lesions circled in red" in legend
+    pic, _ = qc_render(vol, vol, lab, lab, lesions=[((0.0, 0.0, 0.0), 10.0)], max_targets=1)
+    lines = legend()
+    text = "; ".join(lines)
+    assert "label outlined" in text and "lesions circled in red" in text
+    assert len(lines) > 1 and all(_qc_text.text_width(t) <= pic.shape[1] - 8 for t in lines)

@@ -15,9 +15,11 @@ try:
     import monai  # noqa: F401
     import torch  # noqa: F401
 except ImportError as _e:
+    from ..errors import TORCH_CPU_HINT
+
     raise ImportError(
         f"medproc.monai needs MONAI and PyTorch ({_e}): pip install 'medproc[monai]' "
-        "(on a CPU-only machine first: pip install torch==2.13.0)"
+        f"{TORCH_CPU_HINT}"
     ) from None
 
 from .loader import Augment, PatchLoader, PosNeg  # noqa: E402

@@ -156,7 +156,9 @@ class PatchLoader:
         if cache == "gpu" and device != "gpu":
             raise ValueError("cache='gpu' needs device='gpu'; use cache='host' on the CPU")
         if device == "gpu" and not torch.cuda.is_available():
-            raise RuntimeError("device='gpu' but PyTorch sees no CUDA GPU here; use device='cpu'")
+            from ..errors import DeviceError
+
+            raise DeviceError("device='gpu' but PyTorch sees no CUDA GPU here; use device='cpu'")
         if isinstance(datalist, (str, os.PathLike)):
             from monai.data import load_decathlon_datalist
 

@@ -118,7 +118,9 @@ class Engine:
         if device == "gpu":
             check_gpu_here()  # before anything touches CUDA in a forked child
         if device == "gpu" and not gpu_available():
-            raise RuntimeError("device='gpu' but DALI sees no NVIDIA GPU here; use device='cpu'")
+            from ..errors import DeviceError
+
+            raise DeviceError("device='gpu' but DALI sees no NVIDIA GPU here; use device='cpu'")
         if device == "gpu":  # found, not imported: numpy in and out needs no PyTorch
             import importlib.util
 
