@@ -44,7 +44,7 @@ def _convert_one(
     from ._trace import span
     from .io import load
     from .io.dicom_read import read_series
-    from .resample import check_label_grid, resample_batch
+    from .resample import check_label_grid, check_label_values, resample_batch
 
     t = time.perf_counter()
     # with --device gpu the voxels go to the GPU once, decoded there where it is proven; in a
@@ -58,6 +58,7 @@ def _convert_one(
             vol = load(case.source, series=case.series, nan=nan, device=here)
     if lab is not None:
         check_label_grid(vol, lab, f"the label map {case.label}", case.source)
+        check_label_values(lab, case.label)
     # said per case (a warning line, the manifest, the sidecar), as planning's notes below
     _note(vol, case, _dtype_clips(vol, spec))
     got = None
@@ -323,7 +324,9 @@ def plain_warning(message, category, filename, lineno, file=None, line=None):
     """``warnings.showwarning`` for the command line: ``medproc: warning: <message>``."""
     import sys
 
-    print(f"medproc: warning: {message}", file=sys.stderr if file is None else file)
+    from .errors import printable
+
+    print(f"medproc: warning: {printable(str(message))}", file=sys.stderr if file is None else file)
 
 
 def _worker(args):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .errors import printable
+
 __all__ = ["print_plan", "print_skipped", "run_with_bar", "summary_line", "Mute"]
 
 
@@ -44,7 +46,7 @@ def _other_skipped(batch) -> list[tuple[str, str]]:
 def print_skipped(batch) -> None:
     """The files skipped (not annotations), one line each on stderr (for -v)."""
     for p, reason in _other_skipped(batch):
-        print(f"medproc convert: skipped {p}: {reason}", file=sys.stderr)
+        print(f"medproc convert: skipped {printable(f'{p}: {reason}')}", file=sys.stderr)
 
 
 def summary_line(a, batch, s: dict, seconds: float) -> str:

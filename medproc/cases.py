@@ -143,12 +143,17 @@ def _failed(p: str, reason: str) -> Case:
     return Case(p, fields={"name": _stem(p) or "input", "stem": _stem(p)}, error=reason)
 
 
-def nothing_in_folder(skipped: list[tuple[str, str]]) -> str:
-    """Why a folder gave no input, from the ``(file, reason)`` skipped under it."""
-    listed = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped[:3])
-    return f"holds no DICOM series or NIfTI/NRRD/MHA file ({len(skipped)} file(s) skipped" + (
-        f": {listed})" if listed else ")"
-    )
+def nothing_in_folder(folder: str, skipped: list[tuple[str, str]]) -> str:
+    """Why ``folder`` gave no input, from the ``(file, reason)`` skipped under it (or, with
+    none, from what it holds)."""
+    head = "holds no DICOM series or NIfTI/NRRD/MHA file"
+    if skipped:
+        listed = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped[:3])
+        return f"{head} ({len(skipped)} file(s) skipped: {listed})"
+    names = [f for _, _, files in os.walk(folder) for f in files]
+    if not names:
+        return f"{head}: it holds no file at all"
+    return f"{head}: its {len(names)} file(s) are named otherwise (e.g. {sorted(names)[0]})"
 
 
 def check_exist(paths) -> None:
@@ -244,6 +249,8 @@ def find_cases(
         if inp in lists:
             for c in lists[inp]:
                 add(c, inp)
+            if not lists[inp]:  # (a named input that gives nothing fails, saying why)
+                cases.append(_failed(inp, "the case list has no cases (a header line only)"))
         elif inp.lower().endswith(_IMAGE_EXT) and not os.path.isdir(inp):
             why = link_to_output(inp, outs)
             if why:
@@ -318,7 +325,7 @@ def find_cases(
         if not os.path.lexists(inp):
             reason = "no such file or folder; check the path"
         elif os.path.isdir(inp):
-            reason = nothing_in_folder(mine)
+            reason = nothing_in_folder(inp, mine)
         else:
             reason = mine[0][1] if mine else "not a DICOM or image file"
         cases.append(_failed(inp, reason))

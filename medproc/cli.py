@@ -62,7 +62,13 @@ def plain_console(stderr: bool = False, width: int | None = None):
     path like ``case[1].nii.gz`` or a message with ``[red]`` prints as it is."""
     from rich.console import Console
 
-    console = Console(stderr=stderr, width=width, markup=False, emoji=False, highlight=False)
+    from .errors import printable
+
+    class _Plain(Console):
+        def render_str(self, text: str, **kw):  # every string printed, table cells too
+            return super().render_str(printable(text), **kw)
+
+    console = _Plain(stderr=stderr, width=width, markup=False, emoji=False, highlight=False)
     console.on_broken_pipe = _broken_pipe  # rich's own exits 1: ours gives the documented 141
     return console
 
@@ -271,7 +277,7 @@ def main(argv=None) -> int:
 
 def _command(a) -> int:
     from ._trace import started
-    from .errors import MedprocError, UsageError
+    from .errors import MedprocError, UsageError, printable
 
     if a.command != "trace":  # (reading a trace with MEDPROC_TRACE still set adds nothing)
         started()
@@ -294,7 +300,7 @@ def _command(a) -> int:
         if verbose:
             traceback.print_exc()
         kind = "usage error" if isinstance(e, UsageError) else "error"
-        print(f"medproc {a.command}: {kind}: {e}", file=sys.stderr)
+        print(f"medproc {a.command}: {kind}: {printable(str(e))}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - a bug: say so in one line; -v shows the traceback
         if verbose:
@@ -305,7 +311,7 @@ def _command(a) -> int:
             else "run again with -v for the traceback and report it"
         )
         print(
-            f"medproc {a.command}: unexpected {type(e).__name__}: {e}\n"
+            f"medproc {a.command}: unexpected {type(e).__name__}: {printable(str(e))}\n"
             f"This is a bug in medproc: {how}.",
             file=sys.stderr,
         )

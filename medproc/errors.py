@@ -95,6 +95,16 @@ class GeometryWarning(MedprocWarning):
     """Geometry that is usable but unusual (uneven spacing, gantry tilt, no patient geometry)."""
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\x1b``, ``\\n``...): file names
+    reach the terminal through messages, and a name holding an escape sequence must not clear
+    the screen or retitle the window, nor a newline split a row."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 #: after an install command that brings PyTorch: an unpinned torch on a machine without a GPU
 #: pulls a multi-GB CUDA build
 TORCH_CPU_HINT = (

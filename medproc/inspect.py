@@ -177,7 +177,7 @@ def _named_inputs_accounted(paths, out: list[Entry]) -> list[Entry]:
             continue
         mine = [e for e in out if e.kind == "skipped" and is_within(e.source, p)]
         if os.path.isdir(p):
-            reason = nothing_in_folder([(e.source, e.error) for e in mine])
+            reason = nothing_in_folder(p, [(e.source, e.error) for e in mine])
             out.append(Entry("error", p, error=reason))
         else:
             for e in mine:

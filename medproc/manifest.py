@@ -163,6 +163,17 @@ def prepare_outdir(outdir: str) -> OutdirLock:
     return lock
 
 
+#: how the manifest (valid UTF-8, ``backslashreplace``) writes the bytes of a file name that are
+#: not UTF-8 (Python holds them as surrogates): read back into the same name
+_SURROGATE = re.compile(r"\\udc[89a-f][0-9a-f]")
+
+
+def _unescaped(value: str | None) -> str | None:
+    if not value or "\\udc" not in value:
+        return value
+    return _SURROGATE.sub(lambda m: chr(int(m.group()[2:], 16)), value)
+
+
 def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
     """The rows of an existing manifest by case name ({} if there is none). One that cannot be
     parsed is moved aside (``manifest.csv.unreadable-<time>``) with a :class:`MedprocWarning`
@@ -180,7 +191,7 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
             for line, r in enumerate(reader, 2):
                 if not r.get("case") or None in r:
                     raise ValueError(f"line {line} is not a manifest row")
-                rows[r["case"]] = r
+                rows[r["case"]] = {k: _unescaped(v) for k, v in r.items()}
             return rows
     except (ValueError, csv.Error, UnicodeDecodeError, OSError) as e:
         if not repair:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import ReadError, UsageError
 from .plan import make_plan, say_notes
 from .spec import Spec
 from .volume import Volume
@@ -58,6 +58,20 @@ def check_label_grid(image: Volume, label: Volume, label_name=None, image_name=N
         f"{name} is not on the grid of {img} ({why}); resample it onto the image first, or "
         "give a label map made on this image"
     )
+
+
+def check_label_values(label: Volume, label_name=None) -> None:
+    """Refuse a float label map holding a value that is not a whole number (DALI resamples
+    labels in float32, exact for whole numbers within +-2^24): a ReadError naming the label
+    file (the engine would say it about the batch, without the file)."""
+    from .pipeline._dtypes import _dtype_name, _whole_float_label
+
+    name = _dtype_name(label.array)
+    if "float" in name:
+        try:
+            _whole_float_label(label.array, name)
+        except ValueError as e:
+            raise ReadError(str(e), label_name or label.meta.get("source")) from None
 
 
 def _spec(spec: Spec | None, **kw) -> Spec:
@@ -132,6 +146,7 @@ def resample_batch(
             )
         for v, lb in zip(vols, labs):
             check_label_grid(v, lb)
+            check_label_values(lb)
     if not vols:
         return []
     on_gpu = any(v.device != "cpu" for v in vols)

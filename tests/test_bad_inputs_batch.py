@@ -51,7 +51,8 @@ def test_explicit_inputs_that_yield_nothing_are_failed_rows(tmp_path, capsys):
     (tmp_path / "zero.dcm").write_bytes(b"")
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "readme.txt").write_text("hello")
-    named = ["empty", "junk.dcm", "zero.dcm", "notes"]
+    (tmp_path / "cases.csv").write_text("image,label\n")  # a case list without a case
+    named = ["empty", "junk.dcm", "zero.dcm", "notes", "cases.csv"]
     out = tmp_path / "out"
     rc = main(["convert", good, *[str(tmp_path / n) for n in named], "-o", str(out)] + ["-j", "1"])
     err = capsys.readouterr().err
@@ -62,6 +63,9 @@ def test_explicit_inputs_that_yield_nothing_are_failed_rows(tmp_path, capsys):
     assert sorted(failed) == sorted(named)
     assert "holds no DICOM series" in failed["empty"] and "not a DICOM" in failed["junk.dcm"]
     assert "empty (0 bytes)" in failed["zero.dcm"]
+    assert "the case list has no cases" in failed["cases.csv"]
+    assert failed["empty"].endswith("it holds no file at all")
+    assert "its 1 file(s) are named otherwise (e.g. readme.txt)" in failed["notes"]
     for n in named:
         assert str(tmp_path / n) in err  # printed, by name
     # a path that does not exist is a usage error before any work: exit 2, nothing written
@@ -354,3 +358,41 @@ def test_a_worker_killed_while_headers_are_read_is_a_clear_error(tmp_path, monke
     with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as ex:
         with pytest.raises(MedprocError, match="worker process died while the DICOM headers"):
             convert([str(data)], str(out), medproc.Spec(spacing=3.0), executor=ex, workers=1)
+
+
+def test_a_label_map_that_is_not_one_is_named(tmp_path):
+    """A float label map with a value that is not a whole number: the error names the label
+    file (the engine's message named the image)."""
+    import nibabel as nib
+
+    img = _nifti(str(tmp_path / "img" / "c.nii.gz"))
+    lab = np.zeros(nib.load(img).shape, np.float32)
+    lab[2, 2, 2] = 0.5
+    os.makedirs(tmp_path / "lab")
+    nib.save(nib.Nifti1Image(lab, nib.load(img).affine), str(tmp_path / "lab" / "c.nii.gz"))
+    out = tmp_path / "out"
+    args = ["convert", str(tmp_path / "img"), "--labels", str(tmp_path / "lab"), "-o", str(out)]
+    assert main([*args, "--spacing", "3", "-q"]) == 1
+    (row,) = _manifest(out).values()
+    assert row["error"].startswith(f"{tmp_path / 'lab' / 'c.nii.gz'}: label maps must hold whole")
+    assert "got the float32 value 0.5" in row["error"]
+    with pytest.raises(medproc.ReadError, match="lab/c.nii.gz: label maps must hold whole"):
+        medproc.resample_batch(
+            [medproc.load(img)],
+            medproc.Spec(spacing=3),
+            labels=[medproc.load(tmp_path / "lab" / "c.nii.gz")],
+        )
+
+
+def test_a_file_name_that_is_not_utf8_is_done_once(tmp_path):
+    """The manifest (UTF-8) writes such a name's bytes escaped and reads them back: a rerun
+    skips the case (it converted it again on every run)."""
+    weird = os.path.join(str(tmp_path / "in"), os.fsdecode(b"lat\xe9in1.nii.gz"))
+    _nifti(weird)
+    args = ["convert", str(tmp_path / "in"), "-o", str(tmp_path / "o"), "--spacing", "3", "-q"]
+    assert main(args) == 0
+    assert main(args) == 0
+    from medproc.manifest import read_manifest
+
+    (row,) = read_manifest(str(tmp_path / "o" / "manifest.csv")).values()
+    assert row["status"] == "skipped" and row["source"] == weird

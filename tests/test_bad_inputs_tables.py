@@ -362,3 +362,17 @@ def test_read_json_reads_what_medproc_writes(sample_data, tmp_path):
     )
     got = read_json(dl)
     assert set(got) == {"a", "b"} and all(len(v.centers) == 0 for v in got.values())
+
+
+def test_control_characters_in_file_names_are_printed_escaped(tmp_path, capsys):
+    """A file name holding a terminal escape sequence (or a newline) reaches the terminal
+    escaped: it cannot clear the screen, retitle the window or split a row."""
+    name = "x\x1b]0;PWNED\x07\x1b[2J\nrow.nii.gz"
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / name).write_bytes(b"junk")
+    assert main(["inspect", str(tmp_path / "in")]) == 1
+    assert main(["convert", str(tmp_path / "in"), "-o", str(tmp_path / "o")]) == 1
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    assert "\x1b" not in text and "\x07" not in text
+    assert "x\\x1b]0;PWNED\\x07\\x1b[2J\\nrow.nii.gz" in text

@@ -106,6 +106,8 @@ def test_intensity_params():
         ({"grid": "itk"}, "grid must be one of"),
         ({"spacing": True}, "one number or three"),
         ({"spacing": "1.5"}, "spacing must be one number or three"),  # as margin="1.5"
+        ({"spacing": 1e9}, "spacing must be 0.001 to 100000 mm"),  # (unreadable outputs)
+        ({"spacing": (1, 1, 1e-9)}, "spacing must be 0.001 to 100000 mm"),
         ({"spacing": 1.5 + 0j}, "spacing must be one number or three"),
         ({"spacing": (1, "a", 3)}, "spacing must be one number or three"),
         ({"shape": (8, 8, np.bool_(True))}, "shape must be one number or three"),
