@@ -94,7 +94,7 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
         try:
             lab = read_seg(src)
         except GeometryError:  # frames with gaps (empty slices left out): onto the image
-            lab = _seg_on_image(src, source_image())
+            lab = read_seg(src, image=source_image())
     else:
         lab = read_rtstruct(src, source_image()) if modality == "RTSTRUCT" else load(src)
     names = lab.meta.get("segments") or lab.meta.get("rois")
@@ -102,42 +102,6 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
     if lab.shape != hdr.shape[:3] or not np.allclose(lab.affine, hdr.affine, atol=1e-4):
         lab = label_on_grid(lab, hdr.affine, hdr.shape, device)
     return lab, {int(k): str(v) for k, v in names.items() if str(v)} if names else None
-
-
-def _seg_on_image(path: str, image: Volume) -> Volume:
-    """A DICOM SEG's frames placed on ``image``'s grid (nearest voxel of each pixel centre;
-    overlaps keep the higher segment number): for SEGs that leave out empty slices."""
-    import pydicom
-
-    ds = pydicom.dcmread(path)
-    px = ds.pixel_array.reshape(-1, int(ds.Rows), int(ds.Columns))
-    shared = ds.SharedFunctionalGroupsSequence[0] if "SharedFunctionalGroupsSequence" in ds else {}
-    inv = np.linalg.inv(image.affine)
-    out = np.zeros(image.shape, np.uint16)
-    for n, fr in enumerate(ds.PerFrameFunctionalGroupsSequence):
-
-        def attr(seq, name, fr=fr):
-            item = fr.get(seq) or shared.get(seq)
-            return np.array([float(x) for x in item[0].get(name)])
-
-        iop = attr("PlaneOrientationSequence", "ImageOrientationPatient")
-        ps = attr("PixelMeasuresSequence", "PixelSpacing")  # row spacing, column spacing
-        r, c = np.nonzero(px[n])
-        lps = (
-            attr("PlanePositionSequence", "ImagePositionPatient")
-            + np.outer(c * ps[1], iop[:3])
-            + np.outer(r * ps[0], iop[3:])
-        )
-        ijk = np.rint((lps * [-1, -1, 1]) @ inv[:3, :3].T + inv[:3, 3]).astype(int)
-        ok = np.all((ijk >= 0) & (ijk < image.shape), axis=1)
-        i, j, k = ijk[ok].T
-        seg = int(fr.SegmentIdentificationSequence[0].ReferencedSegmentNumber)
-        out[i, j, k] = np.maximum(out[i, j, k], seg)
-    names = {
-        int(s.SegmentNumber): str(s.get("SegmentLabel", "")) for s in ds.get("SegmentSequence", [])
-    }
-    out = out.astype(np.uint8 if out.max() < 256 else np.uint16)
-    return image.with_array(out, source=path, format="dicom-seg", segments=names)
 
 
 def _values(arr: np.ndarray, path: str) -> list[int]:

@@ -310,3 +310,35 @@ def test_convert_writes_annotations_next_to_outputs(sample_data, tmp_path):
             assert np.asarray(img.dataobj)[i, j, k] > 0  # and bright in the output image
     doc = json.load(open(out / "series-fbcae63ddf02.annotations.json"))
     assert len(doc["lesions"]) == 2 and all(x["inside"] for x in doc["lesions"])
+
+
+def test_a_seg_that_leaves_out_slices_is_placed_on_its_image(tmp_path, quiet):
+    """A SEG whose frames leave out slices (here its last frame moved 2 slices on, as if the
+    two empty ones between were not written) has no evenly spaced grid of its own: read_seg
+    says to give the image, and with it each frame lands on its own slice of that image."""
+    from pydicom.data import get_testdata_file
+
+    path = get_testdata_file("liver.dcm")
+    whole = read_seg(path)  # 3 frames, 1 mm apart along k
+    ds = pydicom.dcmread(path)
+    frames = ds.pixel_array
+    pos = ds.PerFrameFunctionalGroupsSequence[2].PlanePositionSequence[0]
+    pos.ImagePositionPatient = [float(x) for x in pos.ImagePositionPatient[:2]] + [
+        float(pos.ImagePositionPatient[2]) + 2.0
+    ]
+    gap = str(tmp_path / "gap.dcm")
+    ds.save_as(gap)
+    with pytest.raises(medproc.errors.GeometryError, match=r"gap.dcm: .*read_seg\(path, image="):
+        read_seg(gap)
+    image = medproc.Volume(np.zeros(whole.shape[:2] + (6,), np.int16), whole.affine)
+    placed = read_seg(gap, image=image)
+    np.testing.assert_array_equal(placed.affine, image.affine)
+    assert placed.meta["segments"] == {1: "Liver"} and placed.shape == image.shape
+    order = [  # which frame each slice of the whole SEG is
+        next(f for f in range(3) if np.array_equal(whole.array[:, :, k], frames[f].T))
+        for k in range(3)
+    ]
+    for k, f in enumerate(order):  # frames 0 and 1 where they were, frame 2 two slices on
+        at = k + 2 if f == 2 else k
+        np.testing.assert_array_equal(placed.array[:, :, at], frames[f].T)
+    assert int(placed.array.sum()) == int(frames.sum())

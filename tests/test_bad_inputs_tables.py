@@ -167,9 +167,19 @@ def test_truncated_or_incomplete_seg_and_rtstruct(tmp_path):
     with pytest.raises(medproc.errors.ReadError, match="rt.dcm: is an incomplete or malformed"):
         read_rtstruct(tmp_path / "rt.dcm", vol)
     item.ReferencedROINumber = 1
+    rt.save_as(tmp_path / "rt.dcm", enforce_file_format=False)
+    with pytest.raises(medproc.errors.ReadError, match=r"refers to ROI 1, which Structure"):
+        read_rtstruct(tmp_path / "rt.dcm", vol)  # (its voxels would carry an unnamed number)
+    named = pydicom.Dataset()
+    named.ROINumber, named.ROIName = 1, "gtv"
+    rt.StructureSetROISequence = [named]
     item.ContourSequence[0].ContourData = ["1", "2"]  # not x, y, z triples
     rt.save_as(tmp_path / "rt.dcm", enforce_file_format=False)
     with pytest.raises(medproc.errors.ReadError, match=r"ROI 1 contour 1: malformed ContourData"):
+        read_rtstruct(tmp_path / "rt.dcm", vol)
+    item.ContourSequence[0].ContourData = [0, 0, 50, 4, 0, 50, 4, 4, 50]  # slice 50 of 4
+    rt.save_as(tmp_path / "rt.dcm", enforce_file_format=False)
+    with pytest.raises(medproc.errors.ReadError, match=r"all 1 of its contours lie outside"):
         read_rtstruct(tmp_path / "rt.dcm", vol)
     for f in (cut, tmp_path / "rt.dcm"):
         with pytest.raises(medproc.MedprocError):

@@ -51,13 +51,17 @@ def _incomplete(path: str, what: str):
         ) from None
 
 
-def read_seg(path) -> Volume:
-    """A DICOM SEG as a label map on its own grid: voxel value = segment number (0 = none).
+def read_seg(path, image: Volume | None = None) -> Volume:
+    """A DICOM SEG as a label map: voxel value = segment number (0 = none); where segments
+    overlap, the higher number.
 
-    Frames are grouped by ReferencedSegmentNumber; each segment's frames are placed on the
-    union grid of all frames (positions along the normal), so overlapping segments keep the
-    higher segment number where they overlap.
+    Without ``image`` the map is on the SEG's own grid: the union of its frames' positions
+    along the normal, which must be evenly spaced (a SEG that leaves out empty slices has gaps:
+    give ``image``). With ``image`` (the series the SEG segments, e.g. ``medproc.load(folder)``)
+    every frame's pixels are placed on that image's grid (the nearest voxel of each pixel
+    centre), gaps or not.
     """
+    from ..errors import GeometryError
     from ..io.dicom_geometry import series_geometry
     from ..io.dicom_scan import DicomSeries, frames_of
 
@@ -98,14 +102,30 @@ def read_seg(path) -> Volume:
             raise ReadError(
                 f"{len(seg_of)} frames declared but the pixel data holds {px.shape[0]}", path
             )
+        names = {
+            int(s.SegmentNumber): str(s.get("SegmentLabel", ""))
+            for s in ds.get("SegmentSequence", [])
+        }
+        if image is not None:
+            lab = _frames_on_image(frames, seg_of, px, image)
+            return image.with_array(lab, source=path, format="dicom-seg", segments=names)
         # one frame per distinct position: build the grid from the first frame at each position
         normal = np.cross(frames[0].orientation[:3], frames[0].orientation[3:])
         d = np.array([f.position @ normal for f in frames])
         uniq, first = np.unique(np.round(d, 3), return_index=True)
         info = {"Rows": ds.Rows, "Columns": ds.Columns, **extra}
-        geom = series_geometry(
-            DicomSeries(str(ds.get("SeriesInstanceUID", path)), [frames[i] for i in first], info)
-        )
+        try:
+            geom = series_geometry(
+                DicomSeries(
+                    str(ds.get("SeriesInstanceUID", path)), [frames[i] for i in first], info
+                )
+            )
+        except GeometryError as e:
+            raise GeometryError(
+                f"{e.message}. A SEG that leaves out empty slices has no grid of its own: give "
+                "the series it segments, read_seg(path, image=medproc.load(series_folder))",
+                path,
+            ) from None
         slot_of_pos = {
             float(u): k for k, u in enumerate(np.round(d[[first[i] for i in geom.order]], 3))
         }
@@ -115,16 +135,34 @@ def read_seg(path) -> Volume:
         )
         for i, seg in enumerate(seg_of):
             k = slot_of_pos[float(np.round(d[i], 3))]
-            lab[k][px[i] > 0] = seg
-        names = {
-            int(s.SegmentNumber): str(s.get("SegmentLabel", ""))
-            for s in ds.get("SegmentSequence", [])
-        }
+            lab[k][px[i] > 0] = np.maximum(lab[k][px[i] > 0], seg)
     return Volume(
         lab.transpose(2, 1, 0),
         geom.affine,
         {"source": path, "format": "dicom-seg", "segments": names, "warnings": geom.warnings},
     )
+
+
+def _frames_on_image(frames, seg_of, px, image: Volume) -> np.ndarray:
+    """Each SEG frame's pixels placed on ``image``'s grid (the nearest voxel of each pixel
+    centre; overlaps keep the higher segment number)."""
+    inv = np.linalg.inv(np.asarray(image.affine, dtype=np.float64))
+    out = np.zeros(image.shape[:3], np.uint16)
+    for f, seg, frame in zip(frames, seg_of, px):
+        r, c = np.nonzero(frame)
+        if f.pixel_spacing is None:
+            raise ReadError("has no PixelSpacing for its frames: they cannot be placed", f.path)
+        rows, cols = f.pixel_spacing
+        lps = (
+            f.position
+            + np.outer(c * cols, f.orientation[:3])
+            + np.outer(r * rows, f.orientation[3:])
+        )
+        ijk = np.rint((lps * _FLIP) @ inv[:3, :3].T + inv[:3, 3]).astype(int)
+        ok = np.all((ijk >= 0) & (ijk < image.shape[:3]), axis=1)
+        i, j, k = ijk[ok].T
+        out[i, j, k] = np.maximum(out[i, j, k], seg)
+    return out.astype(np.uint8 if out.max() < 256 else np.uint16)
 
 
 def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
@@ -156,8 +194,15 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
         out = np.zeros(image.shape, np.uint16)
         ii, jj = np.mgrid[: image.shape[0], : image.shape[1]]
         pix = np.stack([ii.ravel(), jj.ravel()], 1).astype(float)
+        drawn = outside = 0
         for rc in ds.ROIContourSequence:
             num = int(rc.ReferencedROINumber)
+            if num not in names:  # (its voxels would carry a number no ROI is named by)
+                raise ReadError(
+                    f"ROIContourSequence refers to ROI {num}, which StructureSetROISequence "
+                    f"does not list (it lists {sorted(names)})",
+                    path,
+                )
             if roi is not None and num != roi:
                 continue
             for c, contour in enumerate(rc.get("ContourSequence", [])):
@@ -183,8 +228,27 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
                     )
                 k = int(k[0])
                 if not 0 <= k < image.shape[2]:
-                    continue  # outside this image's slices
+                    outside += 1  # outside this image's slices
+                    continue
                 inside = Path(idx[:, :2]).contains_points(pix).reshape(image.shape[:2])
                 out[:, :, k][inside] = num
+                drawn += 1
+    if outside and not drawn:
+        raise ReadError(
+            f"all {outside} of its contours lie outside the image's slices: is it the "
+            f"structure set of another series than {image.meta.get('source') or 'this image'}?",
+            path,
+        )
+    if outside:
+        import warnings
+
+        from ..errors import MedprocWarning
+
+        warnings.warn(
+            f"{path}: {outside} of {outside + drawn} contours lie outside the image's slices "
+            "(left out)",
+            MedprocWarning,
+            stacklevel=2,
+        )
     dtype = np.uint8 if out.max() < 256 else np.uint16
     return image.with_array(out.astype(dtype), source=path, format="rtstruct", rois=names)
