@@ -99,6 +99,12 @@ def expected_pixel_bytes(info: dict, nframes: int) -> int:
     return (n + 7) // 8 if bits == 1 else n * bits // 8
 
 
+_PAIR = (
+    "an Analyze / NIfTI pair file (.hdr + .img), which medproc does not read: make it one .nii "
+    "first, e.g. nibabel.save(nibabel.load('x.hdr'), 'x.nii')"
+)
+
+
 def _fail(path, reason, looks: bool, strict: bool, uid=None) -> tuple:
     if strict:
         raise ReadError(reason, path)
@@ -120,6 +126,8 @@ def scan_file(path: str, strict: bool = False) -> tuple:
             raise os_error(e, path) from None
         return ("bad", path, os_error(e, path).message, None)
     looks = path.lower().endswith(_DICOM_EXT) or head[128:132] == b"DICM"
+    if not looks and path.lower().endswith((".hdr", ".img")):
+        return _fail(path, _PAIR, looks, strict)
     if not head:
         return _fail(path, "is empty (0 bytes): not a DICOM file", looks, strict)
     try:
