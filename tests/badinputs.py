@@ -320,6 +320,12 @@ def _dicom_cases(root: str) -> list[BadCase]:
     with open(f[2], "r+b") as fh:
         fh.truncate(os.path.getsize(f[2]) - 20)
     out.append(BadCase("d_truncated", "error", "truncated", culprit=f[2]))
+    f = _series(P("d_element_past_eof"), next(uid))
+    raw = bytearray(open(f[1], "rb").read())
+    at = raw.find(struct.pack("<HH", 0x0008, 0x0060) + b"CS")  # Modality, explicit VR
+    raw[at + 6 : at + 8] = struct.pack("<H", 0xFFF0)  # its length runs past the end
+    open(f[1], "wb").write(raw)
+    out.append(BadCase("d_element_past_eof", "error", "runs .* bytes past the end", culprit=f[1]))
     f = _series(P("d_fifo_in_series"), next(uid))
     os.mkfifo(P("d_fifo_in_series", "IM_pipe"))
     out.append(BadCase("d_fifo_in_series", "ok"))

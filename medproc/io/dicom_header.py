@@ -98,6 +98,18 @@ class _PastEnd(Exception):
     pass
 
 
+def _cut_short(ds) -> int:
+    """Bytes missing from the value of a top-level element pydicom read short (its declared
+    length runs past the end of the file), else 0."""
+    from pydicom.dataelem import RawDataElement
+
+    for elem in getattr(ds, "_dict", {}).values():
+        if isinstance(elem, RawDataElement) and isinstance(elem.value, bytes):
+            if elem.length != 0xFFFFFFFF and len(elem.value) < elem.length:
+                return elem.length - len(elem.value)
+    return 0
+
+
 def read_header(path: str, force: bool = False, with_offset: bool = False):
     """Read a DICOM header without pixel data, raising :class:`ReadError` naming the file.
 
@@ -114,6 +126,8 @@ def read_header(path: str, force: bool = False, with_offset: bool = False):
             offset = fp.tell()
         if offset > size:
             raise _PastEnd(offset - size)
+        if offset >= size and (short := _cut_short(ds)):  # (read to the end: a length that
+            raise _PastEnd(short)  # ran past it took the rest of the file as its value)
     except InvalidDicomError as e:
         raise ReadError(f"not a DICOM file ({e})", path) from None
     except OSError as e:
