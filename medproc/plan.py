@@ -209,12 +209,15 @@ def _round_half_up(x):
     return np.floor(np.asarray(x) + 0.5).astype(int)
 
 
-def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Plan:
+def make_plan(
+    shape, affine, spec: Spec, array: np.ndarray | None = None, source: str | None = None
+) -> Plan:
     """Plan the resample of a volume of ``shape`` ``(ni, nj, nk)`` on ``affine`` to ``spec``.
 
     ``array`` (numpy or torch) is needed only when ``spec.needs_array``: for ``crop_foreground``
     and the intensity statistics (percentiles, z-score, scale without a window). What planning
-    has to say about the volume is in ``plan.notes`` (see :func:`say_notes`).
+    has to say about the volume is in ``plan.notes`` (see :func:`say_notes`); ``source`` is
+    deprecated (it named the volume in warnings make_plan no longer gives).
 
     Examples
     --------
@@ -222,6 +225,15 @@ def make_plan(shape, affine, spec: Spec, array: np.ndarray | None = None) -> Pla
     >>> p.out_shape
     (50, 50, 50)
     """
+    if source is not None:
+        import warnings
+
+        warnings.warn(
+            "make_plan(source=...) is deprecated: planning's notes are in plan.notes; say them "
+            "with medproc.plan.say_notes(plan, source)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
     shape = tuple(int(s) for s in shape[:3])
     A = as_affine(affine, "make_plan's affine")
     s_in = spacing_of(A)
