@@ -16,6 +16,7 @@ Without the variable a span costs a dictionary lookup and nothing is written.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
@@ -27,6 +28,17 @@ __all__ = ["span", "enabled", "started"]
 #: folder -> (pid, the open trace file of that process: a fork opens its own); None: the
 #: folder cannot be written (said once, by the first process to try; forks inherit the None)
 _FILES: dict[str, tuple | None] = {}
+
+
+def _close_files() -> None:
+    """The trace files still open (each process appends to its own, line by line)."""
+    for got in _FILES.values():
+        if got is not None and got[0] == os.getpid():
+            got[1].close()
+    _FILES.clear()
+
+
+atexit.register(_close_files)
 _LOCK = threading.Lock()
 
 
