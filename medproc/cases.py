@@ -150,10 +150,13 @@ def nothing_in_folder(folder: str, skipped: list[tuple[str, str]]) -> str:
     if skipped:
         listed = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped[:3])
         return f"{head} ({len(skipped)} file(s) skipped: {listed})"
-    names = [f for _, _, files in os.walk(folder) for f in files]
+    from .io.walk import walk_inputs  # (links followed, loops not, as the scan walked it)
+
+    names = walk_inputs([folder], skip_outputs=False).files
     if not names:
         return f"{head}: it holds no file at all"
-    return f"{head}: its {len(names)} file(s) are named otherwise (e.g. {sorted(names)[0]})"
+    first = os.path.basename(names[0])
+    return f"{head}: its {len(names)} file(s) are named otherwise (e.g. {first})"
 
 
 def check_exist(paths) -> None:

@@ -65,7 +65,9 @@ def plain_console(stderr: bool = False, width: int | None = None):
     from .errors import printable
 
     class _Plain(Console):
-        def render_str(self, text: str, **kw):  # every string printed, table cells too
+        # every string printed, table cells too (rich Text objects are not: medproc wraps only
+        # its own fixed words in them)
+        def render_str(self, text: str, **kw):
             return super().render_str(printable(text), **kw)
 
     console = _Plain(stderr=stderr, width=width, markup=False, emoji=False, highlight=False)
@@ -300,7 +302,7 @@ def _command(a) -> int:
         if verbose:
             traceback.print_exc()
         kind = "usage error" if isinstance(e, UsageError) else "error"
-        print(f"medproc {a.command}: {kind}: {printable(str(e))}", file=sys.stderr)
+        print(f"medproc {a.command}: {kind}: {printable(str(e), newlines=True)}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - a bug: say so in one line; -v shows the traceback
         if verbose:

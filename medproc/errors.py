@@ -96,13 +96,16 @@ class GeometryWarning(MedprocWarning):
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
-def printable(text: str) -> str:
+def printable(text: str, newlines: bool = False) -> str:
     """``text`` with its control characters escaped (``\\x1b``, ``\\n``...): file names
     reach the terminal through messages, and a name holding an escape sequence must not clear
-    the screen or retitle the window, nor a newline split a row."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+    the screen or retitle the window, nor a newline split a row. ``newlines``: keep line breaks
+    (a message of several lines)."""
+    pattern = _CONTROL_BUT_NEWLINE if newlines else _CONTROL
+    return pattern.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 #: after an install command that brings PyTorch: an unpinned torch on a machine without a GPU

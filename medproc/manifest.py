@@ -100,7 +100,7 @@ class OutdirLock:
         goes."""
         if self._f.closed:
             return
-        try:
+        try:  # (a run that opened the lock file just now finds the folder gone: it says so)
             if self.created and os.listdir(self.outdir) == [".medproc.lock"]:
                 os.unlink(self.path)
                 os.rmdir(self.outdir)
@@ -169,9 +169,12 @@ _SURROGATE = re.compile(r"\\udc[89a-f][0-9a-f]")
 
 
 def _unescaped(value: str | None) -> str | None:
-    if not value or "\\udc" not in value:
+    """A path as written, unless it names nothing and its escapes read back name a file (a
+    name holding the text ``\\udce9`` itself stays as it is)."""
+    if not value or "\\udc" not in value or os.path.lexists(value):
         return value
-    return _SURROGATE.sub(lambda m: chr(int(m.group()[2:], 16)), value)
+    name = _SURROGATE.sub(lambda m: chr(int(m.group()[2:], 16)), value)
+    return name if os.path.lexists(name) else value
 
 
 def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
@@ -191,7 +194,9 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
             for line, r in enumerate(reader, 2):
                 if not r.get("case") or None in r:
                     raise ValueError(f"line {line} is not a manifest row")
-                rows[r["case"]] = {k: _unescaped(v) for k, v in r.items()}
+                for k in ("source", "output", "label_output"):
+                    r[k] = _unescaped(r.get(k))
+                rows[r["case"]] = r
             return rows
     except (ValueError, csv.Error, UnicodeDecodeError, OSError) as e:
         if not repair:

@@ -101,13 +101,17 @@ class ProxyTransform:
 
     def _generator(self):
         # (not persistent, a worker of each epoch is a new process: PyTorch's worker seed keeps
-        # it from repeating the last epoch's draws)
-        if self._rng is None:
+        # it from repeating the last epoch's draws; one made in the main process, e.g. by a
+        # preview, is not the workers' own: made per process)
+        import os
+
+        if self._rng is None or self._rng[0] != os.getpid():
             import torch.utils.data as tud
 
             info = tud.get_worker_info()
-            self._rng = np.random.default_rng([self.seed, info.seed if info else 0])
-        return self._rng
+            rng = np.random.default_rng([self.seed, info.seed if info else 0])
+            self._rng = (os.getpid(), rng)
+        return self._rng[1]
 
     def plan(self, sample: dict) -> Plan:
         """The sample's plan: the spec's resample, then the random augmentation if any."""

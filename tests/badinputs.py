@@ -154,6 +154,8 @@ def _nifti_cases(root: str, secret_dir: str) -> list[BadCase]:
     bad("n_scl_inf.nii.gz", _patch(_nii_bytes(_ct()), 112, "f", np.inf), "scl_slope=inf")
     pix0 = _patch(_nii_bytes(_ct()), 252, "2h", 1, 0)  # qform only (nibabel makes 0 into 1 mm)
     bad("n_pixdim0_qform.nii", _patch(pix0, 80, "f", 0.0), "voxel size along i as 0 mm")
+    _write(P("n_pixdim_negative_qform.nii"), _patch(bytearray(pix0), 80, "f", -2.0))
+    out.append(BadCase("n_pixdim_negative_qform.nii", "ok"))  # (its size, as nibabel reads it)
     f = _ct().astype(np.float32)
     f[1, 1, 1] = np.nan
     bad("n_nan_voxels.nii.gz", _nii_bytes(f), "NaN", inspect=False)

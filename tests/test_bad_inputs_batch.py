@@ -396,3 +396,26 @@ def test_a_file_name_that_is_not_utf8_is_done_once(tmp_path):
 
     (row,) = read_manifest(str(tmp_path / "o" / "manifest.csv")).values()
     assert row["status"] == "skipped" and row["source"] == weird
+
+
+def test_only_files_that_share_a_sop_instance_uid_are_read_to_compare(tmp_path, monkeypatch):
+    """Telling copies apart reads the bytes of files that share a SOPInstanceUID, and of
+    folders with the same UIDs, never the whole of every export."""
+    import pydicom
+
+    from medproc.io import dicom_copies
+    from medproc.io.dicom_scan import scan_dicom
+
+    uid = "1.2.826.0.1.3680043.8.498.55.4"
+    files = _series(str(tmp_path / "A"), uid)
+    os.makedirs(tmp_path / "B")
+    edited = str(tmp_path / "B" / os.path.basename(files[0]))
+    ds = pydicom.dcmread(files[0])
+    ds.InstitutionName = "edited"
+    ds.save_as(edited)
+    read = []
+    real = dicom_copies._digest
+    monkeypatch.setattr(dicom_copies, "_digest", lambda p, c: read.append(p) or real(p, c))
+    scan = scan_dicom(str(tmp_path))
+    assert sorted(len(s.frames) for s in scan.series) == [1, 5]
+    assert set(read) <= {files[0], edited}

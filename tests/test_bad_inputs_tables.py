@@ -167,9 +167,10 @@ def test_truncated_or_incomplete_seg_and_rtstruct(tmp_path):
     with pytest.raises(medproc.errors.ReadError, match="rt.dcm: is an incomplete or malformed"):
         read_rtstruct(tmp_path / "rt.dcm", vol)
     item.ReferencedROINumber = 1
+    item.ContourSequence[0].ContourData = [0, 0, 1, 4, 0, 1, 4, 4, 1]
     rt.save_as(tmp_path / "rt.dcm", enforce_file_format=False)
-    with pytest.raises(medproc.errors.ReadError, match=r"refers to ROI 1, which Structure"):
-        read_rtstruct(tmp_path / "rt.dcm", vol)  # (its voxels would carry an unnamed number)
+    with pytest.warns(medproc.errors.MedprocWarning, match=r"contours of ROI \[1\], which Struc"):
+        assert not read_rtstruct(tmp_path / "rt.dcm", vol).array.any()  # (no unnamed number)
     named = pydicom.Dataset()
     named.ROINumber, named.ROIName = 1, "gtv"
     rt.StructureSetROISequence = [named]
@@ -184,6 +185,12 @@ def test_truncated_or_incomplete_seg_and_rtstruct(tmp_path):
     for f in (cut, tmp_path / "rt.dcm"):
         with pytest.raises(medproc.MedprocError):
             (read_seg if "seg" in str(f) else lambda p: read_rtstruct(p, vol))(f)
+    on_slice = pydicom.Dataset()
+    on_slice.ContourData = [0, 0, 1, 4, 0, 1, 4, 4, 1]  # on slice 1: drawn
+    item.ContourSequence.append(on_slice)
+    rt.save_as(tmp_path / "rt.dcm", enforce_file_format=False)
+    with pytest.warns(medproc.errors.MedprocWarning, match=r"1 of 2 contours lie outside"):
+        assert read_rtstruct(tmp_path / "rt.dcm", vol).array[:, :, 1].any()
 
 
 CASE_LISTS = {  # name: (contents made from the good image's path, what the error says)

@@ -165,6 +165,14 @@ def _frames_on_image(frames, seg_of, px, image: Volume) -> np.ndarray:
     return out.astype(np.uint8 if out.max() < 256 else np.uint16)
 
 
+def _warn(text: str) -> None:
+    import warnings
+
+    from ..errors import MedprocWarning
+
+    warnings.warn(text, MedprocWarning, stacklevel=3)
+
+
 def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
     """Rasterise RTSTRUCT contours onto ``image``'s grid: value = ROI number (0 outside).
 
@@ -195,15 +203,13 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
         ii, jj = np.mgrid[: image.shape[0], : image.shape[1]]
         pix = np.stack([ii.ravel(), jj.ravel()], 1).astype(float)
         drawn = outside = 0
+        unlisted = []
         for rc in ds.ROIContourSequence:
             num = int(rc.ReferencedROINumber)
-            if num not in names:  # (its voxels would carry a number no ROI is named by)
-                raise ReadError(
-                    f"ROIContourSequence refers to ROI {num}, which StructureSetROISequence "
-                    f"does not list (it lists {sorted(names)})",
-                    path,
-                )
             if roi is not None and num != roi:
+                continue
+            if num not in names:  # (its voxels would carry a number no ROI is named by)
+                unlisted.append(num)
                 continue
             for c, contour in enumerate(rc.get("ContourSequence", [])):
                 where = f"ROI {num} contour {c + 1}"
@@ -233,6 +239,11 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
                 inside = Path(idx[:, :2]).contains_points(pix).reshape(image.shape[:2])
                 out[:, :, k][inside] = num
                 drawn += 1
+    if unlisted:
+        _warn(
+            f"{path}: contours of ROI {sorted(set(unlisted))}, which StructureSetROISequence does "
+            f"not list (it lists {sorted(names)}), are left out (a deleted ROI's leftovers?)"
+        )
     if outside and not drawn:
         raise ReadError(
             f"all {outside} of its contours lie outside the image's slices: is it the "
@@ -240,15 +251,6 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
             path,
         )
     if outside:
-        import warnings
-
-        from ..errors import MedprocWarning
-
-        warnings.warn(
-            f"{path}: {outside} of {outside + drawn} contours lie outside the image's slices "
-            "(left out)",
-            MedprocWarning,
-            stacklevel=2,
-        )
+        _warn(f"{path}: {outside} of {outside + drawn} contours lie outside the image's slices")
     dtype = np.uint8 if out.max() < 256 else np.uint16
     return image.with_array(out.astype(dtype), source=path, format="rtstruct", rois=names)

@@ -65,22 +65,39 @@ def dedupe(records: list[tuple]) -> tuple[list[tuple], set[str], dict]:
         if sop is not None:
             seen.setdefault(sop, frames[0].path)
         kept.append(rec)
-    whole: dict[tuple, dict] = {}  # (uid, the folder's files by SOP and bytes) -> SOP -> file
+    earlier: list[tuple[str, dict]] = []  # (uid, SOP -> file) of the folders kept
     for (uid, _), recs in folders.items():
         by_sop: dict = {}
-        mine = []
+        mine, loose = [], False  # loose: a file without a SOPInstanceUID (never a copy)
         for rec in recs:
             path, sop = rec[2][0].path, rec[4]
-            prev = by_sop.get(sop) if sop is not None else None
+            if sop is None:
+                loose = True
+                mine.append(rec)
+                continue
+            prev = by_sop.get(sop)
             if prev is not None and _same_bytes(prev, path, cache):
                 copies.setdefault(uid, []).append((path, prev))
                 continue
-            by_sop.setdefault(sop if sop is not None else path, path)
+            by_sop.setdefault(sop, path)
             mine.append(rec)
-        sig = (uid, frozenset((k, _digest(p, cache)) for k, p in by_sop.items()))
-        if sig in whole:  # the same files as an earlier folder: its copies, not a series
-            copies.setdefault(uid, []).extend((p, whole[sig][k]) for k, p in by_sop.items())
+        # the copy of a folder kept: the same SOPInstanceUIDs (no file read to know), then the
+        # same bytes file by file (files are read only for folders with the same UIDs)
+        same = None
+        if not loose:
+            same = next(
+                (
+                    other
+                    for u, other in earlier
+                    if u == uid
+                    and other.keys() == by_sop.keys()
+                    and all(_same_bytes(other[k], p, cache) for k, p in by_sop.items())
+                ),
+                None,
+            )
+        if same is not None:
+            copies.setdefault(uid, []).extend((p, same[k]) for k, p in by_sop.items())
         else:
-            whole[sig] = by_sop
+            earlier.append((uid, by_sop))
             kept += mine
     return kept, conflicted, copies

@@ -33,6 +33,21 @@ def rescaled_dtype(smin: int, smax: int, slopes: np.ndarray, intercepts: np.ndar
     return None
 
 
+def _check_each_slice(stored, slopes, intercepts, paths) -> None:
+    """A ReadError naming the first slice whose rescale takes its own stored values beyond
+    float32's range (NaN stored values are left to the NaN policy)."""
+    a = stored.detach().cpu().numpy() if hasattr(stored, "detach") else stored
+    for n in range(a.shape[0]):
+        with np.errstate(invalid="ignore"):
+            top = float(np.nanmax(np.abs(a[n].astype(np.float64)), initial=0.0))
+        if abs(slopes[n]) * top + abs(intercepts[n]) > _F32_MAX:
+            raise ReadError(
+                f"RescaleSlope {slopes[n]:g} and RescaleIntercept {intercepts[n]:g} take its "
+                f"stored values (up to {top:g}) beyond float32's range: fix the file",
+                paths[n] if paths is not None else None,
+            )
+
+
 def rescale(stored, slopes: np.ndarray, intercepts: np.ndarray, paths=None):
     """Apply RescaleSlope/Intercept per slice (``stored`` is slice-first, numpy or torch);
     integer output when the result is integral (:func:`rescaled_dtype`), else float32. The one
@@ -68,12 +83,7 @@ def rescale(stored, slopes: np.ndarray, intercepts: np.ndarray, paths=None):
         smin, smax = float(stored.min()), float(stored.max())
     reach = np.abs(slopes) * max(abs(smin), abs(smax)) + np.abs(intercepts)
     if not np.all(reach <= _F32_MAX):  # (inf and NaN in the output otherwise, said nowhere)
-        n = int(np.argmax(reach))
-        raise ReadError(
-            f"RescaleSlope {slopes[n]:g} and RescaleIntercept {intercepts[n]:g} take its stored "
-            f"values (up to {max(abs(smin), abs(smax)):g}) beyond float32's range: fix the file",
-            paths[n] if paths is not None else None,
-        )
+        _check_each_slice(stored, slopes, intercepts, paths)  # (the bound above is the whole's)
     if integer:
         dt = rescaled_dtype(smin, smax, slopes, intercepts)
         if dt is not None:

@@ -102,8 +102,9 @@ def nifti_header_check(img, path) -> tuple[tuple, np.dtype]:
             "damaged (fix dim / dim[0])",
             path,
         )
-    _check_pixdim(img, shape, path)
-    slope, inter = _raw_fields(img, path, "scaling")
+    raw = _raw_fields(img, path)
+    _check_pixdim(img, shape, path, raw["pixdim"])
+    slope, inter = raw["scaling"]
     if np.isinf(slope) or (np.isfinite(slope) and slope != 0 and not np.isfinite(inter)):
         raise ReadError(
             f"the header's scaling is not finite (scl_slope={slope}, scl_inter={inter}); "
@@ -123,14 +124,15 @@ def nifti_header_check(img, path) -> tuple[tuple, np.dtype]:
     return shape, dtype
 
 
-def _check_pixdim(img, shape, path) -> None:
+def _check_pixdim(img, shape, path, pixdim: tuple) -> None:
     """Without an sform, the affine's spacings are pixdim's (the qform's, or nibabel's guess):
-    a zero or non-finite one is an unknown voxel size, which nibabel would quietly make 1 mm."""
+    a zero or non-finite one is an unknown voxel size, which nibabel would quietly make 1 mm (a
+    negative one is read as its size, as nibabel reads it)."""
     if img.get_sform(coded=True)[1]:
         return
-    zooms = _raw_fields(img, path, "pixdim")[1:4]  # (nibabel's header has the zeros made 1)
+    zooms = pixdim[1:4]  # (as the file has them: nibabel's header has the zeros made 1)
     for ax, z in list(zip("ijk", zooms))[: min(3, len(shape))]:
-        if not (np.isfinite(z) and z > 0):
+        if not (np.isfinite(z) and z != 0):
             uses = "the qform uses it" if img.get_qform(coded=True)[1] else "no qform either"
             raise ReadError(
                 f"pixdim gives the voxel size along {ax} as {z:g} mm and no sform says otherwise "
@@ -144,23 +146,29 @@ def _check_pixdim(img, shape, path) -> None:
 _RAW_FIELDS = {"pixdim": ((76, "8f"), (104, "8d")), "scaling": ((112, "ff"), (176, "dd"))}
 
 
-def _raw_fields(img, path, name: str) -> tuple:
-    """Header fields as the file stores them, not as nibabel's checks leave them (on load it
-    makes zero pixdims 1 and an infinite scl_slope NaN, "no scaling": such headers must be
-    refused, not read); NaNs where the file cannot be read again."""
+def _raw_fields(img, path) -> dict[str, tuple]:
+    """Header fields (:data:`_RAW_FIELDS`) as the file stores them, not as nibabel's checks
+    leave them (on load it makes zero pixdims 1 and an infinite scl_slope NaN, "no scaling":
+    such headers must be refused, not read); NaNs where the file cannot be read again."""
     import struct
 
     from nibabel.openers import ImageOpener
 
     two = type(img.header).__name__.startswith("Nifti2")
-    off, fmt = _RAW_FIELDS[name][two]
     endian = "<" if img.header.endianness == "<" else ">"
     try:
         with ImageOpener(path) as f:
-            raw = f.read(off + struct.calcsize(fmt))
-        return struct.unpack_from(endian + fmt, raw, off)
-    except (OSError, EOFError, struct.error):
-        return (float("nan"),) * len(struct.unpack(fmt, bytes(struct.calcsize(fmt))))
+            raw = f.read(540)  # (a NIfTI-2 header; NIfTI-1's is 348 bytes)
+    except (OSError, EOFError):
+        raw = b""
+    out = {}
+    for name, both in _RAW_FIELDS.items():
+        off, fmt = both[two]
+        try:
+            out[name] = struct.unpack_from(endian + fmt, raw, off)
+        except struct.error:
+            out[name] = (float("nan"),) * len(struct.unpack(fmt, bytes(struct.calcsize(fmt))))
+    return out
 
 
 @contextlib.contextmanager
