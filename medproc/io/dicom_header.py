@@ -4,20 +4,13 @@ spacing, rescale, where the raw pixels start) and the series-level attributes.""
 from __future__ import annotations
 
 import dataclasses
-import os
-import stat
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pydicom
-from pydicom.errors import InvalidDicomError
 
 from ..errors import ReadError
-from .safety import check_file, os_error
-
-#: DICOM values longer than this are not read by the header scan
-_DEFER = 1 << 20
+from .dicom_file import is_dicom_file, read_header  # noqa: F401  (re-exported)
 
 __all__ = [
     "Frame",
@@ -65,18 +58,6 @@ def _frame(kw: dict) -> Frame:
     return Frame(**kw)
 
 
-def is_dicom_file(path: str) -> bool:
-    """Cheap test: the 'DICM' preamble marker (files without a preamble are tried anyway)."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return False  # never open a FIFO or a device
-        with open(path, "rb") as f:
-            head = f.read(132)
-    except OSError:
-        return False
-    return len(head) == 132 and head[128:132] == b"DICM"
-
-
 _NATIVE_LE = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1"}  # implicit / explicit VR little endian
 
 
@@ -92,74 +73,6 @@ def _fast_pixels(info: dict, nframes: int, offset: int) -> tuple[int, str] | Non
     if signed and stored != bits:
         return None  # needs sign correction: leave it to pydicom
     return offset, f"<{'i' if signed else 'u'}{bits // 8}"
-
-
-class _PastEnd(Exception):
-    pass
-
-
-def _cut_short(ds) -> int:
-    """Bytes missing from the value of a top-level element pydicom read short (its declared
-    length runs past the end of the file), else 0."""
-    from pydicom.dataelem import RawDataElement
-
-    for elem in getattr(ds, "_dict", {}).values():
-        if isinstance(elem, RawDataElement) and isinstance(elem.value, bytes):
-            if elem.length != 0xFFFFFFFF and len(elem.value) < elem.length:
-                return elem.length - len(elem.value)
-    return 0
-
-
-def read_header(path: str, force: bool = False, with_offset: bool = False):
-    """Read a DICOM header without pixel data, raising :class:`ReadError` naming the file.
-
-    With ``with_offset`` returns ``(dataset, offset)``: the byte offset where pydicom stopped
-    (the PixelData element, when the file has one). Never opens a FIFO or a device; values
-    over 1 MiB are not read (a damaged length cannot make it allocate), and an element whose
-    length runs past the end of the file is an error."""
-    size = check_file(path).st_size
-    marker = is_dicom_file(path)
-    try:
-        with open(path, "rb") as fp, warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # medproc's own checks say it better
-            ds = pydicom.dcmread(fp, stop_before_pixels=True, force=force, defer_size=_DEFER)
-            offset = fp.tell()
-        if offset > size:
-            raise _PastEnd(offset - size)
-        if offset >= size and (short := _cut_short(ds)):  # (read to the end: a length that
-            raise _PastEnd(short)  # ran past it took the rest of the file as its value)
-    except InvalidDicomError as e:
-        raise ReadError(f"not a DICOM file ({e})", path) from None
-    except OSError as e:
-        raise os_error(e, path) from None
-    except RecursionError:
-        raise ReadError(
-            "its sequences are nested too deeply to be parsed: a damaged or hostile file", path
-        ) from None
-    except (
-        _PastEnd,
-        MemoryError,
-        EOFError,
-        ValueError,
-        TypeError,
-        KeyError,
-        AttributeError,
-        IndexError,
-    ) as e:
-        if not marker:
-            raise ReadError(
-                "not a DICOM file (no 'DICM' marker, and its bytes do not parse as DICOM)", path
-            ) from None
-        if isinstance(e, _PastEnd):
-            raise ReadError(
-                f"a DICOM element declares a length that runs {e.args[0]} bytes past the end "
-                "of the file: the file is truncated or its header damaged",
-                path,
-            ) from None
-        raise ReadError(
-            f"the DICOM header cannot be parsed: {type(e).__name__}: {e}", path
-        ) from None
-    return (ds, offset) if with_offset else ds
 
 
 _STRING_VRS = {"DS", "IS", "CS", "UI", "LO", "SH", "PN", "DA", "TM", "ST", "LT"}
