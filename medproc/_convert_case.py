@@ -53,7 +53,7 @@ def _convert_one(
     with span("read", case=case.source):
         lab = load(case.label, nan=nan, device=here) if case.label else None
         if case.dicom is not None:
-            vol = read_series(case.dicom, workers=decode_workers, device=here)
+            vol = read_series(case.dicom, workers=decode_workers, device=here, nan=nan)
         else:
             vol = load(case.source, series=case.series, nan=nan, device=here)
     if lab is not None:

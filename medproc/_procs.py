@@ -179,14 +179,22 @@ def kill_pool(ex) -> None:
         p.join(5)
 
 
-def check_dask() -> None:
-    """A UsageError (before any work) when dask.distributed is not installed."""
+def check_dask(address: str) -> None:
+    """A UsageError (before any work) when dask.distributed is not installed, or ``local:N``
+    does not give a number of workers >= 1."""
     import importlib.util
 
     from .errors import UsageError
 
     if importlib.util.find_spec("distributed") is None:
         raise UsageError("--dask needs dask.distributed: pip install 'dask[distributed]'")
+    if address.startswith("local:"):  # ("localhost:8786" is a scheduler's address)
+        n = address.split(":", 1)[1]
+        if not (n.isdigit() and int(n) >= 1):
+            raise UsageError(
+                f"--dask {address}: give a scheduler address, 'local' (a cluster of -j workers "
+                "here) or 'local:N' with N >= 1"
+            )
 
 
 def dask_executor(address: str, workers: int):
@@ -198,7 +206,7 @@ def dask_executor(address: str, workers: int):
         raise ImportError(
             "--dask needs dask.distributed: pip install 'dask[distributed]'"
         ) from None
-    if address.startswith("local"):
+    if address == "local" or address.startswith("local:"):
         n = int(address.split(":", 1)[1]) if ":" in address else max(1, workers)
         cluster = LocalCluster(
             n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None

@@ -49,7 +49,7 @@ NAME_FIELDS = {
     "description": "DICOM SeriesDescription, sanitised ('' when absent)",
     "modality": "DICOM Modality ('' for files)",
 }
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f/\\]")
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")  # (C0, DEL and C1 controls, separators)
 _DESCRIPTION_KEEP = re.compile(r"[^\w.+-]+")
 _SEG_CLASS = "1.2.840.10008.5.1.4.1.1.66.4"
 _ANNOTATION = "annotation: "

@@ -219,7 +219,7 @@ def prepare(
     inputs = [os.fspath(p) for p in ([inputs] if single else inputs)]
     check_options(fmt, nan, workers, device, name, spec)
     if dask:
-        check_dask()
+        check_dask(dask)
     check_inputs(inputs, labels_dir)
     table = read_annotation_table(annotations) if annotations else None  # fails before work
     if dry_run:

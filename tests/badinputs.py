@@ -314,6 +314,13 @@ def _dicom_cases(root: str) -> list[BadCase]:
     out.append(  # (seen when the pixels are read, not in the headers)
         BadCase("d_slope_overflows", "error", "beyond float32's range", False, culprit=f[1])
     )
+    f = _series(P("d_float_pixels_nan"), next(uid))  # FloatPixelData with a NaN: --nan error
+    for n, p in enumerate(f):
+        px = pydicom.dcmread(p).pixel_array.astype(np.float32)
+        px[0, 0] = np.nan if n == 1 else px[0, 0]
+        _edit(p, PixelData=None, BitsAllocated=32, BitsStored=32, HighBit=31)
+        _edit(p, PixelRepresentation=0, FloatPixelData=px.tobytes())
+    out.append(BadCase("d_float_pixels_nan", "error", "contains 1 NaN/inf voxel", False))
     f = _series(P("d_int32_rescale"), next(uid))
     for p in f:
         _edit(p, RescaleSlope="100")

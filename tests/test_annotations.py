@@ -342,3 +342,12 @@ def test_a_seg_that_leaves_out_slices_is_placed_on_its_image(tmp_path, quiet):
         at = k + 2 if f == 2 else k
         np.testing.assert_array_equal(placed.array[:, :, at], frames[f].T)
     assert int(placed.array.sum()) == int(frames.sum())
+    # its middle frame left out: two frames 2 mm apart look even, but the SEG declares 1 mm
+    from pydicom.pixels import pack_bits
+
+    ds = pydicom.dcmread(path)
+    del ds.PerFrameFunctionalGroupsSequence[1]
+    ds.NumberOfFrames, ds.PixelData = 2, pack_bits(frames[[0, 2]])
+    ds.save_as(str(tmp_path / "gap2.dcm"))
+    with pytest.raises(medproc.errors.GeometryError, match=r"declares SpacingBetweenSlices 1 mm"):
+        read_seg(tmp_path / "gap2.dcm")

@@ -433,6 +433,9 @@ def test_layout_and_dask_needs_are_checked_before_any_work(
     assert main([*args, "--layout", "nnunet", "--dataset", str(ds)]) == 2
     assert "--layout nnunet: no case has a label" in capsys.readouterr().err
     assert not out.exists() and not ds.exists()
+    if importlib.util.find_spec("distributed") is not None:  # (it hung, starting no worker)
+        assert main([*args, "--dask", "local:0"]) == 2
+        assert "--dask local:0: give a scheduler address" in capsys.readouterr().err
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n == "distributed" else real(n, *a)

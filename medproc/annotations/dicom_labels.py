@@ -113,6 +113,15 @@ def read_seg(path, image: Volume | None = None) -> Volume:
         normal = np.cross(frames[0].orientation[:3], frames[0].orientation[3:])
         d = np.array([f.position @ normal for f in frames])
         uniq, first = np.unique(np.round(d, 3), return_index=True)
+        declared = extra.get("SpacingBetweenSlices")
+        if declared and len(uniq) > 1 and np.diff(uniq).max() > 1.5 * float(declared):
+            raise GeometryError(
+                f"its frames lie up to {np.diff(uniq).max():g} mm apart where it declares "
+                f"SpacingBetweenSlices {float(declared):g} mm: it leaves out slices, and has no "
+                "grid of its own: give the series it segments, read_seg(path, "
+                "image=medproc.load(series_folder))",
+                path,
+            )
         info = {"Rows": ds.Rows, "Columns": ds.Columns, **extra}
         try:
             geom = series_geometry(
@@ -198,6 +207,8 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
                     f"no ROI named {roi!r}; ROIs here: {sorted(names.values())}", path
                 )
             roi = hits[0]
+        elif roi is not None and int(roi) not in names:
+            raise MedprocError(f"no ROI number {roi}; ROIs here: {names}", path)
         inv = np.linalg.inv(image.affine)
         out = np.zeros(image.shape, np.uint16)
         ii, jj = np.mgrid[: image.shape[0], : image.shape[1]]
@@ -237,6 +248,9 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
                     outside += 1  # outside this image's slices
                     continue
                 inside = Path(idx[:, :2]).contains_points(pix).reshape(image.shape[:2])
+                if not inside.any():  # (on a slice, but beside the image in its plane)
+                    outside += 1
+                    continue
                 out[:, :, k][inside] = num
                 drawn += 1
     if unlisted:
@@ -246,11 +260,15 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
         )
     if outside and not drawn:
         raise ReadError(
-            f"all {outside} of its contours lie outside the image's slices: is it the "
+            f"all {outside} of its contours lie outside the image (off its slices or beside "
+            f"them, or enclosing no voxel centre): is it the "
             f"structure set of another series than {image.meta.get('source') or 'this image'}?",
             path,
         )
     if outside:
-        _warn(f"{path}: {outside} of {outside + drawn} contours lie outside the image's slices")
+        _warn(
+            f"{path}: {outside} of {outside + drawn} contours lie outside the image (off its "
+            "slices or beside them, or enclosing no voxel centre): left out"
+        )
     dtype = np.uint8 if out.max() < 256 else np.uint16
     return image.with_array(out.astype(dtype), source=path, format="rtstruct", rois=names)

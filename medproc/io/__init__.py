@@ -59,8 +59,8 @@ def load(
         ``UID.partN`` key `medproc inspect` shows for a split series), SeriesNumber, or a
         unique part of SeriesDescription.
     nan : {"error", "zero", "keep"}
-        Float images with NaN/inf voxels (NIfTI, ITK): refuse them (default, with the count),
-        set them to 0, or keep them.
+        Float images with NaN/inf voxels (NIfTI, ITK, DICOM float pixel data): refuse them
+        (default, with the count), set them to 0, or keep them.
     workers : int, optional
         DICOM: processes decoding compressed files (JPEG 2000, JPEG lossless...). Default:
         all cores (up to 16) for series of 24 compressed files or more; 1 decodes in this process.
@@ -124,4 +124,4 @@ def _load(p: str, series, nan: str, workers, device: str) -> Volume:
         return load_sitk(p, nan).to(device)
     from .dicom_read import load_dicom
 
-    return load_dicom(p, series=series, workers=workers, device=device)
+    return load_dicom(p, series=series, workers=workers, device=device, nan=nan)

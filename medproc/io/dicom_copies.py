@@ -43,12 +43,12 @@ def dedupe(records: list[tuple]) -> tuple[list[tuple], set[str], dict]:
     file of its own folder, and a folder whose files all equal another folder's is a copy of
     that folder (its files listed as copies)."""
     cache: dict = {}
-    first: dict[str, str] = {}
+    first: dict[tuple, str] = {}  # (series UID, SOPInstanceUID) -> the first file
     conflicted: set[str] = set()
     for _, key, frames, _, sop, _ in records:
         if sop is None:
             continue
-        prev = first.setdefault(sop, frames[0].path)
+        prev = first.setdefault((key[0], sop), frames[0].path)
         if prev != frames[0].path and not _same_bytes(prev, frames[0].path, cache):
             conflicted.add(key[0])
     folders: dict[tuple, list[tuple]] = {}  # (uid, folder) -> records, conflicted UIDs only
@@ -58,12 +58,12 @@ def dedupe(records: list[tuple]) -> tuple[list[tuple], set[str], dict]:
         if key[0] in conflicted:
             folders.setdefault((key[0], os.path.dirname(frames[0].path)), []).append(rec)
             continue
-        prev = seen.get(sop) if sop is not None else None
+        prev = seen.get((key[0], sop)) if sop is not None else None
         if prev is not None and _same_bytes(prev, frames[0].path, cache):
             copies.setdefault(key[0], []).append((frames[0].path, prev))
             continue
         if sop is not None:
-            seen.setdefault(sop, frames[0].path)
+            seen.setdefault((key[0], sop), frames[0].path)
         kept.append(rec)
     earlier: list[tuple[str, dict]] = []  # (uid, SOP -> file) of the folders kept
     for (uid, _), recs in folders.items():

@@ -162,7 +162,9 @@ def _pool(n: int) -> ProcessPoolExecutor:
     return ex
 
 
-def read_series(series: DicomSeries, workers: int | None = None, device: str = "cpu") -> Volume:
+def read_series(
+    series: DicomSeries, workers: int | None = None, device: str = "cpu", nan: str = "error"
+) -> Volume:
     """Decode ``series`` (every file once) and return it as a Volume with an exact RAS affine.
 
     Parameters
@@ -177,10 +179,32 @@ def read_series(series: DicomSeries, workers: int | None = None, device: str = "
         plugin that is available for the series' encoding (see :mod:`medproc.io.decoders`),
         else decoded on the CPU and copied. ``meta["decode"]`` says which decoder ran and
         ``meta["decode_note"]`` why the GPU decoder did not, when it did not.
+    nan : {"error", "zero", "keep"}
+        Float voxels (float pixel data, or a rescale) that are NaN or inf: as for NIfTI (see
+        :func:`medproc.load`).
     """
     from .decoders import read_with_plugins
 
-    return read_with_plugins(series, device, workers)
+    return _nan_policy(read_with_plugins(series, device, workers), series, nan)
+
+
+def _nan_policy(vol: Volume, series: DicomSeries, nan: str) -> Volume:
+    """The NaN/inf policy of :func:`~medproc.io.nifti.check_finite` on a read series (numpy,
+    or a CUDA tensor checked where it is)."""
+    from .nifti import check_finite
+
+    arr = vol.array
+    if isinstance(arr, np.ndarray):
+        out = check_finite(arr, series_source(series.files), nan)
+        return vol if out is arr else vol.with_array(out)
+    if not arr.is_floating_point() or nan == "keep":
+        return vol
+    import torch
+
+    bad = int((~torch.isfinite(arr)).sum())
+    if bad and nan == "error":  # (the same words as check_finite's)
+        check_finite(np.array([np.nan], np.float32), series_source(series.files), nan)
+    return vol.with_array(torch.nan_to_num(arr, 0.0, 0.0, 0.0)) if bad else vol
 
 
 def read_series_cpu(series: DicomSeries, workers: int | None = None) -> Volume:
@@ -302,7 +326,9 @@ def select_series(found: list[DicomSeries], series, where: str) -> DicomSeries:
     raise SeriesError(f"series={series!r} {what} series here:{hint}\n{listing}", where)
 
 
-def load_dicom(path, series=None, workers: int | None = None, device: str = "cpu") -> Volume:
+def load_dicom(
+    path, series=None, workers: int | None = None, device: str = "cpu", nan: str = "error"
+) -> Volume:
     """Load one DICOM volume from a file or a folder tree (see :func:`medproc.load`)."""
     path = os.fspath(path)
     scan = scan_dicom(path)
@@ -320,4 +346,4 @@ def load_dicom(path, series=None, workers: int | None = None, device: str = "cpu
             + (f": {listed})" if listed else ")"),
             path,
         )
-    return read_series(select_series(found, series, path), workers=workers, device=device)
+    return read_series(select_series(found, series, path), workers=workers, device=device, nan=nan)

@@ -35,11 +35,11 @@ def rescaled_dtype(smin: int, smax: int, slopes: np.ndarray, intercepts: np.ndar
 
 def _check_each_slice(stored, slopes, intercepts, paths) -> None:
     """A ReadError naming the first slice whose rescale takes its own stored values beyond
-    float32's range (NaN stored values are left to the NaN policy)."""
+    float32's range (NaN and inf stored values are left to the NaN policy)."""
     a = stored.detach().cpu().numpy() if hasattr(stored, "detach") else stored
     for n in range(a.shape[0]):
-        with np.errstate(invalid="ignore"):
-            top = float(np.nanmax(np.abs(a[n].astype(np.float64)), initial=0.0))
+        v = np.abs(a[n].astype(np.float64))
+        top = float(v[np.isfinite(v)].max(initial=0.0))
         if abs(slopes[n]) * top + abs(intercepts[n]) > _F32_MAX:
             raise ReadError(
                 f"RescaleSlope {slopes[n]:g} and RescaleIntercept {intercepts[n]:g} take its "
