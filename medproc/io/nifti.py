@@ -134,10 +134,11 @@ def _check_pixdim(img, shape, path, pixdim: tuple) -> None:
     for ax, z in list(zip("ijk", zooms))[: min(3, len(shape))]:
         if not (np.isfinite(z) and z != 0):
             uses = "the qform uses it" if img.get_qform(coded=True)[1] else "no qform either"
+            if z == 0:
+                uses += "; nibabel would take 1 mm"
             raise ReadError(
                 f"pixdim gives the voxel size along {ax} as {z:g} mm and no sform says otherwise "
-                f"({uses}; nibabel would take 1 mm): the voxel size is unknown. Fix the "
-                "header's pixdim",
+                f"({uses}): the voxel size is unknown. Fix the header's pixdim",
                 path,
             )
 
