@@ -85,6 +85,8 @@ def _convert_one(
     for note in out.meta.get("warnings") or []:  # planning's notes (the input's are there)
         _note(vol, case, note)
     try:
+        if spec.interp == "cubic" and nan != "keep":  # (linear and nearest stay in range)
+            _finite_after_cubic(out, case)
         with span("write", case=case.source):
             n_les = _write_case(
                 case,
@@ -114,6 +116,18 @@ def _convert_one(
         "lesions": n_les,
         "warnings": " | ".join(str(w) for w in vol.meta.get("warnings") or []),
     }
+
+
+def _finite_after_cubic(out, case) -> None:
+    """Cubic interpolation overshoots: near float32's limits it makes inf. No output holds
+    NaN or inf unless --nan keep asked for them."""
+    a = np.asarray(out.array)
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        raise MedprocError(
+            "cubic interpolation overshot float32's range (the input holds values near "
+            "+-3.4e38): use --interp linear, or rescale the input",
+            case.source,
+        )
 
 
 def _note(vol, case, note, say: bool = True) -> None:

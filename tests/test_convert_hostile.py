@@ -425,3 +425,21 @@ def test_a_bug_in_a_pool_worker_sends_its_traceback_back(monkeypatch, caplog):
     assert status == "failed" and err == "/x/a.nii.gz: RuntimeError: simulated bug"
     assert "Traceback" in info["traceback"] and "simulated bug" in info["traceback"]
     assert not caplog.records
+
+
+def test_cubic_overshoot_beyond_float32_fails_the_case(tmp_path):
+    """Cubic interpolation overshoots: on values near float32's limits it made inf, written
+    as "ok". The case fails, saying what to do; linear stays in range."""
+    import nibabel as nib
+
+    a = np.full((12, 12, 12), 3.3e38, np.float32)
+    a[::2] = -3.3e38
+    src = str(tmp_path / "big.nii.gz")
+    nib.save(nib.Nifti1Image(a, np.eye(4)), src)
+    args = ["convert", src, "--spacing", "0.5", "-q", "-j", "1"]
+    assert main([*args, "-o", str(tmp_path / "o"), "--interp", "cubic"]) == 1
+    (row,) = _manifest(tmp_path / "o").values()
+    assert "cubic interpolation overshot float32's range" in row["error"]
+    assert not os.path.exists(tmp_path / "o" / "big.nii.gz")
+    assert main([*args, "-o", str(tmp_path / "o2")]) == 0
+    assert np.isfinite(np.asanyarray(nib.load(tmp_path / "o2" / "big.nii.gz").dataobj)).all()
