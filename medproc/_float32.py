@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-_F32 = float(np.finfo(np.float32).max)
+#: the largest float32 (the pipelines compute in float32)
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 def beyond_float32(a) -> str | None:
@@ -35,7 +36,7 @@ def beyond_float32(a) -> str | None:
             return None
     show = np.format_float_scientific(big, precision=8, trim="-")
     return (
-        f"{_name(a)} values reach {show}, beyond float32's range ({_F32:.8e}) that "
+        f"{_name(a)} values reach {show}, beyond float32's range ({F32_MAX:.8e}) that "
         "medproc resamples in (DALI computes in float32): they would become inf; rescale them"
     )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ._float32 import F32_MAX
 from .errors import UsageError
 
 __all__ = ["Intensity", "Spec", "INTERPOLATIONS", "GRIDS"]
@@ -46,10 +47,6 @@ def _triple(value, name: str, positive: bool = True, integer: bool = False):
             raise UsageError(f"{name} must be whole numbers of voxels, got {value!r}")
         return tuple(int(x) for x in v)
     return tuple(float(x) for x in v)
-
-
-#: the pipelines compute in float32: intensity bounds beyond it cannot be represented
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _number(value, name: str, what: str, minimum: float | None = None) -> float:
@@ -109,7 +106,7 @@ class Intensity:
                     v = tuple(_number(x, f"Intensity.{name}", what) for x in v)
                 except UsageError:
                     raise bad from None
-                if not v[0] < v[1] or max(abs(v[0]), abs(v[1])) > _F32_MAX:
+                if not v[0] < v[1] or max(abs(v[0]), abs(v[1])) > F32_MAX:
                     raise bad
                 object.__setattr__(self, name, v)
         if self.clip and self.percentiles:

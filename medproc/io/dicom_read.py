@@ -191,7 +191,7 @@ def read_series(
 def _nan_policy(vol: Volume, series: DicomSeries, nan: str) -> Volume:
     """The NaN/inf policy of :func:`~medproc.io.nifti.check_finite` on a read series (numpy,
     or a CUDA tensor checked where it is)."""
-    from .nifti import check_finite
+    from .nifti import check_finite, nan_error
 
     arr = vol.array
     if isinstance(arr, np.ndarray):
@@ -202,8 +202,8 @@ def _nan_policy(vol: Volume, series: DicomSeries, nan: str) -> Volume:
     import torch
 
     bad = int((~torch.isfinite(arr)).sum())
-    if bad and nan == "error":  # (the same words as check_finite's)
-        check_finite(np.array([np.nan], np.float32), series_source(series.files), nan)
+    if bad and nan == "error":
+        raise nan_error(bad, series_source(series.files))
     return vol.with_array(torch.nan_to_num(arr, 0.0, 0.0, 0.0)) if bad else vol
 
 

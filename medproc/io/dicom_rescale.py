@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._float32 import F32_MAX
 from ..errors import ReadError
 
 __all__ = ["rescale", "rescaled_dtype"]
-
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def rescaled_dtype(smin: int, smax: int, slopes: np.ndarray, intercepts: np.ndarray):
@@ -40,7 +39,7 @@ def _check_each_slice(stored, slopes, intercepts, paths) -> None:
     for n in range(a.shape[0]):
         v = np.abs(a[n].astype(np.float64))
         top = float(v[np.isfinite(v)].max(initial=0.0))
-        if abs(slopes[n]) * top + abs(intercepts[n]) > _F32_MAX:
+        if abs(slopes[n]) * top + abs(intercepts[n]) > F32_MAX:
             raise ReadError(
                 f"RescaleSlope {slopes[n]:g} and RescaleIntercept {intercepts[n]:g} take its "
                 f"stored values (up to {top:g}) beyond float32's range: fix the file",
@@ -82,7 +81,7 @@ def rescale(stored, slopes: np.ndarray, intercepts: np.ndarray, paths=None):
     else:
         smin, smax = float(stored.min()), float(stored.max())
     reach = np.abs(slopes) * max(abs(smin), abs(smax)) + np.abs(intercepts)
-    if not np.all(reach <= _F32_MAX):  # (inf and NaN in the output otherwise, said nowhere)
+    if not np.all(reach <= F32_MAX):  # (inf and NaN in the output otherwise, said nowhere)
         _check_each_slice(stored, slopes, intercepts, paths)  # (the bound above is the whole's)
     if integer:
         dt = rescaled_dtype(smin, smax, slopes, intercepts)

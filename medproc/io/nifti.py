@@ -51,13 +51,18 @@ def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
         return array
     bad = int(finite.size - finite.sum())
     if nan == "error":
-        raise ReadError(
-            f"contains {bad} NaN/inf voxel(s); clean the file, or set them to 0: "
-            f"medproc.load(..., nan='zero'), or `medproc convert --nan zero` first (what a "
-            f"PatchLoader or a MONAI pipeline then reads)",
-            path,
-        )
+        raise nan_error(bad, path)
     return np.where(finite, array, 0).astype(array.dtype)
+
+
+def nan_error(count: int, path) -> ReadError:
+    """The error of ``--nan error`` for ``count`` NaN/inf voxels (NIfTI, ITK, DICOM alike)."""
+    return ReadError(
+        f"contains {count} NaN/inf voxel(s); clean the file, or set them to 0: "
+        f"medproc.load(..., nan='zero'), or `medproc convert --nan zero` first (what a "
+        f"PatchLoader or a MONAI pipeline then reads)",
+        path,
+    )
 
 
 def check_dtype(dtype, path, fmt: str = "NIfTI") -> None:
@@ -167,8 +172,8 @@ def _raw_fields(img, path) -> dict[str, tuple]:
         off, fmt = both[two]
         try:
             out[name] = struct.unpack_from(endian + fmt, raw, off)
-        except struct.error:
-            out[name] = (float("nan"),) * len(struct.unpack(fmt, bytes(struct.calcsize(fmt))))
+        except struct.error:  # (the file could not be read again)
+            out[name] = (float("nan"),) * (struct.calcsize(fmt) // struct.calcsize(fmt[-1]))
     return out
 
 
