@@ -151,6 +151,18 @@ class Plan:
         )
         return tuple(slice(int(a), int(b)) for a, b in zip(lo, hi)), plan
 
+    def output_slab(self, k0: int, k1: int) -> Plan:
+        """The part of this plan that makes output slices ``k0:k1`` (its output grid, and where
+        those voxels sample the same input), for running one big volume as several samples."""
+        shift = np.eye(4)
+        shift[2, 3] = k0
+        return replace(
+            self,
+            out_shape=(*self.out_shape[:2], int(k1 - k0)),
+            out_affine=self.out_affine @ shift,
+            matrix=self.matrix @ shift,
+        )
+
     def inverse(self) -> Plan:
         """The plan that maps this plan's output grid back onto its input grid (for putting a
         prediction back where the image came from). Intensity and motion are not inverted."""

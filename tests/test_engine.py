@@ -358,6 +358,26 @@ def test_default_threads_share_the_cores_between_local_ranks(monkeypatch):
     assert default_threads() == 3
 
 
+def _threads_in_worker(_):
+    from medproc.pipeline.engine import default_threads
+
+    return default_threads()
+
+
+def test_default_threads_in_dataloader_workers_are_their_share_of_the_cores(monkeypatch):
+    """A volume alone in a batch runs on every DALI thread (slabs): 4 DataLoader workers on
+    8 cores take 2 each, not 8 each."""
+    from torch.utils.data import DataLoader
+
+    monkeypatch.delenv("MEDPROC_DALI_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    got = list(DataLoader(range(4), num_workers=4, collate_fn=_threads_in_worker))
+    assert got == [2, 2, 2, 2]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert list(DataLoader(range(2), num_workers=2, collate_fn=_threads_in_worker)) == [2, 2]
+
+
 def test_stacked_hands_back_a_batch_tensor_only_when_the_rows_are_exactly_its_rows():
     from medproc.pipeline.runner import stacked
 

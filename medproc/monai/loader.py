@@ -116,7 +116,7 @@ class PatchLoader:
         Seeds the sampling (with the shard id).
     num_threads : int, optional
         CPU threads: DALI's, and the workers that build the cache. Default
-        :func:`medproc.pipeline.engine.default_threads` (this process's share of the cores when
+        :func:`medproc.pipeline.threads.default_threads` (this process's share of the cores when
         ``LOCAL_WORLD_SIZE`` ranks share the machine).
     prefetch : int
         Batches prepared ahead of the training loop in the engine's background thread. On the
@@ -143,8 +143,8 @@ class PatchLoader:
         prefetch: int = 4,
     ):
         from ..pipeline import Engine, Graph
-        from ..pipeline.engine import default_threads
         from ..pipeline.pace import Pacer, pace_fraction
+        from ..pipeline.threads import default_threads
 
         if not isinstance(sampling, PosNeg):
             raise TypeError(f"sampling must be a PosNeg(...), got {type(sampling).__name__}")

@@ -21,7 +21,6 @@ Contract
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import sys
 import threading
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 
 from ..errors import check_device
 from ..plan import Plan
+from . import slabs
 from ._dtypes import _astype, _dtype_name, _feed_dtype
 from .cache import (
     INSTALL,
@@ -41,7 +41,9 @@ from .cache import (
     gpu_available,
 )
 from .graphs import Graph
+from .pace import TakeQueue
 from .runner import Runner, _restored
+from .threads import default_threads
 
 __all__ = [
     "Engine",
@@ -67,20 +69,22 @@ class Job:
     labels: Sequence = field(default_factory=tuple)
 
 
-def default_threads() -> int:
-    """DALI CPU threads per process: ``MEDPROC_DALI_THREADS`` if set, else the cores this
-    process may use divided by the processes on this machine (``LOCAL_WORLD_SIZE``, set by
-    torchrun; 1 otherwise), at most 16. Ranks that each took every core starved each other
-    (0.22x on two GPUs)."""
-    env = int(os.environ.get("MEDPROC_DALI_THREADS", 0) or 0)
-    if env > 0:
-        return env
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1))
-    return max(1, min(cores // ranks, 16))
+@dataclass
+class _Batch:
+    """A batch on its way through a runner: the jobs fed (slabs, where volumes were cut), the
+    label dtypes to restore, how to join the slabs (None: nothing was cut), the caller's
+    ``extra``, and how many samples were scheduled (None until fed)."""
+
+    runner: Runner
+    jobs: list
+    graph: Graph
+    restore: list
+    parts: list | None
+    extra: object
+    n: int | None = None
+
+    def start(self) -> None:
+        self.n = self.runner.start(self.jobs)
 
 
 # --- the public door ------------------------------------------------------------------------
@@ -131,6 +135,8 @@ class Engine:
         self.device = device
         self.batch_size = max(1, int(batch_size))
         self.num_threads = int(num_threads or default_threads())
+        #: samples a pipeline takes: on the CPU a volume may be cut into slabs (:mod:`.slabs`)
+        self.pipe_batch = self.batch_size * (1 if device == "gpu" else slabs.MAX_SLABS)
         if device_id is None:  # the current CUDA device (torch.cuda.set_device), else 0
             torch = sys.modules.get("torch")
             cuda = device == "gpu" and torch is not None and torch.cuda.is_available()
@@ -146,7 +152,7 @@ class Engine:
             "resample",
             self.device,
             self.device_id,
-            self.batch_size,
+            self.pipe_batch,
             self.num_threads,
             graph,
             mode,
@@ -214,7 +220,10 @@ class Engine:
         Numpy out: ``into(shape, dtype)`` gives, for each output (DALI's ``(k, j, i, C)``
         shape), the C-ordered host array it is copied into (checked; a new one where it gives
         None), on the GPU straight from the device (page-locked: one DMA transfer; see
-        :mod:`.hostmem`); the outputs are views of those arrays."""
+        :mod:`.hostmem`); the outputs are views of those arrays.
+
+        On the CPU big volumes run as slabs of output slices, so that one volume keeps several
+        threads busy (:mod:`.slabs`)."""
 
         def batches():
             chunk = []
@@ -243,25 +252,32 @@ class Engine:
         cur = next(it, None)
         if cur is None:
             return
-        jobs, graph, extra = cur
-        jobs, restore = self._check(list(jobs), graph)
-        runner = self._runner(graph, jobs)
-        n = runner.start(jobs)
+        batch = self._prepare(*cur)
+        batch.start()
         while True:
             nxt = next(it, None)
-            started = None
-            if nxt is not None:
-                njobs, nrestore = self._check(list(nxt[0]), nxt[1])
-                nrunner = self._runner(nxt[1], njobs)
-                if nrunner is not runner:
-                    started = (nrunner, nrunner.start(njobs), nxt[2], nrestore)
-            res = runner.collect(n, as_torch, stream, dense, into)
-            if nxt is not None and started is None:
-                started = (runner, runner.start(njobs), nxt[2], nrestore)
-            yield _restored(res, restore), extra
-            if started is None:
+            ahead = None if nxt is None else self._prepare(*nxt)
+            if ahead is not None and ahead.runner is not batch.runner:
+                ahead.start()  # another pipeline: fed before this batch is waited on
+            joiner = None
+            if batch.parts is not None:  # slabs: into their place in the outputs
+                joiner = slabs.Joiner(batch.parts, batch.graph.channels_first, as_torch, into)
+            sink = into if joiner is None else joiner.sink
+            res = batch.runner.collect(batch.n, as_torch, stream, dense, sink)
+            if ahead is not None and ahead.n is None:  # the same pipeline, free now
+                ahead.start()
+            if joiner is not None:
+                res = joiner.join(res)
+            yield _restored(res, batch.restore), batch.extra
+            if ahead is None:
                 return
-            runner, n, extra, restore = started
+            batch = ahead
+
+    def _prepare(self, jobs, graph: Graph, extra) -> _Batch:
+        """A batch ready to feed; on the CPU with big volumes cut into slabs (:mod:`.slabs`)."""
+        jobs, parts = slabs.split(list(jobs), graph) if self.device == "cpu" else (jobs, None)
+        jobs, restore = self._check(list(jobs), graph)
+        return _Batch(self._runner(graph, jobs), jobs, graph, restore, parts, extra)
 
     def _side_stream(self):
         """The CUDA stream :meth:`stream`'s threads work on: one per engine, for good.
@@ -295,7 +311,7 @@ class Engine:
         caller took the last, so that its interpreter time falls in the caller's waits (for
         training loops).
         """
-        q = _TakeQueue(max(1, int(ahead)), pacer.took if pacer is not None else None)
+        q = TakeQueue(max(1, int(ahead)), pacer.took if pacer is not None else None)
         stop = threading.Event()
         end = object()
         gpu = self.device == "gpu"
@@ -367,17 +383,3 @@ class Engine:
             stop.set()
             if t is not threading.current_thread():  # closed from its own thread: a loader
                 t.join(timeout=30)  # collected there (it sees `stop` and ends)
-
-
-class _TakeQueue(queue.Queue):
-    """A queue that calls ``on_take`` as an item is taken, under the queue's lock: before the
-    producer blocked on a full queue can wake (a pacer's :meth:`~.pace.Pacer.took`)."""
-
-    def __init__(self, maxsize: int, on_take=None):
-        super().__init__(maxsize)
-        self._on_take = on_take
-
-    def _get(self):
-        if self._on_take is not None:
-            self._on_take()
-        return super()._get()

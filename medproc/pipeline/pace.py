@@ -24,12 +24,13 @@ it off).
 from __future__ import annotations
 
 import os
+import queue
 import statistics
 import threading
 import time
 from collections import deque
 
-__all__ = ["Pacer", "pace_fraction"]
+__all__ = ["Pacer", "TakeQueue", "pace_fraction"]
 
 #: fraction of the consumer's interval the producer waits after each take (see the docs above)
 FRACTION = 0.35
@@ -104,3 +105,17 @@ class Pacer:
             t = self.clock()
             stop.wait(d)
             self.waited += self.clock() - t
+
+
+class TakeQueue(queue.Queue):
+    """A queue that calls ``on_take`` as an item is taken, under the queue's lock: before the
+    producer blocked on a full queue can wake (a pacer's :meth:`~.pace.Pacer.took`)."""
+
+    def __init__(self, maxsize: int, on_take=None):
+        super().__init__(maxsize)
+        self._on_take = on_take
+
+    def _get(self):
+        if self._on_take is not None:
+            self._on_take()
+        return super()._get()

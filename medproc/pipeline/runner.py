@@ -27,7 +27,7 @@ class Runner:
             mode,
             intensity,
             engine.device,
-            engine.batch_size,
+            engine.pipe_batch,
             engine.num_threads,
             engine.device_id,
         )

@@ -1,0 +1,34 @@
+"""How many DALI CPU threads a process takes by default: its share of the cores."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["default_threads"]
+
+
+def default_threads() -> int:
+    """DALI CPU threads per process: ``MEDPROC_DALI_THREADS`` if set, else the cores this
+    process may use divided by the processes on this machine that each take a share: ranks
+    (``LOCAL_WORLD_SIZE``, set by torchrun; 1 otherwise) and, in a PyTorch DataLoader worker,
+    its loader's workers; at most 16. Ranks that each took every core starved each other (0.22x
+    on two GPUs); a volume alone in a batch runs on all of a process's threads (:mod:`.slabs`),
+    so each worker keeps to its share."""
+    env = int(os.environ.get("MEDPROC_DALI_THREADS", 0) or 0)
+    if env > 0:
+        return env
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1))
+    return max(1, min(cores // (ranks * _loader_workers()), 16))
+
+
+def _loader_workers() -> int:
+    """The number of workers of the PyTorch DataLoader whose worker this process is (1 in any
+    other process)."""
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return max(1, int(info.num_workers)) if info is not None else 1
