@@ -158,3 +158,23 @@ def test_small_volumes_are_not_cut():
     assert [p[:2] for p in parts] == [(0, 1), (1, 4), (5, 1)] and len(cut) == 6
     assert [c.plan.out_shape[2] for c in cut[1:5]] == [42, 43, 43, 42]
     assert parts[1][2] == (0, 42, 85, 128, 170)
+
+
+def test_an_image_of_the_wrong_size_is_refused_before_it_is_cut():
+    vol, _ = _volume()
+    plan = make_plan((190, 180, 160), vol.affine, Spec(spacing=1.0))  # not vol's shape
+    assert slabs.slab_count(plan.out_shape) >= 2
+    with pytest.raises(ValueError, match=r"image shape \(200, 190, 170\) does not match"):
+        Engine("cpu", batch_size=1).run([Job(vol.array, plan)], Graph())
+
+
+def test_strong_downsampling_keeps_the_uncut_graph():
+    """8x along k: the slabs' resize regions stay inside their inputs, so the batch keeps the
+    resize graph (a slab reading outside would move the labels to the slower warp graph)."""
+    vol, lab = _volume(shape=(200, 190, 800), spacing=(1.0, 1.0, 0.5))
+    spec = Spec(spacing=(1.0, 1.0, 4.0))
+    plan = make_plan(vol.shape, vol.affine, spec)
+    graph = Graph.from_spec(spec, labels=1)
+    assert graph.mode_for([plan], "cpu") == "resize"
+    cut, _ = slabs.split([Job(vol.array, plan, (lab.array,))], graph)
+    assert len(cut) >= 2 and graph.mode_for([c.plan for c in cut], "cpu") == "resize"

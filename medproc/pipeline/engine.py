@@ -96,7 +96,8 @@ class Engine:
     device : {"cpu", "gpu"}
         DALI backend. ``"gpu"`` needs an NVIDIA GPU and PyTorch with CUDA.
     batch_size : int
-        Largest batch a pipeline takes; longer job lists are split.
+        Jobs per batch; longer job lists are split. (On the CPU a pipeline takes
+        ``batch_size * slabs.MAX_SLABS`` samples: big volumes run as slabs.)
     num_threads : int, optional
         DALI CPU threads (default :func:`default_threads`: ``MEDPROC_DALI_THREADS``, else this
         process's share of the cores when several ranks share the machine).
@@ -252,11 +253,11 @@ class Engine:
         cur = next(it, None)
         if cur is None:
             return
-        batch = self._prepare(*cur)
+        batch = self._prepare(*cur, into=into)
         batch.start()
         while True:
             nxt = next(it, None)
-            ahead = None if nxt is None else self._prepare(*nxt)
+            ahead = None if nxt is None else self._prepare(*nxt, into=into)
             if ahead is not None and ahead.runner is not batch.runner:
                 ahead.start()  # another pipeline: fed before this batch is waited on
             joiner = None
@@ -273,10 +274,13 @@ class Engine:
                 return
             batch = ahead
 
-    def _prepare(self, jobs, graph: Graph, extra) -> _Batch:
-        """A batch ready to feed; on the CPU with big volumes cut into slabs (:mod:`.slabs`)."""
-        jobs, parts = slabs.split(list(jobs), graph) if self.device == "cpu" else (jobs, None)
+    def _prepare(self, jobs, graph: Graph, extra, into=None) -> _Batch:
+        """A batch ready to feed (checked and in DALI's dtypes); on the CPU with big volumes cut
+        into slabs (:mod:`.slabs`; not for channels-first outputs into a caller's arrays)."""
         jobs, restore = self._check(list(jobs), graph)
+        parts = None
+        if self.device == "cpu" and not (graph.channels_first and into is not None):
+            jobs, parts = slabs.split(jobs, graph)
         return _Batch(self._runner(graph, jobs), jobs, graph, restore, parts, extra)
 
     def _side_stream(self):

@@ -44,12 +44,14 @@ def slab_count(out_shape) -> int:
 
 
 def _margin(graph, plan) -> int:
-    """Input voxels kept around a slab's box: linear and nearest read 1 beyond it, cubic 2
-    (one more for safety); antialiasing low-passes over ~2 x the downsampling factor."""
-    margin = 3 if graph.interp == "cubic" else 2
+    """Input voxels kept around a slab's box: linear and nearest read 1 beyond it, cubic 2 (one
+    more for safety); a resize's region reaches half an output voxel (``0.5 * scale`` input
+    voxels) past the sample points, and with it inside the slab's input the batch keeps its
+    graph (``Graph.mode_for``); antialiasing low-passes over ~2 x the downsampling factor."""
+    scale = float(np.linalg.norm(plan.matrix[:3, :3], axis=0).max())
+    margin = (3 if graph.interp == "cubic" else 2) + math.ceil(0.5 * scale)
     if graph.antialias:
-        scale = np.linalg.norm(plan.matrix[:3, :3], axis=0).max()
-        margin += math.ceil(2 * max(1.0, float(scale)))
+        margin += math.ceil(2 * max(1.0, scale))
     return margin
 
 
@@ -80,7 +82,8 @@ class Joiner:
     """Puts a batch's slabs back together. Numpy outputs of ``(i, j, k[, C])`` graphs are copied
     by the runner straight into their place in one array per output (:attr:`sink` is the
     runner's ``into``: no second copy, and no more memory than an uncut output takes); others
-    (torch, channels-first) are joined after (:func:`np.concatenate`)."""
+    (torch, channels-first) are joined after (:func:`np.concatenate`; the engine does not cut
+    channels-first outputs that go into a caller's arrays)."""
 
     def __init__(self, parts: list, channels_first: bool, as_torch: bool, into=None):
         self.parts, self.channels_first, self.into = parts, channels_first, into
@@ -122,24 +125,18 @@ class Joiner:
                 out.append(tuple(_from_dhwc(self._wholes[c, n]) for c in range(len(rows[0]))))
             else:
                 cols = zip(*rows)
-                out.append(tuple(_stacked(list(p), self.channels_first, self.into) for p in cols))
+                out.append(tuple(_stacked(list(p), self.channels_first) for p in cols))
         return out
 
 
-def _stacked(pieces: list, channels_first: bool, into=None):
-    """Slabs along k as one array: ``(C, i, j, k)`` contiguous for channels-first outputs (in
-    the array ``into`` gives, for numpy), else ``(i, j, k[, C])`` with i fastest in memory, as
-    an uncut output is (a view of DALI's ``(k, j, i, C)`` layout)."""
+def _stacked(pieces: list, channels_first: bool):
+    """Slabs along k as one array: ``(C, i, j, k)`` contiguous for channels-first outputs, else
+    ``(i, j, k[, C])`` with i fastest in memory, as an uncut output is (a view of DALI's
+    ``(k, j, i, C)`` layout)."""
     as_torch = _is_torch(pieces[0])
     arrays = [p.numpy() if as_torch else np.asarray(p) for p in pieces]
     if channels_first:  # (C, i, j, k): joined along the last axis
-        shape = (*arrays[0].shape[:3], sum(a.shape[3] for a in arrays))
-        whole = None
-        if into is not None and not as_torch:
-            from .hostmem import destination
-
-            whole = destination(into, shape, arrays[0].dtype)
-        whole = np.concatenate(arrays, axis=3, out=whole)
+        whole = np.concatenate(arrays, axis=3)
     else:  # joined in DALI's (k, j, i[, C]) and viewed back
         perm = (2, 1, 0, 3) if arrays[0].ndim == 4 else (2, 1, 0)
         whole = np.concatenate([a.transpose(perm) for a in arrays], axis=0).transpose(perm)
