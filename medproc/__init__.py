@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from ._startup import without_unused_imports
 from .errors import (
     DeviceError,
     GeometryError,
@@ -16,11 +17,13 @@ from .errors import (
     SeriesError,
     UsageError,
 )
-from .io import load, save
-from .plan import Plan, make_plan
-from .resample import resample, resample_batch
-from .spec import Intensity, Spec
-from .volume import Volume
+
+with without_unused_imports():  # the medproc command does not import pydicom's `requests`
+    from .io import load, save
+    from .plan import Plan, make_plan
+    from .resample import resample, resample_batch
+    from .spec import Intensity, Spec
+    from .volume import Volume
 
 __version__ = "0.1.0"
 
