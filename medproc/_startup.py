@@ -32,13 +32,13 @@ def is_command() -> bool:
 
 
 @contextlib.contextmanager
-def without_unused_imports(command: bool | None = None):
-    """Inside, in the command's own process, :data:`UNUSED` modules not yet imported are absent
+def without_unused_imports(command: bool | None = None, names: tuple = UNUSED):
+    """Inside, in the command's own process, the modules ``names`` not yet imported are absent
     (``import`` raises ImportError, which their importers handle); afterwards they import
     normally. ``command``: the answer of :func:`is_command` (for tests)."""
     if command is None:
         command = is_command()
-    marked = [m for m in UNUSED if command and m not in sys.modules]
+    marked = [m for m in names if command and m not in sys.modules]
     for m in marked:
         sys.modules[m] = None  # the import system's "not available"
     try:

@@ -26,12 +26,16 @@ def test_the_command_does_not_import_requests_but_the_library_does():
     assert "requests.exceptions" in library  # a library user's process: unchanged
 
 
-def test_outside_the_command_nothing_is_marked_and_afterwards_imports_work(monkeypatch):
-    monkeypatch.delitem(sys.modules, "requests", raising=False)
-    with without_unused_imports(command=True):
+def test_marked_modules_are_absent_inside_and_import_normally_after(tmp_path, monkeypatch):
+    (tmp_path / "medproc_unused_probe.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ("medproc_unused_probe",)
+    with without_unused_imports(command=True, names=names):
         with pytest.raises(ImportError):
-            import requests  # noqa: F401
-    assert "requests" not in sys.modules
-    with without_unused_imports(command=False):
-        pytest.importorskip("requests")
+            import medproc_unused_probe  # noqa: F401
+    assert "medproc_unused_probe" not in sys.modules
+    with without_unused_imports(command=False, names=names):  # not the command: untouched
+        import medproc_unused_probe
+
+        assert medproc_unused_probe.VALUE == 1
     assert is_command() is False  # pytest is not the medproc command
