@@ -27,7 +27,7 @@ def is_command() -> bool:
     name = os.path.basename(sys.argv[0]) if sys.argv else ""
     if name in ("medproc", "medproc.exe"):
         return True
-    argv = list(getattr(sys, "orig_argv", ()))
+    argv = sys.orig_argv
     return any(a == "-m" and b == "medproc" for a, b in zip(argv, argv[1:]))
 
 

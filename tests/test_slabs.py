@@ -211,3 +211,18 @@ def test_random_plans_give_the_uncut_result_when_cut(monkeypatch, seed):
     assert img.shape == ref.shape and img.strides == ref.strides
     np.testing.assert_allclose(img, ref, rtol=0, atol=TOL)
     np.testing.assert_array_equal(out_lab, ref_lab)
+
+
+def test_torch_outputs_of_cut_volumes_equal_the_numpy_ones():
+    """as_torch on the CPU joins the slabs after (not through the runner's into)."""
+    vol, lab = _volume()
+    spec = Spec(spacing=1.1)
+    plan = make_plan(vol.shape, vol.affine, spec)
+    graph = Graph.from_spec(spec, labels=1)
+    job = [Job(vol.array, plan, (lab.array,))]
+    ((t_img, t_lab),) = Engine("cpu", batch_size=1).run(job, graph, as_torch=True)
+    ((n_img, n_lab),) = Engine("cpu", batch_size=1).run(job, graph)
+    assert isinstance(t_img, torch.Tensor) and t_img.stride() == tuple(
+        s // n_img.itemsize for s in n_img.strides
+    )
+    assert np.array_equal(t_img.numpy(), n_img) and np.array_equal(t_lab.numpy(), n_lab)

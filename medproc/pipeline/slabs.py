@@ -66,12 +66,13 @@ def split(jobs: list, graph) -> tuple[list, list | None]:
 
     out, parts = [], []
     for j in jobs:
-        count = slab_count(j.plan.out_shape)
-        bounds = np.linspace(0, int(j.plan.out_shape[2]), count + 1).round().astype(int)
-        parts.append((len(out), count, tuple(int(b) for b in bounds)))
-        if count == 1:
+        nk, count = int(j.plan.out_shape[2]), slab_count(j.plan.out_shape)
+        if count == 1:  # (most jobs: patches, small volumes)
+            parts.append((len(out), 1, (0, nk)))
             out.append(j)
             continue
+        bounds = np.linspace(0, nk, count + 1).round().astype(int)
+        parts.append((len(out), count, tuple(int(b) for b in bounds)))
         margin = _margin(graph, j.plan)
         for k0, k1 in zip(bounds[:-1], bounds[1:]):
             region, plan = j.plan.output_slab(int(k0), int(k1)).input_region(margin)
@@ -136,13 +137,15 @@ def _stacked(pieces: list, channels_first: bool):
     """Slabs along k as one array: ``(C, i, j, k)`` contiguous for channels-first outputs, else
     ``(i, j, k[, C])`` with i fastest in memory, as an uncut output is (a view of DALI's
     ``(k, j, i, C)`` layout)."""
+    from .graphs import to_dhwc
+    from .runner import _from_dhwc
+
     as_torch = _is_torch(pieces[0])
     arrays = [p.numpy() if as_torch else np.asarray(p) for p in pieces]
     if channels_first:  # (C, i, j, k): joined along the last axis
         whole = np.concatenate(arrays, axis=3)
-    else:  # joined in DALI's (k, j, i[, C]) and viewed back
-        perm = (2, 1, 0, 3) if arrays[0].ndim == 4 else (2, 1, 0)
-        whole = np.concatenate([a.transpose(perm) for a in arrays], axis=0).transpose(perm)
+    else:  # joined in DALI's (k, j, i, C) and viewed back
+        whole = _from_dhwc(np.concatenate([to_dhwc(a, contiguous=False) for a in arrays]))
     if as_torch:
         import torch
 
