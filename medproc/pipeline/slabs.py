@@ -31,7 +31,8 @@ __all__ = ["split", "Joiner", "slab_count", "MIN_SLICES", "MIN_VOXELS", "MAX_SLA
 #: of 40-60 slices, 0.28-0.32 s in 4-6 slabs of 20-30). Seen with gdb: DALI's CPU resize takes
 #: each sample's scratch from malloc in blocks of 32 MiB + 4 bytes, above glibc's largest mmap
 #: threshold, so each is a fresh mapping whose pages fault on every run (~28,000 faults per run
-#: at 4-6 slabs, a few at 1-3 or 8); where that happens depends on the slab's size
+#: at 4-6 slabs, a few at 1-3 or 8); where that happens depends on the slab's size.
+#: Measured by ``bench/slabs.py`` (docs/benchmarks.md)
 MIN_SLICES = 40
 #: output voxels per slab, at least (~100^3): below that a sample costs more than it saves
 MIN_VOXELS = 1 << 20
