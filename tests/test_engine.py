@@ -449,3 +449,36 @@ def test_a_column_of_back_to_back_rows_is_fed_as_one_batch():
     assert [tuple(g.shape) for g in uneven] == [(7, 8, 4), (7, 8, 3)]
     host = [np.zeros((2, 2, 2))]
     assert _gathered(host) is host
+
+
+def test_volumes_read_in_place_by_the_cpu_backend_live_until_their_batch_is_collected():
+    """DALI's CPU backend reads the fed volumes in place (``no_copy``). The DHWC copies the
+    runner makes of C-ordered volumes exist nowhere else: freed after the feed, their memory is
+    unmapped or reused (garbage is written between batches here) while DALI still reads it."""
+    rng = np.random.default_rng(7)
+    eng = Engine("cpu", batch_size=2)
+    graph = Graph.from_spec(SPEC, labels=1)
+    cases = []
+    for c in range(6):
+        shape = (72, 64, 40 + c)
+        aff = grid_affine(shape, (1.5, 1.5, 2.5), (-50.0, -50.0, -30.0))
+        img = rng.normal(0, 300, shape).astype(np.float32)
+        lab = (img > 200).astype(np.uint8)
+        cases.append((img, lab, make_plan(shape, aff, SPEC)))
+    junk = []
+
+    def items():
+        for n in range(0, 6, 2):
+            jobs = [
+                Job(np.ascontiguousarray(img), p, (np.ascontiguousarray(lab),))  # C order
+                for img, lab, p in cases[n : n + 2]
+            ]
+            yield jobs, graph, n
+            junk.append([np.full((72, 64, 46), 7e5, np.float32) for _ in range(8)])
+
+    got = {n: res for res, n in eng.stream(items(), as_torch=False, ahead=2)}
+    for n, (img, lab, p) in enumerate(cases):
+        ref = eng.run([Job(np.asfortranarray(img), p, (np.asfortranarray(lab),))], graph)[0]
+        out = got[n - n % 2][n % 2]
+        np.testing.assert_array_equal(out[0], ref[0])
+        np.testing.assert_array_equal(out[1], ref[1])

@@ -200,6 +200,9 @@ def build_resample(
 
     feed_dev = "gpu" if device == "gpu" and not host_feed else "cpu"
     out_type = to_dali(graph.dtype)
+    # DALI's CPU backend reads the fed volumes in place (the runner keeps them alive until
+    # their batch is collected): a copy of each volume less per run
+    in_place = device == "cpu"
 
     @pipeline_def(
         batch_size=batch_size,
@@ -209,9 +212,9 @@ def build_resample(
         prefetch_queue_depth=prefetch,
     )
     def pipe():
-        ins = [fn.external_source(name="img", device=feed_dev, layout="DHWC")]
+        ins = [fn.external_source(name="img", device=feed_dev, layout="DHWC", no_copy=in_place)]
         ins += [
-            fn.external_source(name=f"lab{n}", device=feed_dev, layout="DHWC")
+            fn.external_source(name=f"lab{n}", device=feed_dev, layout="DHWC", no_copy=in_place)
             for n in range(graph.labels)
         ]
         if device == "gpu" and feed_dev == "cpu":

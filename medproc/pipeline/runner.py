@@ -38,12 +38,16 @@ class Runner:
         self.pending = 0
         #: a feed or run failed: the pipeline's queues are in an unknown state, build anew
         self.broken = False
+        #: the host arrays DALI's CPU backend reads in place (``no_copy``), per batch in flight:
+        #: each is kept alive until its batch's outputs are collected
+        self._held: list[list] = []
 
     def start(self, jobs: list) -> int:
         """Feed ``jobs`` and schedule their run; returns how many."""
         while self.pending:  # outputs nobody collected must not be handed to this batch
             self.pipe.outputs()
             self.pending -= 1
+            self._held.pop(0)
         try:
             self._feed(jobs)
             self.pipe.schedule_run()
@@ -54,6 +58,8 @@ class Runner:
         return len(jobs)
 
     def _feed(self, jobs: list) -> None:
+        held: list = []
+        self._held.append(held)  # (a failed feed leaves the runner broken: never reused)
         arrays = [[j.image, *j.labels] for j in jobs]
         names = ["img"] + [f"lab{n}" for n in range(self.graph.labels)]
         staged = self.device == "gpu" and _torch_here(arrays)
@@ -85,10 +91,14 @@ class Runner:
                     layout="DHWC",
                     cuda_stream=self._stream.cuda_stream,
                 )
-        else:  # numpy: DALI's CPU backend reads it; on the GPU (a process without PyTorch,
-            # ``medproc convert --device gpu``'s service) DALI copies it to the GPU itself
+        else:  # numpy: DALI's CPU backend reads it in place (kept alive until collected);
+            # on the GPU (a process without PyTorch, ``medproc convert --device gpu``'s
+            # service) DALI copies it to the GPU itself
+            cpu = self.device == "cpu"
             for c, name in enumerate(names):
-                self.pipe.feed_input(name, [np.asarray(row[c]) for row in dhwc], layout="DHWC")
+                col = [np.asarray(row[c]) for row in dhwc]
+                self.pipe.feed_input(name, col, layout="DHWC")
+                held.extend(col if cpu else ())
         for name, vals in plan_inputs(
             [j.plan for j in jobs], self.mode, self.intensity, self.graph
         ).items():
@@ -153,6 +163,7 @@ class Runner:
             self.broken = True
             raise
         self.pending -= 1
+        self._held.pop(0)
         if into is not None and not as_torch:
             cols = _into(self.device, outs, n, into)
         elif self.device == "gpu" and not as_torch and "torch" not in sys.modules:
