@@ -84,9 +84,13 @@ class Intensity:
         nnU-Net style: clip to these percentiles of the volume's intensities (e.g.
         ``(0.5, 99.5)``), computed per volume on the CPU (on at most ~4M voxels, strided).
     scale : (lo, hi), optional
-        Map the clip window (or the volume's min/max when nothing clips) linearly to this range.
+        Map the clip window (or the input volume's min/max when nothing clips) linearly to
+        this range (the output's extremes may then fall a little inside it: interpolation
+        smooths).
     zscore : bool
-        Subtract the mean and divide by the standard deviation (of the clipped volume).
+        Subtract the mean and divide by the standard deviation of the clipped *input* volume,
+        computed before resampling (so the output's deviation is a little under 1; MONAI's
+        ``NormalizeIntensityd`` after resampling uses the output's).
     """
 
     clip: tuple[float, float] | None = None

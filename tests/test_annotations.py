@@ -351,3 +351,55 @@ def test_a_seg_that_leaves_out_slices_is_placed_on_its_image(tmp_path, quiet):
     ds.save_as(str(tmp_path / "gap2.dcm"))
     with pytest.raises(medproc.errors.GeometryError, match=r"declares SpacingBetweenSlices 1 mm"):
         read_seg(tmp_path / "gap2.dcm")
+
+
+_HEAD = "seriesuid,coordX,coordY,coordZ,diameter_mm\n"
+
+
+@pytest.mark.parametrize(
+    "doc, says",
+    [
+        ({"cases": [{"image": "a.nii.gz", "boxes": 0}]}, "boxes: must be a list, got int 0"),
+        ({"cases": [{"image": "a.nii.gz", "boxes": False}]}, "boxes: must be a list, got bool"),
+        ({"cases": [{"image": "a.nii.gz", "points": ""}]}, "points: must be a list, got str"),
+        ({"cases": [{"image": "a.nii.gz", "boxes": {}}]}, "boxes: must be a list, got dict"),
+        (
+            {"cases": [{"image": "a.nii.gz", "boxes": [[0, 0, 0, 5, 5, 5]], "labels": 0}]},
+            "labels: must be a list",
+        ),
+        ({"training": [{"image": "a.nii.gz", "box": [0, 0, 0, 5, 5, 5]}]}, "one flat list"),
+        ({"cases": [{"image": "a.nii.gz", "points": [[0, 0, 0, 1e200]]}]}, "not a lesion"),
+        ({"cases": [{"image": "a.nii.gz", "points": [[1e9, 0, 0, 5]]}]}, "not a position"),
+        ({"cases": [{"image": "a.nii.gz", "boxes": [[0, 0, 0, 1, 1, 3e3]]}]}, "not a lesion"),
+    ],
+)
+def test_json_values_of_the_wrong_type_or_size_are_errors_not_no_lesions(tmp_path, doc, says):
+    p = tmp_path / "ann.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(medproc.MedprocError, match="ann.json") as e:
+        read_json(str(p))
+    assert says in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "row, says",
+    [
+        ("a,1_000,0,0,5\n", "must be numbers"),
+        ('"a,0,0,0,10\n', "fewer fields than the header"),
+        ("a,0,0,0,1e300\n", "not a lesion"),
+        ("a,0,2e5,0,5\n", "not a position"),
+    ],
+)
+def test_luna_rows_that_are_no_lesion_are_errors_naming_the_line(tmp_path, row, says):
+    p = tmp_path / "les.csv"
+    p.write_text(_HEAD + row)
+    with pytest.raises(medproc.MedprocError, match="les.csv") as e:
+        read_luna_csv(str(p))
+    assert says in str(e.value) and "line 2" in str(e.value)
+
+
+def test_null_and_absent_lesion_lists_are_no_lesions(tmp_path):
+    p = tmp_path / "ann.json"
+    p.write_text(json.dumps({"cases": [{"image": "a.nii.gz", "boxes": None}, {"image": "b.nii"}]}))
+    got = read_json(str(p))
+    assert len(got["a"]) == 0 and len(got["b"]) == 0

@@ -45,7 +45,13 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
     rows: dict[str, list] = {}
     for line, row in read_csv_rows(path, need, "lesion table (LUNA16 CSV)"):
         where = f"line {line}"
+        if any(row.get(c) is None for c in need):
+            raise ReadError(
+                "fewer fields than the header (an unterminated quote?)", path, where=where
+            )
         try:
+            if any("_" in row[c] for c in need[1:]):  # float() takes "1_000"; a table does not
+                raise ValueError
             xyz = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
             d = float(row["diameter_mm"])
         except (TypeError, ValueError):
@@ -59,6 +65,7 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
                 path,
                 where=where,
             )
+        _sane(xyz, d, path, where)
         uid = (row["seriesuid"] or "").strip()
         if not uid:
             raise ReadError("empty seriesuid", path, where=where)
@@ -196,8 +203,17 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
         if not isinstance(img, str) or not img.strip():
             raise ReadError(f"needs an 'image' path (a string), got {img!r}", path, where=where)
         centers, sizes, kinds, labels, ids = [], [], [], [], []
-        boxes = _list(case.get("boxes") or [], path, f"{where}.boxes")
-        labs = _list(case.get("labels") or [0] * len(boxes), path, f"{where}.labels")
+        boxes = _items(case, "boxes", path, where)
+        if len(boxes) == 6 and all(isinstance(x, (int, float)) for x in boxes):
+            raise ReadError(
+                f"boxes must be a list of boxes ([[6 numbers], ...]), got one flat list "
+                f"{boxes!r:.80}",
+                path,
+                where=f"{where}.boxes",
+            )
+        labs = (
+            [0] * len(boxes) if case.get("labels") is None else _items(case, "labels", path, where)
+        )
         if len(labs) != len(boxes):
             raise ReadError(f"{len(boxes)} boxes but {len(labs)} labels", path, where=where)
         for b, (box, lab) in enumerate(zip(boxes, labs)):
@@ -210,6 +226,7 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
                 raise ReadError(
                     f"box sizes must be > 0, got {s.tolist()}", path, where=f"{where}.boxes[{b}]"
                 )
+            _sane(c, s, path, f"{where}.boxes[{b}]")
             if isinstance(lab, bool) or not isinstance(lab, int) or not -(2**31) <= lab < 2**31:
                 raise ReadError(
                     f"a label must be an integer, got {lab!r}", path, where=f"{where}.labels[{b}]"
@@ -219,10 +236,11 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
             kinds.append("box")
             labels.append(lab)
             ids.append(f"{os.path.basename(path)}:{where}.boxes[{b}]")
-        for p, pt in enumerate(_list(case.get("points") or [], path, f"{where}.points")):
+        for p, pt in enumerate(_items(case, "points", path, where)):
             v = _numbers(pt, 4, path, f"{where}.points[{p}]")
             if v[3] <= 0:
                 raise ReadError("diameter must be > 0", path, where=f"{where}.points[{p}]")
+            _sane(v[:3], v[3], path, f"{where}.points[{p}]")
             centers.append(v[:3] * flip)
             sizes.append([v[3]] * 3)
             kinds.append("point")
@@ -281,6 +299,36 @@ def _list(v, path, where) -> list:
     if not isinstance(v, list):
         raise ReadError(f"must be a list, got {type(v).__name__} {v!r:.60}", path, where=where)
     return v
+
+
+#: world coordinates beyond this (mm) or lesion sizes beyond this (mm) are typing errors, not
+#: anatomy (a centre 100 m away, a lesion 2 m wide); refused so nothing downstream overflows
+_MAX_COORD_MM, _MAX_SIZE_MM = 1e5, 2000.0
+
+
+def _sane(center, size, path, where) -> None:
+    """Refuse a centre or size no scan can hold (see :data:`_MAX_COORD_MM`)."""
+    if np.any(np.abs(center) > _MAX_COORD_MM):
+        raise ReadError(
+            f"coordinates {np.asarray(center).tolist()} lie more than {_MAX_COORD_MM:g} mm "
+            "from the origin: not a position in a scan",
+            path,
+            where=where,
+        )
+    if np.any(np.asarray(size) > _MAX_SIZE_MM):
+        raise ReadError(
+            f"size or diameter {np.asarray(size).tolist()} mm is over {_MAX_SIZE_MM:g} mm: not "
+            "a lesion",
+            path,
+            where=where,
+        )
+
+
+def _items(case: dict, key: str, path, where) -> list:
+    """``case[key]``: a list (absent or null: empty); anything else is an error (0, false,
+    "" or {} are not "no lesions")."""
+    v = case.get(key)
+    return [] if v is None else _list(v, path, f"{where}.{key}")
 
 
 def _obj(v, path, where) -> dict:
