@@ -131,6 +131,12 @@ def resample_batch(
 
     threads = {} if num_threads is None else {"num_threads": num_threads}
     check_args(spec, "resample_batch", batch_size=batch_size, **threads)
+    for what, given in (("volumes", volumes), ("labels", labels)):
+        if isinstance(given, Volume):
+            raise UsageError(
+                f"resample_batch takes a list of {what}, got one Volume: pass [volume], or "
+                "use medproc.resample for one"
+            )
     vols = list(volumes)
     labs = list(labels) if labels is not None else None
     for what, items in (("volumes", vols), ("labels", labs or [])):

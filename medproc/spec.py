@@ -72,6 +72,18 @@ def _number(value, name: str, what: str, minimum: float | None = None) -> float:
     return v
 
 
+#: output dtypes the pipelines write (numpy names)
+OUTPUT_DTYPES = (
+    "float32", "float16", "float64", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
+)  # fmt: skip
+
+
+def _flag(v, name: str) -> None:
+    """A switch must be True or False ('no' would be true)."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise UsageError(f"{name} must be True or False, got {v!r}")
+
+
 @dataclass(frozen=True)
 class Intensity:
     """Intensity steps, applied in this order after resampling.
@@ -113,6 +125,7 @@ class Intensity:
                 if not v[0] < v[1] or max(abs(v[0]), abs(v[1])) > F32_MAX:
                     raise bad
                 object.__setattr__(self, name, v)
+        _flag(self.zscore, "Intensity.zscore")
         if self.clip and self.percentiles:
             raise UsageError("Intensity: give clip or percentiles, not both")
         if self.scale and self.zscore:
@@ -227,9 +240,12 @@ class Spec:
         if self.interp not in INTERPOLATIONS:
             raise UsageError(f"interp must be one of {INTERPOLATIONS}, got {self.interp!r}")
         try:
-            np.dtype(self.dtype)
+            name = np.dtype(self.dtype).name
         except TypeError:
             raise UsageError(f"dtype {self.dtype!r} is not a numpy dtype") from None
+        if name not in OUTPUT_DTYPES:
+            raise UsageError(f"dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {self.dtype!r}")
+        _flag(self.antialias, "antialias")
         if isinstance(self.intensity, dict):
             object.__setattr__(self, "intensity", Intensity(**self.intensity))
         if not isinstance(self.intensity, Intensity):

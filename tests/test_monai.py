@@ -276,3 +276,14 @@ def test_the_common_mistakes_of_a_monai_script_are_named(sample_data):
     assert "a channel was added twice" in said and "remove EnsureChannelFirstd" in said
     with pytest.warns(medproc.errors.MedprocWarning, match="'image' as a label map"):
         Resampled(["label", "image"], spec)
+
+
+def test_loadvolumed_takes_loadimageds_switches_where_they_mean_what_it_does(sample_data):
+    path = os.path.join(sample_data, "nifti", "images", "case001.nii.gz")
+    plain = LoadVolumed("image")({"image": path})["image"]
+    same = LoadVolumed("image", ensure_channel_first=True, image_only=True)({"image": path})
+    assert same["image"].shape == plain.shape and np.array_equal(same["image"], plain)
+    with pytest.raises(ValueError, match="always puts the channel first"):
+        LoadVolumed("image", ensure_channel_first=False)
+    with pytest.raises(ValueError, match="gives MetaTensors"):
+        LoadVolumed("image", image_only=False)

@@ -417,3 +417,23 @@ def test_device_names_are_checked_exactly_with_a_hint_for_cuda():
 def test_intensity_bounds_are_two_finite_float32_numbers(kw):
     with pytest.raises(medproc.UsageError, match=r"Intensity\.\w+ must be \(lo, hi\) with lo < hi"):
         medproc.Intensity(**kw)
+
+
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({"dtype": "bool"}, "dtype must be one of"),
+        ({"dtype": "complex64"}, "dtype must be one of"),
+        ({"dtype": object}, "dtype must be one of"),
+        ({"antialias": "yes"}, "antialias must be True or False"),
+        ({"antialias": 1}, "antialias must be True or False"),
+    ],
+)
+def test_spec_refuses_dtypes_the_pipeline_cannot_write_and_switches_that_are_not_bools(kw, says):
+    from medproc.errors import UsageError
+
+    with pytest.raises(UsageError, match=says):
+        Spec(spacing=2.0, **kw)
+    with pytest.raises(UsageError, match="zscore must be True or False"):
+        medproc.Intensity(zscore="no")
+    assert Spec(spacing=2.0, dtype="int16", antialias=True).dtype == "int16"

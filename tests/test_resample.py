@@ -316,3 +316,16 @@ def test_num_threads_must_be_a_whole_number():
     vol = medproc.Volume(np.zeros((4, 4, 4), np.int16), np.eye(4))
     with pytest.raises(medproc.UsageError, match="num_threads must be a whole number >= 1"):
         medproc.resample_batch([vol], medproc.Spec(), num_threads=-3)
+
+
+def test_resample_batch_misuse_gets_a_usage_message_not_an_internal_error(tmp_path):
+    import numpy as np
+
+    v = medproc.Volume(np.zeros((8, 8, 8), np.float32), np.eye(4))
+    with pytest.raises(medproc.UsageError, match="takes a list of volumes, got one Volume"):
+        medproc.resample_batch(v, medproc.Spec(spacing=2))
+    with pytest.raises(TypeError, match="into\\(\\) must give a numpy array or None, got list"):
+        medproc.resample_batch([v], medproc.Spec(spacing=2), into=lambda s, d: [0])
+    medproc.save(v, str(tmp_path / "a.nii.gz"))
+    with pytest.raises(medproc.UsageError, match="is one image file"):
+        medproc.load(str(tmp_path / "a.nii.gz"), series="x")

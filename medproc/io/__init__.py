@@ -114,6 +114,8 @@ def load(
 
 def _load(p: str, series, nan: str, workers, device: str) -> Volume:
     kind = kind_of(p)
+    if kind in ("nifti", "itk") and series is not None:
+        raise UsageError(f"series= picks one of a folder's DICOM series; {p} is one image file")
     if kind == "nifti":
         from .nifti import load_nifti
 

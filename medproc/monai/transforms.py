@@ -47,6 +47,9 @@ class LoadVolumed(MapTransform):
         ``"gpu"``: CUDA tensors, compressed DICOM decoded on the GPU where proven.
     allow_missing_keys : bool
         As in MONAI.
+    ensure_channel_first, image_only : bool
+        ``LoadImaged``'s, accepted where they mean what ``LoadVolumed`` does anyway (``True``:
+        a channel first, MetaTensors); ``False`` is refused with the reason.
     """
 
     def __init__(
@@ -56,7 +59,20 @@ class LoadVolumed(MapTransform):
         lesion_key: str | None = None,
         device: str = "cpu",
         allow_missing_keys=False,
+        ensure_channel_first: bool = True,
+        image_only: bool = True,
     ):
+        if ensure_channel_first is not True:
+            raise ValueError(
+                "LoadVolumed always puts the channel first ((C, i, j, k), as "
+                "LoadImaged(ensure_channel_first=True)); ensure_channel_first=False is not offered"
+            )
+        if image_only is not True:
+            raise ValueError(
+                "LoadVolumed gives MetaTensors (their .meta holds what LoadImaged's "
+                "image_only=False puts under '<key>_meta_dict'; under "
+                "monai.data.set_track_meta(False) LoadVolumed writes '<key>_meta_dict')"
+            )
         super().__init__(keys, allow_missing_keys)
         self.series = series
         self.lesion_key = lesion_key

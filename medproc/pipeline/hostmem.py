@@ -130,6 +130,8 @@ def destination(dest, shape: tuple, dtype: np.dtype) -> np.ndarray:
     a = dest(shape, dtype)
     if a is None:
         return np.empty(shape, dtype)
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"into() must give a numpy array or None, got {type(a).__name__}")
     if a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous:
         raise ValueError(
             f"into() gave a {a.dtype} array of shape {a.shape} "
