@@ -31,7 +31,7 @@ _EXIT_ALL = """exit status (each command's --help says more):
 _EXIT = """exit status:
   0    every volume was read
   1    some series or files are in error (listed), or none was found
-  2    bad arguments
+  2    bad arguments, or a path that does not exist
   141  the reader of the output went away (a closed pipe)"""
 
 
@@ -198,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument(
         "--width",
         type=_at_least(40),
-        help="table width (default: the terminal's; piped: 1000 unless COLUMNS is set)",
+        help=(
+            "table width (default: the terminal's; piped or redirected: as wide as its rows, "
+            "up to 1000, unless COLUMNS is set)"
+        ),
     )
     i.set_defaults(func=_cmd_inspect)
     add_convert_parser(sub)
