@@ -18,6 +18,7 @@ __all__ = [
     "read_header",
     "is_dicom_file",
     "n_frames",
+    "frame_notes",
 ]
 
 
@@ -216,6 +217,41 @@ def n_frames(ds: pydicom.Dataset, path) -> int:
     return nframes
 
 
+#: the key of ``frames_of``'s extra info holding a warning on how its frames were placed
+FRAME_NOTE = "frame_placement_note"
+
+
+def _assumed_offsets(ds, nframes: int, path) -> tuple[np.ndarray, str]:
+    """Frame offsets along the slice normal for a multi-frame file that gives one
+    ImagePositionPatient / ImageOrientationPatient for the file and no per-frame positions
+    (no GridFrameOffsetVector, no PerFrameFunctionalGroupsSequence): frame order, one
+    SpacingBetweenSlices (else SliceThickness, else 1 mm) apart; and the warning that says
+    so (the file's position and orientation are known: better than a placeholder grid)."""
+    step, source = None, None
+    for key in ("SpacingBetweenSlices", "SliceThickness"):
+        try:
+            v = _number(ds, key, path)
+        except ReadError:
+            v = None  # (a malformed one is no step)
+        if v is not None and v > 0:
+            step, source = v, key
+            break
+    how = f"{step:g} mm apart ({source})" if step else "1 mm apart (no SliceThickness either)"
+    note = (
+        f"its {nframes} frames have no positions of their own (no GridFrameOffsetVector or "
+        "PerFrameFunctionalGroupsSequence): they are placed from the file's one "
+        f"ImagePositionPatient/ImageOrientationPatient along the slice normal, {how}, in frame "
+        "order"
+    )
+    return np.arange(nframes, dtype=np.float64) * (step or 1.0), note
+
+
+def frame_notes(info: dict) -> list[str]:
+    """The warnings ``frames_of`` left in a series' info (how its frames were placed)."""
+    note = info.get(FRAME_NOTE)
+    return [note] if note else []
+
+
 def frames_of(ds: pydicom.Dataset, path: str) -> tuple[list[Frame], dict]:
     """Split a header into frames. Returns (frames, extra series-level info).
 
@@ -272,14 +308,13 @@ def frames_of(ds: pydicom.Dataset, path: str) -> tuple[list[Frame], dict]:
         return frames, extra
     if nframes > 1:
         offsets = _floats(ds.get("GridFrameOffsetVector"), nframes, "GridFrameOffsetVector", path)
+        placed = base["position"] is not None and base["orientation"] is not None
+        if offsets is None and placed:
+            offsets, extra[FRAME_NOTE] = _assumed_offsets(ds, nframes, path)
         frames = []
         for i in range(nframes):
             pos = None
-            if (
-                offsets is not None
-                and base["position"] is not None
-                and base["orientation"] is not None
-            ):
+            if offsets is not None and placed:
                 n = np.cross(base["orientation"][:3], base["orientation"][3:])
                 rel = offsets - offsets[0] if offsets[0] != 0 else offsets
                 # DICOM: offsets are relative when the first is 0, else absolute along the normal

@@ -15,7 +15,7 @@ from pydicom.errors import InvalidDicomError
 from ..errors import GeometryWarning, MedprocWarning, ReadError, SeriesError
 from ..volume import Volume
 from .dicom_geometry import series_geometry
-from .dicom_header import n_frames
+from .dicom_header import frame_notes, n_frames
 from .dicom_records import expected_pixel_bytes
 from .dicom_rescale import rescale, rescaled_dtype  # noqa: F401  (rescaled_dtype: re-exported)
 from .dicom_scan import DicomSeries, scan_dicom, series_source
@@ -41,7 +41,9 @@ _DECODER_HINT = (
 
 def _decode(path: str) -> np.ndarray:
     try:
-        ds = pydicom.dcmread(path)
+        with warnings.catch_warnings():  # (pydicom's; medproc's checks below say it better)
+            warnings.simplefilter("ignore", UserWarning)
+            ds = pydicom.dcmread(path)
     except InvalidDicomError as e:
         raise ReadError(f"not a DICOM file ({e})", path) from None
     except OSError as e:
@@ -52,9 +54,16 @@ def _decode(path: str) -> np.ndarray:
         raise ReadError("its sequences are nested too deeply to be parsed", path) from None
     except Exception as e:  # pydicom raises many kinds on damaged files
         raise ReadError(f"cannot be parsed: {type(e).__name__}: {e}", path) from None
-    if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
-        raise ReadError("has no pixel data (PixelData is missing)", path)
     ts = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+    if not any(k in ds for k in ("PixelData", "FloatPixelData", "DoubleFloatPixelData")):
+        if _pixel_tag_at_end(path):  # pydicom drops an encapsulated value cut short
+            raise ReadError(
+                f"truncated: the file ends inside its compressed ({getattr(ts, 'name', ts)}) "
+                "pixel data, before the end of its fragments: the pixel data is cut short. "
+                "Copy or export the file again",
+                path,
+            )
+        raise ReadError("has no pixel data (PixelData is missing)", path)
     if str(ts) in _NATIVE_TS and "PixelData" in ds:
         keys = ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "PhotometricInterpretation")
         want = expected_pixel_bytes({k: ds.get(k) for k in keys}, n_frames(ds, path))
@@ -79,6 +88,21 @@ def _decode(path: str) -> np.ndarray:
             "(truncated or damaged file?)",
             path,
         ) from None
+
+
+def _pixel_tag_at_end(path: str) -> bool:
+    """Whether the file's header is followed by a PixelData element (7FE0,0010), which pydicom
+    did not keep: an encapsulated value whose end delimiter the file lacks."""
+    from .dicom_file import read_header
+
+    try:
+        _, offset = read_header(path, force=True, with_offset=True)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            tag = f.read(4)
+    except (ReadError, OSError):
+        return False
+    return tag in (b"\xe0\x7f\x10\x00", b"\x7f\xe0\x00\x10")  # (little / big endian)
 
 
 def _read_native(
@@ -271,7 +295,8 @@ def read_series_cpu(series: DicomSeries, workers: int | None = None) -> Volume:
 def series_meta(series: DicomSeries, geom, decode: str) -> dict:
     """A read series' metadata (and its geometry warnings, issued as GeometryWarning)."""
     source = series_source(series.files)
-    for w in geom.warnings:
+    geo_warnings = frame_notes(series.info) + list(geom.warnings)
+    for w in geo_warnings:
         warnings.warn(f"{source}: {w}", GeometryWarning, stacklevel=4)
     for w in series.notes:  # how the series was assembled (copies, folders kept apart)
         warnings.warn(f"{source}: {w}", MedprocWarning, stacklevel=4)
@@ -289,7 +314,7 @@ def series_meta(series: DicomSeries, geom, decode: str) -> dict:
         ),
         "n_files": len(series.files),
         "decode": decode,
-        "warnings": list(geom.warnings) + list(series.notes),
+        "warnings": geo_warnings + list(series.notes),
     }
 
 

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import MedprocError
-
 __all__ = ["HeaderGrid", "header_grid", "series_grid", "series_shape"]
 
 
@@ -52,25 +50,14 @@ def header_grid(path: str) -> HeaderGrid:
         return HeaderGrid(shape, affine, int(np.prod(shape, dtype=object)) * item, warnings)
     import SimpleITK as sitk
 
-    from .itk_header import check_itk_header
-    from .safety import check_file
-    from .sitk_io import sitk_affine
+    from .sitk_io import read_itk_info
 
-    check_file(path)
-    check_itk_header(path)
-    r = sitk.ImageFileReader()
-    r.SetFileName(path)
-    try:
-        r.ReadImageInformation()
-    except RuntimeError as ex:
-        msg = str(ex).strip().splitlines()[-1] if str(ex).strip() else repr(ex)
-        raise MedprocError(f"SimpleITK cannot read its header: {msg}", path) from None
-    affine = check_affine(sitk_affine(r), path, "the header")
+    r, affine, _ = read_itk_info(path)  # (the checks medproc.load makes, the same messages)
     shape = tuple(int(s) for s in r.GetSize())
+    if len(shape) == 2:  # (as load_sitk reads it: one slice)
+        shape = (*shape, 1)
     comps = max(1, r.GetNumberOfComponents())
     shape = shape + ((comps,) if comps > 1 else ())
-    if len(shape) == 2:
-        shape = (*shape, 1)
     tiny = sitk.Image([1] * r.GetDimension(), r.GetPixelID(), comps)  # (its voxels' numpy type)
     item = sitk.GetArrayViewFromImage(tiny).dtype.itemsize
     return HeaderGrid(shape, affine, int(np.prod(shape, dtype=object)) * item, warnings)
@@ -80,6 +67,7 @@ def series_grid(series) -> HeaderGrid:
     """The grid of a scanned DICOM series (:class:`~medproc.io.dicom_scan.DicomSeries`), from
     the header scan; a :class:`MedprocError` when its geometry is unusable."""
     from .dicom_geometry import series_geometry
+    from .dicom_header import frame_notes
     from .dicom_rescale import rescaled_dtype
 
     geo = series_geometry(series)
@@ -91,7 +79,8 @@ def series_grid(series) -> HeaderGrid:
     slopes = np.array([f.slope for f in frames], np.float64)
     dt = rescaled_dtype(smin, smax, slopes, np.array([f.intercept for f in frames], np.float64))
     item = 4 if dt is None else dt.itemsize  # (the reader's rule, for the stored range)
-    return HeaderGrid(shape, geo.affine, int(np.prod(shape, dtype=object)) * item, geo.warnings)
+    notes = frame_notes(info) + list(geo.warnings)
+    return HeaderGrid(shape, geo.affine, int(np.prod(shape, dtype=object)) * item, notes)
 
 
 def series_shape(series) -> tuple:

@@ -177,6 +177,39 @@ def _raw_fields(img, path) -> dict[str, tuple]:
     return out
 
 
+def _check_dim0(path: str) -> None:
+    """Refuse a NIfTI-1/2 header whose dim[0] (the number of dimensions) is not 1 to 7, before
+    nibabel reads it: nibabel takes such a dim[0] for a sign of the other byte order and then
+    complains of something else ("vox offset 0 too low"), or reads dim[0] = 0 as one empty
+    axis. The byte order comes from sizeof_hdr (348: NIfTI-1, dim[0] at byte 40; 540: NIfTI-2,
+    at byte 16); a file that is neither is left to nibabel."""
+    import struct
+
+    from nibabel.openers import ImageOpener
+
+    try:
+        with ImageOpener(path) as f:
+            raw = f.read(48)
+    except (OSError, EOFError, ValueError):
+        return  # (nibabel says why)
+    if len(raw) < 48:
+        return
+    for endian in "<>":
+        size = struct.unpack_from(endian + "i", raw)[0]
+        if size in (348, 540):
+            fmt, offset = ("h", 40) if size == 348 else ("q", 16)
+            dim0 = struct.unpack_from(endian + fmt, raw, offset)[0]
+            if not 1 <= dim0 <= 7:
+                raise ReadError(
+                    f"the header's dim[0] (the number of dimensions) is {dim0}; NIfTI allows 1 "
+                    "to 7 (3 for a volume). The header is damaged: set dim[0] (the "
+                    f"{'2' if size == 348 else '8'}-byte integer at byte {offset}) to the "
+                    "number of axes the image has",
+                    path,
+                )
+            return
+
+
 @contextlib.contextmanager
 def _read_errors(path: str, memory: str, oserror: str, other: str):
     """nibabel's many exceptions on damaged files as one ReadError naming the file: ``memory``
@@ -206,6 +239,7 @@ def open_nifti(path: str):
         open(path, "rb").close()  # nibabel hides why a file cannot be opened
     except OSError as e:
         raise os_error(e, path) from None
+    _check_dim0(path)
     with _read_errors(
         path,
         memory="its header declares more data than memory holds (a damaged extension size?); "

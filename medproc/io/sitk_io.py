@@ -14,7 +14,7 @@ from ..geometry import LPS_TO_RAS, is_orthogonal, lps_to_ras, spacing_of
 from ..volume import Volume
 from .safety import check_affine, check_file
 
-__all__ = ["load_sitk", "save_sitk", "sitk_affine", "to_sitk", "resample_filter"]
+__all__ = ["load_sitk", "read_itk_info", "save_sitk", "sitk_affine", "to_sitk", "resample_filter"]
 
 
 def sitk_affine(img) -> np.ndarray:
@@ -27,18 +27,52 @@ def sitk_affine(img) -> np.ndarray:
     return lps_to_ras(m)
 
 
-def load_sitk(path: str, nan: str = "error") -> Volume:
-    """Read a NRRD or MetaImage file (see :func:`medproc.load`). The header is checked first
-    (:mod:`medproc.io.itk_header`): detached data only beside the header, sizes that fit."""
+def read_itk_info(path: str):
+    """A SimpleITK ``ImageFileReader`` of a NRRD or MetaImage file with its header read and
+    checked (no voxels): ``(reader, affine, header)``. The text header first
+    (:mod:`medproc.io.itk_header`: detached data only beside the header, sizes that fit), then
+    the dimension (2D or 3D) and the geometry (:func:`~medproc.io.safety.check_affine`: NaN,
+    zero or collinear axes, which SimpleITK turns into zeros or a bare "0 0 1"). What
+    :func:`load_sitk` and ``medproc inspect`` both use."""
     import SimpleITK as sitk
 
     from .itk_header import check_itk_header
-    from .nifti import check_dtype, check_finite
 
     check_file(path)
-    check_itk_header(path)
+    hdr = check_itk_header(path)
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(str(path))
     try:
-        img = sitk.ReadImage(str(path))
+        reader.ReadImageInformation()
+    except RuntimeError as e:
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
+        raise ReadError(f"SimpleITK cannot read its header: {msg}", path) from None
+    dim = reader.GetDimension()
+    if dim not in (2, 3):
+        raise ReadError(
+            f"is {dim}D (size {list(reader.GetSize())}); medproc reads 3D volumes "
+            "(split a 4D file into 3D volumes first)",
+            path,
+        )
+    affine = check_affine(sitk_affine(reader), path, "the header (spacing/direction/origin)")
+    return reader, affine, hdr
+
+
+def load_sitk(path: str, nan: str = "error") -> Volume:
+    """Read a NRRD or MetaImage file (see :func:`medproc.load`). The header is checked first
+    (:func:`read_itk_info`); zlib-compressed MetaImage data is inflated once beforehand
+    (:func:`~medproc.io.itk_header.check_itk_zlib`), as SimpleITK reads a damaged stream
+    without an error."""
+    import SimpleITK as sitk
+
+    from .itk_header import check_itk_zlib
+    from .nifti import check_dtype, check_finite
+
+    reader, _, hdr = read_itk_info(path)
+    if hdr.compressed == "zlib":
+        check_itk_zlib(path, hdr)
+    try:
+        img = reader.Execute()
     except RuntimeError as e:
         msg = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
         raise ReadError(f"SimpleITK cannot read it: {msg}", path) from None
@@ -46,12 +80,6 @@ def load_sitk(path: str, nan: str = "error") -> Volume:
         raise ReadError("not enough memory to read its voxels; free memory", path) from None
     if img.GetDimension() == 2:
         img = sitk.JoinSeries(img)
-    if img.GetDimension() != 3:
-        raise ReadError(
-            f"is {img.GetDimension()}D (size {list(img.GetSize())}); medproc reads 3D volumes "
-            "(split a 4D file into 3D volumes first)",
-            path,
-        )
     if "complex" in img.GetPixelIDTypeAsString().lower():
         raise ReadError(
             f"stores complex voxels ({img.GetPixelIDTypeAsString()}); medproc resamples "
