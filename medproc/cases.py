@@ -21,6 +21,7 @@ from ._case_checks import check_label_pairs
 from .errors import ReadError, UsageError
 from .io import IMAGE_EXT as _IMAGE_EXT
 from .io import stem as _stem
+from .io.names import format_name
 from .io.safety import is_within
 from .io.tables import read_csv_rows
 
@@ -111,20 +112,9 @@ class Case:
 
     def name(self, template: str) -> str:
         """The output name from a naming template such as ``"{name}"`` or ``"{modality}_{stem}"``
-        (made safe: one file name inside the output folder, see :func:`safe_name`)."""
-        try:
-            out = template.format(**self.fields)
-        except KeyError as e:
-            raise UsageError(
-                f"naming template {template!r} uses unknown field {e}; fields: "
-                f"{sorted(self.fields)}"
-            ) from None
-        except (ValueError, IndexError, AttributeError, TypeError) as e:
-            raise UsageError(
-                f"naming template {template!r} is malformed ({e}); use fields in braces, e.g. "
-                "'{name}' or '{modality}_{stem}'"
-            ) from None
-        return safe_name(out)
+        (plain ``{field}``s only, see :mod:`medproc.io.names`; made safe: one file name inside
+        the output folder, see :func:`safe_name`)."""
+        return safe_name(format_name(template, self.fields))
 
 
 def _uid_hash(uid: str) -> str:

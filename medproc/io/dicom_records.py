@@ -3,8 +3,9 @@
 ``scan_file(path)`` returns one of
 
 - ``("skip", path, reason)``: not a DICOM image (a stray file, a report, DICOMDIR);
-- ``("bad", path, reason, series_uid or None)``: a file that looks like DICOM (a ``.dcm`` /
-  ``.ima`` name or the ``DICM`` marker) or cannot be read at all, and cannot be used;
+- ``("bad", path, reason, series_uid or None, sop_instance_uid or None)``: a file that looks
+  like DICOM (a ``.dcm`` / ``.ima`` name or the ``DICM`` marker) or cannot be read at all, and
+  cannot be used;
 - ``("ok", key, frames, info, sop_instance_uid, problem or None)``: frames of a series;
   ``problem`` says why its pixels cannot be used (truncated, shorter or longer than declared,
   missing), found from the header and the file size, so the series fails naming the file.
@@ -105,10 +106,10 @@ _PAIR = (
 )
 
 
-def _fail(path, reason, looks: bool, strict: bool, uid=None) -> tuple:
+def _fail(path, reason, looks: bool, strict: bool, uid=None, sop=None) -> tuple:
     if strict:
         raise ReadError(reason, path)
-    return ("bad", path, reason, uid) if looks else ("skip", path, reason)
+    return ("bad", path, reason, uid, sop) if looks else ("skip", path, reason)
 
 
 def scan_file(path: str, strict: bool = False) -> tuple:
@@ -120,11 +121,11 @@ def scan_file(path: str, strict: bool = False) -> tuple:
     except ReadError as e:
         if strict:
             raise
-        return ("bad", path, e.message, None)
+        return ("bad", path, e.message, None, None)
     except OSError as e:
         if strict:
             raise os_error(e, path) from None
-        return ("bad", path, os_error(e, path).message, None)
+        return ("bad", path, os_error(e, path).message, None, None)
     looks = path.lower().endswith(_DICOM_EXT) or head[128:132] == b"DICM"
     if not looks and path.lower().endswith((".hdr", ".img")):
         return _fail(path, _PAIR, looks, strict)
@@ -138,6 +139,8 @@ def scan_file(path: str, strict: bool = False) -> tuple:
         return _fail(path, e.message, looks, strict)
     uid = _val(ds, "SeriesInstanceUID")
     uid = str(uid) if uid else None
+    sop = _val(ds, "SOPInstanceUID")
+    sop = str(sop) if sop else None
     if "SOPClassUID" not in ds and "Rows" not in ds:
         return _fail(path, "not a DICOM file (no DICOM attributes found)", looks, strict)
     sop_class = ds.get("SOPClassUID")
@@ -146,15 +149,15 @@ def scan_file(path: str, strict: bool = False) -> tuple:
     if "Rows" not in ds or modality in _NON_IMAGE_MODALITIES:
         if "Rows" not in ds and "Image Storage" in name and modality not in _NON_IMAGE_MODALITIES:
             reason = f"declares an image ({name}) but has no Rows: the header is damaged"
-            return _fail(path, reason, True, strict, uid)
+            return _fail(path, reason, True, strict, uid, sop)
         return ("skip", path, f"no image in it (SOP class {name})")
     try:
         return _image_record(ds, offset, path, size, uid)
     except ReadError as e:
-        return _fail(path, e.message, True, strict, uid)
+        return _fail(path, e.message, True, strict, uid, sop)
     except (ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
         reason = f"malformed attributes ({type(e).__name__}: {e}); fix or remove the file"
-        return _fail(path, reason, True, strict, uid)
+        return _fail(path, reason, True, strict, uid, sop)
 
 
 def _image_record(ds, offset: int, path: str, size: int, uid: str | None) -> tuple:
@@ -195,7 +198,11 @@ def _image_record(ds, offset: int, path: str, size: int, uid: str | None) -> tup
     image_type = _val(ds, "ImageType") or []
     image_type = [image_type] if isinstance(image_type, str) else image_type
     localizer = "LOCALIZER" in [str(t).upper() for t in image_type]
-    key = [uid or f"nouid:{path}", rows, cols, spp, localizer]
+    # without a SeriesInstanceUID: the files of a folder with one SeriesNumber (as dcm2niix
+    # groups them), not a volume per file
+    key = [uid or f"nouid:{os.path.dirname(path)}", rows, cols, spp, localizer]
+    if not uid:
+        key.append(("series_number", info.get("SeriesNumber")))
     if len(frames) > 1 or "PerFrameFunctionalGroupsSequence" in ds:
         key.append(("file", path))  # a multi-frame file is a volume of its own
     info.update(extra)

@@ -1,8 +1,9 @@
 """Find DICOM series in files and folder trees, from headers only (no pixel data read).
 
 A *series* here is a set of frames that make one regular volume: files are grouped by
-SeriesInstanceUID and split where geometry differs (image size, orientation, localizers), and
-every multi-frame file is a volume of its own. Each frame (a slice of a classic file, or one
+SeriesInstanceUID (without one: by folder and SeriesNumber) and split where orientation differs
+or a localizer is among them, and every multi-frame file is a volume of its own; files of one
+orientation in another image size fail their stack (see :mod:`~medproc.io.dicom_group`). Each frame (a slice of a classic file, or one
 frame of an enhanced multi-frame / RT dose file) becomes a :class:`Frame` with its own position,
 orientation, pixel spacing and rescale, so the geometry code treats all kinds alike.
 
@@ -11,7 +12,8 @@ Nothing is dropped silently. A file that looks like DICOM (a ``.dcm``/``.ima`` n
 it belongs to (by SeriesInstanceUID, else by folder), so that series fails naming the file;
 with no such series it is listed in :attr:`DicomScan.bad`. Copies of one file (the same
 SOPInstanceUID and the same bytes) are read once; different files under one SOPInstanceUID in
-two folders keep the folders apart, with a note. Stray non-DICOM files are listed as skipped.
+two folders keep the folders apart, with a note, and then a bad file fails only the series
+of its own folder. Stray non-DICOM files are listed as skipped.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ..errors import ReadError
 from .dicom_copies import dedupe
+from .dicom_group import DicomSeries, _same_orientation, group_records  # noqa: F401
 from .dicom_header import (  # noqa: F401  (Frame, frames_of, is_dicom_file: re-exported)
     _NOT_DICOM_EXT,
     Frame,
@@ -45,59 +47,6 @@ __all__ = [
     "read_header",
     "is_dicom_file",
 ]
-
-
-@dataclass
-class DicomSeries:
-    """Frames that belong to one volume, plus the series-level attributes.
-
-    ``problems`` lists ``(file, reason)`` for files of this series that cannot be used (reading
-    the series then fails naming them); ``notes`` are warnings about how it was assembled."""
-
-    uid: str
-    frames: list[Frame]
-    info: dict = field(default_factory=dict)
-    part: int = 0  # >0 when a SeriesInstanceUID was split into several volumes
-    problems: list[tuple[str, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    #: identical copies of this series' files (same SOPInstanceUID and bytes), not read again
-    copies: list[str] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        """The name users pass as ``series=``: the UID, with ``.partN`` when split."""
-        return self.uid if self.part == 0 else f"{self.uid}.part{self.part}"
-
-    @property
-    def files(self) -> list[str]:
-        """The files holding this series' frames, sorted."""
-        return sorted({f.path for f in self.frames})
-
-    @property
-    def folders(self) -> set[str]:
-        """The folders holding this series' files."""
-        return {os.path.dirname(p) for p in {f.path for f in self.frames}}
-
-    def describe(self) -> str:
-        """One line: key, number, modality, description, frames and size."""
-        i = self.info
-        return (
-            f"{self.key} (#{i.get('SeriesNumber', '?')} {i.get('Modality', '?')} "
-            f"'{i.get('SeriesDescription', '')}', {len(self.frames)} frames of "
-            f"{i.get('Rows')}x{i.get('Columns')})"
-        )
-
-    def problem_error(self) -> ReadError | None:
-        """The error reading this series raises (naming its first unusable file), or None."""
-        if not self.problems:
-            return None
-        path, reason = self.problems[0]
-        more = f" ({len(self.problems)} such files)" if len(self.problems) > 1 else ""
-        return ReadError(
-            f"{reason}. It belongs to series {self.key}, which cannot be read without it"
-            f"{more}: fix or remove the file(s)",
-            path,
-        )
 
 
 @dataclass
@@ -163,72 +112,6 @@ def _chunks(files: list[str], workers: int | None) -> list[list[str]]:
     return [files[i : i + size] for i in range(0, len(files), size)]
 
 
-def _same_orientation(a, b) -> bool:
-    """``np.allclose(a, b, atol=1e-4)`` for two direction-cosine sextuples (or both None), in
-    plain Python: called once per file, it was most of the grouping's time (25 us a call; the
-    main process groups every header of a batch, 6,400 for 32 CT series)."""
-    if a is None or b is None:
-        return a is None and b is None
-    return all(abs(x - y) <= 1e-4 + 1e-5 * abs(y) for x, y in zip(a, b))
-
-
-def _group(records: list[tuple], conflicted: set[str]) -> list[DicomSeries]:
-    groups: list[DicomSeries] = []
-    by_key: dict[tuple, list[DicomSeries]] = {}  # the groups of one key, in their order
-    sops: dict[int, dict[str, str]] = {}
-    # files whose pixel data does not match their header come last: one whose Rows/Columns
-    # were damaged joins its series as a problem instead of making a volume of its own
-    records = sorted(records, key=lambda r: r[5] is not None)
-    for _, key, frames, info, sop, problem in records:
-        key = list(key)
-        if key[0] in conflicted:  # different files under one SOP UID: keep folders apart
-            key.append(("folder", os.path.dirname(frames[0].path)))
-        if problem and tuple(key) not in by_key:
-            same_uid = [s for s in groups if s.uid == key[0]]
-            if same_uid:
-                for s in same_uid:
-                    s.problems.append((frames[0].path, problem))
-                continue
-        ori = frames[0].orientation
-        # orientation: cluster within 1e-4 instead of rounding (no split at rounding borders)
-        same = by_key.setdefault(tuple(key), [])
-        matched = next((s for s in same if _same_orientation(ori, s.frames[0].orientation)), None)
-        if matched is None:
-            matched = DicomSeries(key[0], [], dict(info))  # (its own: records share theirs)
-            groups.append(matched)
-            same.append(matched)
-        matched.frames.extend(frames)
-        if problem:
-            matched.problems.append((frames[0].path, problem))
-        if sop is not None:
-            other = sops.setdefault(id(matched), {}).setdefault(sop, frames[0].path)
-            if other != frames[0].path:
-                matched.problems.append(
-                    (
-                        frames[0].path,
-                        f"it and {other} carry the same SOPInstanceUID {sop} but differ",
-                    )
-                )
-    return _without_stray_geometry(groups)
-
-
-def _without_stray_geometry(groups: list[DicomSeries]) -> list[DicomSeries]:
-    """Files without ImageOrientationPatient in a series whose other files have it are not a
-    volume of their own (with a made-up grid): they are problems of that series, named."""
-    oriented = {g.uid for g in groups if g.frames[0].orientation is not None}
-    out = []
-    for g in groups:
-        if g.frames[0].orientation is not None or g.uid not in oriented:
-            out.append(g)
-            continue
-        for other in (h for h in groups if h.uid == g.uid and h.frames[0].orientation is not None):
-            other.problems += [
-                (p, "no ImageOrientationPatient, while the other files of its series have one")
-                for p in g.files
-            ]
-    return out
-
-
 def scan_dicom(
     paths,
     strict: bool = False,
@@ -272,10 +155,11 @@ def scan_dicom(
     else:
         records = _scan_files(files, strict)
     skipped = list(walk.skipped) + [(r[1], r[2]) for r in records if r[0] == "skip"]
-    bad_recs = [(p, reason, None) for p, reason in walk.bad]
-    bad_recs += [(r[1], r[2], r[3]) for r in records if r[0] == "bad"]
+    bad_recs = [(p, reason, None, None) for p, reason in walk.bad]
+    bad_recs += [r[1:5] for r in records if r[0] == "bad"]
+    held = {(r[1][0], r[4]) for r in records if r[0] == "ok" and r[4] is not None}
     ok, conflicted, copies = dedupe([r for r in records if r[0] == "ok"])
-    series = _group(ok, conflicted)
+    series = group_records(ok, conflicted)
     for uid in conflicted:
         parts = [s for s in series if s.uid == uid]
         where = sorted({d for s in parts for d in s.folders})
@@ -295,10 +179,15 @@ def scan_dicom(
                 f"and bytes), e.g. {mine[0][0]} of {mine[0][1]}: each is read once"
             )
     bad: list[tuple[str, str]] = []
-    for path, reason, uid in bad_recs:  # attach each to its series: by UID, else by folder
+    for path, reason, uid, sop in bad_recs:  # attach each to its series: by UID, else folder
         here = [s for s in series if os.path.dirname(path) in s.folders]
         owners = [s for s in series if uid is not None and s.uid == uid]
-        owners = [s for s in owners if s in here] or owners or here
+        # exports kept apart, or a damaged copy of a file read elsewhere: only the series of
+        # its own folder, if any (else a failed file of its own)
+        if uid in conflicted or (uid, sop) in held:
+            owners = [s for s in owners if s in here]
+        else:
+            owners = [s for s in owners if s in here] or owners or here
         for s in owners:
             s.problems.append((path, reason))
         if not owners:
