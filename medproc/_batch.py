@@ -7,6 +7,11 @@ Ctrl-C starts no new case, lets the running ones finish and records them, then r
 kills the workers. The manifest is written after every case: a rerun continues. A worker
 killed (out of memory) breaks the pool: the cases running and those left fail, saying so, and a
 rerun converts them.
+
+Files: before any case starts, the side files an earlier run wrote for a case this run redoes
+without them are removed, and every case to do gets its row ("not started"), so that whatever
+kills the run, each output on disk is owned by a row. A case that fails removes what it wrote
+in this run (:func:`medproc._case_files.take_back`), nothing else.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, wait
 from dataclasses import dataclass, field
 
+from ._case_files import file_state, remove_files, take_back
 from ._convert_case import _worker, annotations_path, sidecar_path
 from ._trace import span
 from .cases import Case
@@ -32,6 +38,11 @@ INTERRUPTED = "interrupted (Ctrl-C) before it finished; run the same command aga
 #: the status of a case a Ctrl-C kept from starting (converted when the command is run again)
 NOT_STARTED = "not started"
 _NOT_STARTED_WHY = "not started: a Ctrl-C came first; run the same command again to convert it"
+#: the row of a case not settled yet, written before any case starts: what a killed run leaves
+_PENDING_WHY = (
+    "not converted: the run ended before this case was done (killed?); run the same command "
+    "again to convert it"
+)
 
 
 @dataclass
@@ -44,6 +55,8 @@ class Todo:
     label_path: str | None
     qc_path: str | None
     lesions: object = None
+    stale: list = field(default_factory=list)  # an earlier run's side files a redo removes
+    before: dict | None = None  # its outputs' file_state when it started (None: not started)
 
     @property
     def outputs(self) -> list[str]:
@@ -72,6 +85,7 @@ class Batch:
     threads: int | None = None  # DALI threads per case
     closers: list = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # this run's rows, as cases finish
+    made_qc: bool = False  # this run made OUTDIR/qc (removed again if left empty)
 
     @property
     def annotations(self) -> list[tuple[str, str]]:
@@ -111,21 +125,31 @@ class Batch:
             raise RuntimeError("a dry-run batch cannot run: prepare it with dry_run=False")
         manifest = os.path.join(self.outdir, "manifest.csv")
         self.rows = list(self.decided)
-        write_manifest(manifest, self.kept + self.rows)
+        for t in self.todo:  # (what its files are made with, from now on: they are its own)
+            t.row["options"] = _options_json(self.options)
+        self._remove_stale()
+        # every file this run may write is in the manifest before it is written (a case not
+        # done yet says so): a run killed anywhere leaves no output that no row owns
+        write_manifest(manifest, self._manifest_rows())
         for r in self.decided:
             if progress:
                 progress(r)
 
-        def finish(res, row, write: bool = True):
+        def finish(res, t: Todo, write: bool = True):
             case, status, info, err = res
+            row = t.row
             tb = info.pop("traceback", None)
             if tb:  # a bug in a case, not bad input: said with -v
                 log.info("%s: %s", case.source, tb)
+            if status != "ok" and t.before is not None:  # what it wrote in this run goes
+                gone = take_back(t.outputs, t.before)
+                if gone:
+                    log.info("%s: failed; removed what it wrote: %s", case.source, gone)
             row.update(info, status=status, error=err)
             self.rows.append(row)
             with span("finish"):
                 if write:  # atomically: resumable anywhere
-                    write_manifest(manifest, self.kept + self.rows)
+                    write_manifest(manifest, self._manifest_rows())
                 if progress:
                     progress(row)
 
@@ -147,10 +171,47 @@ class Batch:
                 if id(t.row) not in settled:
                     t.row.update(status=NOT_STARTED, error=f"{t.case.source}: {_NOT_STARTED_WHY}")
                     self.rows.append(t.row)
-            write_manifest(manifest, self.kept + self.rows)
+            self._drop_qc_folder()
+            write_manifest(manifest, self._manifest_rows())
         if interrupted:
             raise KeyboardInterrupt
         return sorted(self.rows, key=lambda r: r["case"])
+
+    def _manifest_rows(self) -> list[dict]:
+        """The manifest now: earlier runs' rows, this run's settled rows, and a row saying
+        "not converted" for each case not settled yet."""
+        settled = {id(r) for r in self.rows}
+        pending = [
+            {**t.row, "status": NOT_STARTED, "error": f"{t.case.source}: {_PENDING_WHY}"}
+            for t in self.todo
+            if id(t.row) not in settled
+        ]
+        return self.kept + self.rows + pending
+
+    def _remove_stale(self) -> None:
+        """Remove the side files (label, annotations, QC picture) an earlier run wrote for the
+        cases this run redoes without them (listed in their old rows: medproc's own)."""
+        qc = os.path.join(self.outdir, "qc")
+        emptied = False
+        for t in self.todo:
+            gone = remove_files(t.stale)
+            if gone:
+                log.info(
+                    "%s: removed %s, written by an earlier run and not by this one",
+                    t.row["case"],
+                    ", ".join(gone),
+                )
+            emptied |= any(os.path.dirname(p) == qc for p in gone)
+        self._drop_qc_folder(made=emptied)
+
+    def _drop_qc_folder(self, made: bool = False) -> None:
+        """Remove ``OUTDIR/qc`` when it is empty and this run made it (``made``: or took a
+        picture out of it)."""
+        if made or self.made_qc:
+            try:
+                os.rmdir(os.path.join(self.outdir, "qc"))
+            except OSError:  # (not empty, or not there)
+                pass
 
     def _args(self, t: Todo) -> tuple:
         record = {**self.options, "device": self.device}
@@ -170,9 +231,10 @@ class Batch:
         )
 
     def _start(self, t: Todo) -> None:
-        if t.qc_path:
+        if t.qc_path and not os.path.isdir(os.path.dirname(t.qc_path)):
             os.makedirs(os.path.dirname(t.qc_path), exist_ok=True)
-        t.row["options"] = _options_json(self.options)
+            self.made_qc = True
+        t.before = {p: file_state(p) for p in t.outputs}
 
     def _run_here(self, stop, finish, on_started) -> None:
         if on_started:
@@ -184,9 +246,9 @@ class Batch:
             try:
                 res = _worker(self._args(t))
             except KeyboardInterrupt:  # a second Ctrl-C: this case stops where it is
-                finish((t.case, "failed", {}, f"{t.case.source}: {INTERRUPTED}"), t.row)
+                finish((t.case, "failed", {}, f"{t.case.source}: {INTERRUPTED}"), t)
                 raise
-            finish(res, t.row)
+            finish(res, t)
 
     def _run_pool(self, stop, finish, on_started) -> None:
         from ._procs import kill_pool
@@ -204,7 +266,7 @@ class Batch:
                 left = [t, *queue]
                 for n, u in enumerate(left):  # their rows, the manifest written once
                     err = f"{u.case.source}: not converted, the worker pool broke ({e})"
-                    finish((u.case, "failed", {}, err), u.row, write=n == len(left) - 1)
+                    finish((u.case, "failed", {}, err), u, write=n == len(left) - 1)
 
         for _ in range(max(1, self.workers)):
             submit_next()
@@ -229,7 +291,7 @@ class Batch:
                         if not stop.requested:
                             submit_next()
                     finally:  # (a second Ctrl-C meanwhile: this row is written all the same)
-                        finish(res, t.row)
+                        finish(res, t)
         except KeyboardInterrupt:  # a second Ctrl-C: end the running cases now
             # (those that finished meanwhile keep their row as it came back)
             ended = {f: f.result() for f in running if f.done() and _ok(f)}
@@ -240,30 +302,18 @@ class Batch:
                     fut.cancel()
             for fut, t in running.items():
                 if fut in ended:
-                    finish(ended[fut], t.row, write=False)
+                    finish(ended[fut], t, write=False)
                     continue
-                _remove_temporaries(t)  # a killed worker could not clean up after itself
+                # (a killed worker could not clean up after itself: finish takes back what
+                # it wrote, temporaries included)
                 err = f"{t.case.source}: {INTERRUPTED}"
-                finish((t.case, "failed", {}, err), t.row, write=False)
+                finish((t.case, "failed", {}, err), t, write=False)
             raise  # (the manifest is written once, by run())
 
 
 def _ok(fut) -> bool:
     """Whether a done future holds a result (not an error, not cancelled)."""
     return not fut.cancelled() and fut.exception() is None
-
-
-def _remove_temporaries(t: Todo) -> None:
-    """Remove the ``.<name>.*.part*`` files (``medproc.io.atomic``) of a case's outputs."""
-    import glob
-
-    for path in t.outputs:
-        folder, name = os.path.split(path)
-        for tmp in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.part*")):
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
 class _Interrupts:

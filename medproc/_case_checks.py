@@ -1,5 +1,6 @@
 """Checks of the cases found, that say what would otherwise pass unsaid (:mod:`medproc.cases`):
-labels paired by file name that fit two images or none, lesion-table keys that match no case."""
+labels paired by file name that fit two images or none, lesion-table keys that match no case;
+and an output folder that is also an input folder."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import warnings
 
 from .errors import MedprocWarning
 
-__all__ = ["check_label_pairs", "warn_unmatched"]
+__all__ = ["check_label_pairs", "warn_unmatched", "check_not_an_input"]
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -54,3 +55,20 @@ def warn_unmatched(cases: list, table: dict | None) -> None:
             MedprocWarning,
             stacklevel=2,
         )
+
+
+def check_not_an_input(inputs: list[str], outdir: str) -> None:
+    """A :class:`UsageError` when the output folder is one of the input folders (its files
+    would be no input, and its outputs would land beside the inputs)."""
+    from .errors import UsageError
+    from .io.walk import file_identity
+
+    if not os.path.isdir(outdir):
+        return
+    here = file_identity(outdir)
+    for p in inputs:
+        if os.path.isdir(p) and file_identity(p) == here:
+            raise UsageError(
+                f"the input folder {p} is also the output folder (-o): medproc never reads its "
+                "output folder as an input; give another -o (e.g. a new folder beside it)"
+            )

@@ -12,7 +12,8 @@ __all__ = ["print_plan", "print_skipped", "run_with_bar", "summary_line", "Mute"
 
 
 def print_plan(batch, con) -> None:
-    """--dry-run's report: each case, what would be done with it and the files it would write."""
+    """--dry-run's report: each case, what would be done with it, the files it would write and
+    those of an earlier run it would remove."""
     for r in sorted(batch.decided, key=lambda r: r["case"]):
         what = "skip (done)" if r["status"] == "skipped" else "fail"
         tail = r["error"] if r["status"] == "failed" else f"{r['source']} -> {r['output']}"
@@ -21,6 +22,8 @@ def print_plan(batch, con) -> None:
         con.print(f"{'convert':12s} {t.row['case']}  {t.case.source}", soft_wrap=True)
         for p in t.outputs:
             con.print(f"{'':12s}   -> {p}", soft_wrap=True)
+        for p in t.stale:  # (an earlier run's side files this run does not write again)
+            con.print(f"{'':12s}   x  {p} (an earlier run's, removed)", soft_wrap=True)
     for p, reason in batch.annotations:
         con.print(f"{'annotation':12s} {p}: {reason}", soft_wrap=True)
     for p, reason in _other_skipped(batch):

@@ -12,16 +12,28 @@ or QC picture) is converted again, and a warning says so. :func:`foresee` adds, 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import warnings
 
 from ._batch import Batch, Todo
-from ._convert_case import annotations_path
+from ._case_files import (
+    input_changed,
+    input_identity,
+    is_own,
+    made_from,
+    owners,
+    side_files,
+    taken,
+)
+from ._convert_case import annotations_path, sidecar_path
 from .errors import MedprocError, MedprocWarning
 from .io.walk import file_identity
 from .manifest import options_diff
 
 __all__ = ["plan_cases", "foresee"]
+
+log = logging.getLogger("medproc.convert")
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -55,24 +67,55 @@ def _held_by_another(prior: dict, nm: str, case) -> bool:
     )
 
 
+def _paths(outdir: str, nm: str, fmt: str, case, table, qc: bool) -> list[str]:
+    """The files case ``case`` would write under the name ``nm``."""
+    out = os.path.join(outdir, f"{nm}.{fmt}")
+    paths = [out, sidecar_path(out)]
+    paths += [os.path.join(outdir, f"{nm}_label.{fmt}")] if case.label else []
+    paths += [annotations_path(out)] if table is not None else []
+    return paths + ([os.path.join(outdir, "qc", f"{nm}.png")] if qc else [])
+
+
+def _foreign(t: Todo, outdir: str, prior: dict) -> str:
+    """Why ``t`` may not write its files (""): one exists that is not medproc's own output of
+    this case (recorded in the manifest, or made from this input by a run killed before it
+    recorded it). Such a file is never replaced: the case fails, naming it."""
+    nm = t.row["case"]
+    there = [p for p in t.outputs if os.path.lexists(p) and not is_own(p, nm, prior)]
+    if not there or made_from(sidecar_path(t.out_path), t.case):
+        return ""
+    return (
+        f"{t.case.source}: its output {there[0]} exists and is not an output of this case "
+        f"recorded in {os.path.join(outdir, 'manifest.csv')}: medproc never replaces a file it "
+        "did not write; move it away, or choose another -o (or --name)"
+    )
+
+
 def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) -> Batch:
     """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
     made with other options and ``force`` is not set."""
-    import logging
-
-    from .cases import lesions_for
+    from .case_lesions import lesions_for, shared_lesion_keys
     from .errors import UsageError
 
-    todo, decided, seen, conflicts, redo = [], [], set(), {}, {}
+    cases = list(cases)
+    shared = shared_lesion_keys(cases, table)  # two images under one lesion key: both fail
+    todo, decided, seen, conflicts, redo, changed = [], [], set(), {}, {}, []
+    owner, seen_files = owners(prior), set()
     for c in cases:
         nm = base = c.name(name)
         n = 1
         # the stems a case writes: its image and its label (case "x" with a label and an image
-        # named "x_label" would write one file)
-        while {nm, f"{nm}_label"} & seen or _held_by_another(prior, nm, c):
+        # named "x_label" would write one file); and no file another case of an earlier run owns
+        while (
+            {nm, f"{nm}_label"} & seen
+            or _held_by_another(prior, nm, c)
+            or taken(_paths(outdir, nm, fmt, c, table, qc), nm, owner)
+            or set(_paths(outdir, nm, fmt, c, table, qc)) & seen_files
+        ):
             nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
             n += 1
         seen |= {nm, f"{nm}_label"} if c.label else {nm}
+        seen_files |= set(_paths(outdir, nm, fmt, c, table, qc))
         out_path = os.path.join(outdir, f"{nm}.{fmt}")
         label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
         # (absolute: a later run started elsewhere still knows its input)
@@ -83,18 +126,23 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             "label_output": label_path or "",
         }
         err = f"{c.source}: {c.error}" if c.error else ""
+        if not err and c.source in shared:
+            err = f"{c.source}: {shared[c.source]}"
         if not err and os.path.abspath(out_path) == os.path.abspath(c.source):
             err = f"{c.source}: the output would overwrite the input; choose another -o"
+        qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
+        t = Todo(c, row, out_path, label_path, qc_path, lesions_for(c, table) if not err else None)
+        err = err or _foreign(t, outdir, prior)
         if err:
             decided.append({**row, "status": "failed", "error": err})
             continue
+        row["input_id"] = input_identity(c)
         old = prior.get(nm, {})
         recorded = (
             old.get("status") in ("ok", "skipped")
             and os.path.basename(old.get("output", "")) == os.path.basename(out_path)
             and _same_file(old.get("source", ""), c.source)
         )
-        qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
         adds = {  # the files this run writes besides the volume (--labels/--annotations/--qc)
             "label": label_path,
             "annotations": annotations_path(out_path) if table is not None else None,
@@ -112,17 +160,25 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             )
             if diff:
                 conflicts[nm] = diff
+            elif input_changed(old.get("input_id", ""), row["input_id"]):
+                changed.append(nm)  # (not recorded by an older medproc: resumed as before)
+                log.info(
+                    "%s: its input %s changed since it was converted (size or modification "
+                    "time of the files read): converted again",
+                    out_path,
+                    c.source,
+                )
             elif done and not force:
                 # (status skipped: done by an earlier run with these options; no error)
-                decided.append({**old, **row, "status": "skipped", "error": ""})
+                skip = {**old, **row, "input_id": old.get("input_id", "")}
+                decided.append({**skip, "status": "skipped", "error": ""})
                 continue
             elif lacks and not force:
                 redo[nm] = lacks
         if done and not recorded:
-            logging.getLogger("medproc.convert").info(
-                "%s: on disk but not in the manifest (an interrupted run): redone", out_path
-            )
-        todo.append(Todo(c, row, out_path, label_path, qc_path, lesions_for(c, table)))
+            log.info("%s: on disk but not in the manifest (an interrupted run): redone", out_path)
+        t.stale = side_files(old, outdir, nm, t.outputs, c)
+        todo.append(t)
     # the same inputs converted by an earlier run under other names (another --format or
     # --name) with other options: refused too, or the folder would hold both unsaid; with
     # --force those rows are marked superseded (their files stay), so a rerun resumes
@@ -161,6 +217,14 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             "another -o",
             outdir,
         )
+    if changed:
+        some = ", ".join(sorted(changed)[:3]) + (", ..." if len(changed) > 3 else "")
+        warnings.warn(
+            f"{outdir}: the input of {len(changed)} case(s) changed since an earlier run "
+            f"converted it ({some}): converted again",
+            MedprocWarning,
+            stacklevel=2,
+        )
     if redo:
         what = sorted({w for ws in redo.values() for w in ws})
         some = ", ".join(sorted(redo)[:3]) + (", ..." if len(redo) > 3 else "")
@@ -182,10 +246,12 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
 
 
 def foresee(batch: Batch, spec) -> None:
-    """For ``--dry-run``: fail the cases to convert whose output would be too large to resample
-    (the check the workers make, :func:`medproc.resample.check_output_size`), from the headers
-    alone, so that the listing says what the real run would do. Cases whose grid depends on
-    their voxels (a crop to the foreground) or whose header gives none are left to the run."""
+    """For ``--dry-run``: fail the cases to convert that the run would fail from their headers
+    alone: a header or series that cannot be read (an empty file, a declared size beyond the
+    memory cap, a series with a missing slice or an unusable file), or an output too large to
+    resample (the check the workers make, :func:`medproc.resample.check_output_size`), so that
+    the listing says what the real run would do, with the run's message. Cases whose grid
+    depends on their voxels (a crop to the foreground) are sized by the run."""
     from .io.headers import header_grid, series_grid
     from .plan import make_plan
     from .resample import check_output_size
@@ -196,10 +262,21 @@ def foresee(batch: Batch, spec) -> None:
     for t in batch.todo:
         c = t.case
         try:
+            problem = getattr(c.dicom, "problem_error", None)  # (an unusable file of it)
+            err = problem() if problem is not None else None
+            if err is not None:
+                raise err
             g = series_grid(c.dicom) if c.dicom is not None else header_grid(c.source)
+        except MedprocError as e:  # what reading it says first
+            batch.decided.append({**t.row, "status": "failed", "error": str(e)})  # (as a run)
+            continue
+        except (ValueError, TypeError, KeyError, IndexError, OSError):
+            keep.append(t)  # (the run reads it and says what is wrong)
+            continue
+        try:
             plan = make_plan(g.shape[:3], g.affine, spec)
         except (MedprocError, ValueError, TypeError, KeyError, IndexError):
-            keep.append(t)  # (the run reads the voxels and says what is wrong)
+            keep.append(t)  # (the run plans with the voxels and says what is wrong)
             continue
         try:
             check_output_size(plan.out_shape, g.channels, g.nbytes, c.source)

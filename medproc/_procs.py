@@ -199,7 +199,12 @@ def check_dask(address: str) -> None:
 
 def dask_executor(address: str, workers: int):
     """An executor on a dask.distributed cluster (``local[:N]``: one started here) and the
-    calls that close it."""
+    calls that close it. The executor's ``medproc_workers`` is the cluster's number of worker
+    threads (``local:N``: N), the cases it runs at once.
+
+    A local cluster starts no dashboard: distributed's scheduler always serves HTTP (its
+    ``dashboard_address=None`` means the default port, 8787, on every ``-v`` run), so it gets
+    ``dashboard=False`` and a free port on 127.0.0.1 instead."""
     try:
         from distributed import Client, LocalCluster
     except ImportError:
@@ -209,9 +214,22 @@ def dask_executor(address: str, workers: int):
     if address == "local" or address.startswith("local:"):
         n = int(address.split(":", 1)[1]) if ":" in address else max(1, workers)
         cluster = LocalCluster(
-            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=n,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address="127.0.0.1:0",
+            scheduler_kwargs={"dashboard": False},
         )
         client = Client(cluster)
-        return client.get_executor(), [client.close, cluster.close]
+        ex = client.get_executor()
+        ex.medproc_workers, ex.medproc_start_method = n, "dask"
+        return ex, [client.close, cluster.close]
     client = Client(address)
-    return client.get_executor(), [client.close]
+    ex = client.get_executor()
+    ex.medproc_start_method = "dask"
+    try:
+        info = client.scheduler_info()["workers"].values()
+        ex.medproc_workers = max(1, sum(int(w.get("nthreads") or 1) for w in info))
+    except Exception:  # noqa: BLE001 - a scheduler that does not say: one case at a time
+        ex.medproc_workers = 1
+    return ex, [client.close]

@@ -28,7 +28,6 @@ from .io.tables import read_csv_rows
 __all__ = [
     "Case",
     "find_cases",
-    "lesions_for",
     "read_annotation_table",
     "safe_name",
     "check_template",
@@ -376,13 +375,3 @@ def read_annotation_table(path: str) -> dict:
     from .annotations import read_json, read_luna_csv
 
     return read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
-
-
-def lesions_for(case: Case, table: dict | None):
-    """The lesions of ``case`` in ``table`` (by SeriesInstanceUID or file stem), or none."""
-    if table is None:
-        return None
-    from .annotations import Lesions
-
-    keys = [case.dicom.uid] if case.dicom is not None else []
-    return Lesions.of(table, keys + [case.fields.get("stem"), case.fields.get("name")])

@@ -6,8 +6,10 @@ a rerun skips the cases the manifest records as done whose outputs exist and wer
 same options, refuses when they were made with other options (``force`` redoes them), and
 redoes an output on disk that the manifest does not record (a run killed between the two);
 temporaries a killed run left are removed; a failing case, or an input that yields nothing, is
-recorded in the manifest with its reason and the batch goes on. Every output has a
-``<name>.json`` sidecar: medproc version, source, options, input and output geometry.
+recorded in the manifest with its reason and the batch goes on, the files it wrote removed; a
+file in the output folder that is not medproc's is never replaced (the case fails instead).
+Every output has a ``<name>.json`` sidecar: medproc version, source, options, input and output
+geometry.
 
 ``device="gpu"``: the workers are forked CPU workers that read and write; GPU service
 processes forked after them resample for all of them (:mod:`medproc._gpu_service`).
@@ -31,7 +33,7 @@ from concurrent.futures import BrokenExecutor
 import numpy as np
 
 from ._batch import INTERRUPTED, Batch
-from ._case_checks import warn_unmatched
+from ._case_checks import check_not_an_input, warn_unmatched
 from ._convert_case import (
     _init_worker,
     _warm_up,
@@ -221,6 +223,7 @@ def prepare(
     if dask:
         check_dask(dask)
     check_inputs(inputs, labels_dir)
+    check_not_an_input(inputs, outdir)
     table = read_annotation_table(annotations) if annotations else None  # fails before work
     if dry_run:
         check_outdir(outdir)
@@ -314,7 +317,9 @@ def prepare(
             batch.executor = pool
             batch.threads = max(1, _cores() // batch.workers)
         elif ex is not None:  # a given pool or dask: as many cases in flight as it runs
-            size = workers if workers != "auto" else getattr(ex, "_max_workers", None) or n
+            size = getattr(ex, "medproc_workers", None)  # dask: the cluster's workers
+            if size is None:
+                size = workers if workers != "auto" else getattr(ex, "_max_workers", None) or n
             batch.workers = max(1, min(size, n))
             batch.executor, batch.threads = ex, 1 if device == "cpu" else None
         elif batch.workers > 1 and not dry_run:

@@ -17,7 +17,9 @@ __all__ = ["add_convert_parser", "HelpFormatter", "EXIT_CODES"]
 #: the exit statuses of medproc's commands (shown in the help)
 EXIT_CODES = """exit status:
   0    every case converted (or already done)
-  1    some cases failed (see manifest.csv), or a layout could not be written
+  1    some cases failed (see manifest.csv; --dry-run: it lists cases that would fail), the
+       manifest could not be written during the run (a full disk), or a layout could not be
+       written
   2    the command could not start: a bad option, a missing input, an output folder that
        cannot be used, or outputs there made with other options (the message says which)
   130  interrupted (Ctrl-C): running cases finished and recorded; rerun to continue
@@ -113,7 +115,11 @@ def add_convert_parser(sub) -> None:
         help="clip to these percentiles of each volume",
     )
     g.add_argument("--scale", type=float, nargs=2, metavar=("LO", "HI"), help="map to range")
-    g.add_argument("--zscore", action="store_true", help="zero mean, unit variance per volume")
+    g.add_argument(
+        "--zscore",
+        action="store_true",
+        help="subtract the mean and divide by the deviation of the input volume (computed before resampling)",
+    )
     g.add_argument("--dtype", default="float32", help="image dtype (labels keep theirs)")
     g.add_argument(
         "--format",
@@ -228,6 +234,7 @@ def _cmd_convert(a) -> int:
     from ._trace import span
     from .cli import plain_console
     from .convert import prepare, summary
+    from .errors import OutputError, printable
 
     t0 = time.perf_counter()
     quiet = getattr(a, "quiet", False)
@@ -250,11 +257,19 @@ def _cmd_convert(a) -> int:
         dry_run=a.dry_run,
     ) as batch:
         check_cases(a, batch)
-        if a.dry_run:
+        if a.dry_run:  # (status 1 when it lists cases that would fail, as the run's)
             print_plan(batch, plain_console())
-            return 0
-        with span("batch", cases=len(batch.todo), workers=batch.workers):
-            rows, interrupted, ui = run_with_bar(batch, quiet, t0)
+            return int(any(r["status"] == "failed" for r in batch.decided))
+        try:
+            with span("batch", cases=len(batch.todo), workers=batch.workers):
+                rows, interrupted, ui = run_with_bar(batch, quiet, t0)
+        except OutputError as e:  # the run started: not a "could not start" (2)
+            print(
+                f"medproc convert: error: {printable(str(e))}; the run stopped (the outputs "
+                "written are kept, a rerun converts what the manifest does not record as done)",
+                file=sys.stderr,
+            )
+            return 1
         s = summary(rows)
         if not quiet:
             if getattr(a, "verbose", False):

@@ -6,26 +6,33 @@ written safely.
   :class:`~medproc.errors.OutputError` before anything starts.
 - One run at a time: ``OUTDIR/.medproc.lock`` is locked (``fcntl.lockf``; the kernel releases
   it when the process dies, even by ``kill -9``); a second run into the same folder is refused.
-- Hidden ``.<name>.<random>.part<ext>`` temporaries (``medproc.io.atomic``) left by a killed
-  run are removed when the next run starts.
+  It is never written through a link (:class:`OutdirLock`).
+- Hidden ``.<name>.<random>.part<ext>`` temporaries (``medproc.io.atomic``) of the files a
+  batch writes, left by a killed run, are removed when the next run starts; nothing else
+  (:func:`medproc.io.atomic.is_temporary`: ``.dataset.tar.part`` is the user's).
 - A ``manifest.csv`` that cannot be parsed (binary, not UTF-8, wrong header) is moved aside to
   ``manifest.csv.unreadable-<time>`` with a warning; its cases are then redone.
 - Each row records the options that made its outputs (``options``: the spec, format and NaN
-  policy as JSON), so a rerun with other options can say what differs (:func:`options_diff`).
+  policy as JSON), so a rerun with other options can say what differs (:func:`options_diff`),
+  and the identity of what it read (``input_id``: sizes and modification times, hashed, see
+  :func:`medproc._case_files.input_identity`), so a rerun redoes a case whose input changed.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import logging
 import os
 import re
+import stat
 import tempfile
 import time
 import warnings
 
 from .errors import MedprocWarning, OutputError
 from .io import atomic_write
+from .io.atomic import is_temporary
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +65,13 @@ MANIFEST_FIELDS = [
     "worker",
     "warnings",
     "options",
+    "input_id",
 ]
-_TEMP = re.compile(r"^\..+\.part(\.[A-Za-z0-9]+){0,2}$")
+#: what a batch writes into its output folder (whose temporaries a new run removes)
+OUTPUT_EXT = (".nii.gz", ".nii", ".npy", ".json", ".png", ".csv")
+#: prepare_outdir's write probe
+_PROBE = ".medproc-write-test."
+_PROBE_LEFT = re.compile(r"^\.medproc-write-test\.[a-z0-9_]{8}$")
 #: the manifest is UTF-8 for every reader: file names that are not (kept by Python as
 #: surrogates) are written escaped (``\udce9``); case and output names are always UTF-8
 _ENC = {"encoding": "utf-8", "errors": "backslashreplace"}
@@ -68,32 +80,109 @@ _ENC = {"encoding": "utf-8", "errors": "backslashreplace"}
 class OutdirLock:
     """An exclusive lock on ``OUTDIR/.medproc.lock`` held by this process until :meth:`release`
     (or its death). ``created``: this run made the folder (released with nothing else in it,
-    e.g. after a usage error found once the cases were known, it is removed again)."""
+    e.g. after a usage error found once the cases were known, it is removed again).
+
+    The lock file is never opened through a link (``O_NOFOLLOW``) nor written when another
+    name leads to it: a symbolic link, a hard link or any other non-file named
+    ``.medproc.lock`` is replaced by a lock file of its own (the file it led to is untouched;
+    a hard-linked lock that another run holds is refused as a held lock), a folder is an
+    :class:`~medproc.errors.OutputError`."""
 
     def __init__(self, outdir: str, created: bool = False):
-        import fcntl
-
         self.outdir, self.created = outdir, created
         self.path = os.path.join(outdir, ".medproc.lock")
-        try:
-            self._f = open(self.path, "a+")
-        except OSError as e:
-            raise OutputError(f"cannot create its lock file: {e.strerror}", outdir) from None
-        try:
-            fcntl.lockf(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._f.seek(0)
-            holder = self._f.read().strip() or "?"
-            self._f.close()
+        for _ in range(8):  # (another run replacing a link at the same moment: once more)
+            fd = self._open()
+            if fd is not None:
+                break
+        else:
             raise OutputError(
-                f"another medproc convert (pid {holder}) is writing into this folder; wait for "
-                "it to finish, or choose another -o",
+                "its lock file .medproc.lock keeps changing under this run; is another program "
+                "writing into this folder? Choose another -o",
                 outdir,
+            )
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as e:
+            os.close(fd)
+            raise OutputError(f"cannot write its lock file: {e.strerror}", outdir) from None
+        self._f = os.fdopen(fd, "r+")
+
+    def _open(self) -> int | None:
+        """The lock file opened and locked (an fd), or None when it changed meanwhile."""
+        import fcntl
+
+        self._replace_odd()
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o666)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                return None  # (replaced meanwhile by a link or another kind of file)
+            raise OutputError(f"cannot create its lock file: {e.strerror}", self.outdir) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                return None
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                raise OutputError(
+                    f"another medproc convert (pid {holder}) is writing into this folder; wait "
+                    "for it to finish, or choose another -o",
+                    self.outdir,
+                ) from None
+            now = os.lstat(self.path)
+        except FileNotFoundError:  # (removed meanwhile)
+            os.close(fd)
+            return None
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or os.fstat(fd).st_nlink != 1:
+            os.close(fd)  # another name leads to it (a hard link): replace ours, write none
+            if now.st_nlink != 1 and stat.S_ISREG(now.st_mode):
+                self._unlink("a hard link to another file")
+            return None
+        return fd
+
+    def _replace_odd(self) -> None:
+        """Remove a ``.medproc.lock`` that is not a regular file (a symbolic link, a FIFO, a
+        socket...: its name only); a folder is an error."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise OutputError(f"cannot look at its lock file: {e.strerror}", self.outdir) from None
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputError(
+                ".medproc.lock, where medproc keeps its lock, is a folder: remove it, or choose "
+                "another -o",
+                self.outdir,
+            )
+        if not stat.S_ISREG(st.st_mode):
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            self._unlink(what)
+
+    def _unlink(self, what: str) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise OutputError(
+                f".medproc.lock is {what}, not medproc's lock file, and cannot be replaced "
+                f"({e.strerror}): remove it, or choose another -o",
+                self.outdir,
             ) from None
-        self._f.seek(0)
-        self._f.truncate()
-        self._f.write(str(os.getpid()))
-        self._f.flush()
+        warnings.warn(
+            f"{self.path} was {what}, not medproc's lock file: replaced by one (what it led to "
+            "is untouched)",
+            MedprocWarning,
+            stacklevel=4,
+        )
 
     def release(self) -> None:
         """Unlock (closing the file releases the lock); a folder this run made and left empty
@@ -136,7 +225,7 @@ def prepare_outdir(outdir: str) -> OutdirLock:
     created = not os.path.isdir(outdir)
     try:
         os.makedirs(outdir, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".medproc-write-test.", dir=outdir)
+        fd, probe = tempfile.mkstemp(prefix=_PROBE, dir=outdir)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
@@ -152,7 +241,7 @@ def prepare_outdir(outdir: str) -> OutdirLock:
         except OSError:
             continue
         for name in names:
-            if _TEMP.match(name):
+            if is_temporary(name, OUTPUT_EXT) or _PROBE_LEFT.match(name):
                 try:
                     os.unlink(os.path.join(d, name))
                     removed += 1

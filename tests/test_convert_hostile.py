@@ -148,7 +148,7 @@ def test_dry_run_fails_the_cases_the_run_would_refuse_for_size(
     between the two NIfTI cases' needs, the dry run and the real run fail the same case."""
     inputs = [os.path.join(sample_data, "dicom"), _images(sample_data)]
     out = tmp_path / "o"
-    assert main(["convert", *inputs, "-o", str(out), "--spacing", "0.002", "--dry-run"]) == 0
+    assert main(["convert", *inputs, "-o", str(out), "--spacing", "0.002", "--dry-run"]) == 1
     text = capsys.readouterr().out
     assert "0 to convert, 0 already done, 4 failed" in text and "twice the output" in text
     assert "ct_axial: the output grid would be" in text and not out.exists()
@@ -157,7 +157,7 @@ def test_dry_run_fails_the_cases_the_run_would_refuse_for_size(
     need = [2 * 600 * 600 * n * 4 for n in (144, 216)]
     monkeypatch.setenv("MEDPROC_MAX_BYTES", str((need[0] + need[1]) // 2))
     args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "0.5"]
-    assert main(args + ["--dry-run"]) == 0
+    assert main(args + ["--dry-run"]) == 1
     listed = capsys.readouterr().out
     assert "fail         case002" in listed and "convert      case001" in listed
     assert main(args + ["-q"]) == 1
