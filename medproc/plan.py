@@ -222,14 +222,22 @@ def _round_half_up(x):
 
 
 def make_plan(
-    shape, affine, spec: Spec, array: np.ndarray | None = None, source: str | None = None
+    shape,
+    affine,
+    spec: Spec,
+    array: np.ndarray | None = None,
+    source: str | None = None,
+    *,
+    labels: bool = False,
 ) -> Plan:
     """Plan the resample of a volume of ``shape`` ``(ni, nj, nk)`` on ``affine`` to ``spec``.
 
     ``array`` (numpy or torch) is needed only when ``spec.needs_array``: for ``crop_foreground``
     and the intensity statistics (percentiles, z-score, scale without a window). What planning
     has to say about the volume is in ``plan.notes`` (see :func:`say_notes`); ``source`` is
-    deprecated (it named the volume in warnings make_plan no longer gives).
+    deprecated (it named the volume in warnings make_plan no longer gives). ``labels``: the
+    resample carries label maps (nearest neighbour): where the grid puts samples half-way
+    between input voxels, a note says how far label boundaries move (:mod:`medproc._ties`).
 
     Examples
     --------
@@ -317,6 +325,10 @@ def make_plan(
     plan = Plan(shape, A.copy(), tuple(int(x) for x in size), out, matrix, notes=tuple(notes))
     if spec.intensity.active:
         plan.intensity = intensity_params(spec, array)
+    if labels:
+        from ._ties import with_tie_note
+
+        plan = with_tie_note(plan)
     return plan
 
 

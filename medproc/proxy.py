@@ -117,7 +117,8 @@ class ProxyTransform:
         """The sample's plan: the spec's resample, then the random augmentation if any."""
         img = sample["image"]
         arr = img.array if self.spec.needs_array else None
-        plan = make_plan(img.shape, img.affine, self.spec, arr)
+        labels = self.with_label is not False and sample.get("label") is not None
+        plan = make_plan(img.shape, img.affine, self.spec, arr, labels=labels)
         say_notes(plan, img.meta.get("source"))
         if self.augment is not None:
             try:

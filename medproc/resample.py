@@ -125,7 +125,6 @@ def resample_batch(
         Volumes, or ``(image, label)`` pairs when ``labels`` is given. Outputs are numpy arrays,
         or CUDA tensors when the inputs were on the GPU.
     """
-    from ._ties import with_tie_note
     from .pipeline import Engine, Graph, Job
     from .spec import check_args
 
@@ -164,10 +163,9 @@ def resample_batch(
     if into is not None and on_gpu:
         raise UsageError("into: for numpy outputs; these inputs are CUDA tensors (outputs too)")
     plans = [
-        make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None) for v in vols
+        make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None, labels=bool(labs))
+        for v in vols
     ]
-    if labs is not None or spec.interp == "nearest":  # said once per volume, with its notes
-        plans = [with_tie_note(p) for p in plans]
     for v, p in zip(vols, plans):
         _check_output_size(v, p)
         if warn:

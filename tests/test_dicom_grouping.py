@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pydicom
 import pytest
+from badinputs import _edit as edit_file
 
 import medproc
 from medproc.cli import main
@@ -24,16 +25,8 @@ OBLIQUE = os.path.join(ROOT, "sample_data", "dicom", "ct_oblique")
 def _edit(folder, pick=None, **attrs):
     """Set (or delete, for None) ``attrs`` in the files of ``folder`` (those ``pick`` keeps)."""
     for n in sorted(os.listdir(folder)):
-        if pick is not None and not pick(n):
-            continue
-        p = os.path.join(folder, n)
-        ds = pydicom.dcmread(p)
-        for k, v in attrs.items():
-            if v is None:
-                delattr(ds, k)
-            else:
-                setattr(ds, k, v)
-        ds.save_as(p)
+        if pick is None or pick(n):
+            edit_file(os.path.join(folder, n), **attrs)
 
 
 def _by_position(folder):
@@ -205,6 +198,24 @@ def test_a_localizer_of_another_size_stays_a_part_of_its_own(tmp_path, quiet):
 
     scan = scan_dicom(str(d))
     assert sorted(len(s.frames) for s in scan.series) == [1, 40]
+    assert not any(s.problems for s in scan.series)
+
+
+def test_two_stacks_of_two_sizes_at_different_positions_stay_two_volumes(tmp_path, quiet):
+    """The upper half of a series cropped to another size (a second acquisition of the series
+    elsewhere along the normal): two volumes of their own (``.part``), as before and as dcm2niix
+    converts them, not a failed series."""
+    d = tmp_path / "two_sizes"
+    shutil.copytree(AXIAL, d)
+    for name in _by_position(d)[20:]:
+        ds = pydicom.dcmread(d / name)
+        ds.PixelData = ds.pixel_array[:, :100].copy().tobytes()
+        ds.Columns = 100
+        ds.save_as(d / name)
+    from medproc.io.dicom_scan import scan_dicom
+
+    scan = scan_dicom(str(d))
+    assert sorted(len(s.frames) for s in scan.series) == [20, 20]
     assert not any(s.problems for s in scan.series)
 
 

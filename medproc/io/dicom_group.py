@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import ReadError
 from .dicom_header import Frame
 
@@ -184,7 +186,7 @@ def _one_size_per_stack(groups: list[DicomSeries], keys: dict) -> list[DicomSeri
         for c in (c for c in clusters if len(c) > 1):
             main = max(c, key=lambda s: len(s.files))  # (the first of the largest)
             size = _size(keys[id(main)])
-            for g in (g for g in c if g is not main):
+            for g in (g for g in c if g is not main and _within(g, main)):
                 why = (
                     f"its image is {_size(keys[id(g)])} (Rows x Columns), while the other "
                     f"{len(main.files)} file(s) of its series in this orientation are {size}: "
@@ -193,6 +195,22 @@ def _one_size_per_stack(groups: list[DicomSeries], keys: dict) -> list[DicomSeri
                 main.problems += [(p, why) for p in g.files] + g.problems
                 dropped.add(id(g))
     return [g for g in groups if id(g) not in dropped]
+
+
+def _within(g: DicomSeries, main: DicomSeries) -> bool:
+    """Whether ``g``'s slices lie inside ``main``'s stack along its normal, or within one and a
+    half of its slice steps beyond either end (a slice of the stack of another size); slices
+    elsewhere are a stack of their own (a second acquisition: a ``.partN``, as before)."""
+    o = np.asarray(main.frames[0].orientation, dtype=np.float64)
+    normal = np.cross(o[:3], o[3:])
+    at = [float(np.dot(f.position, normal)) for f in main.frames if f.position is not None]
+    mine = [float(np.dot(f.position, normal)) for f in g.frames if f.position is not None]
+    if len(at) < 2 or not mine:
+        return True
+    at.sort()
+    step = float(np.median(np.diff(at))) or 1.0
+    lo, hi = at[0] - 1.5 * step, at[-1] + 1.5 * step
+    return all(lo <= x <= hi for x in mine)
 
 
 def _size(key: tuple) -> str:

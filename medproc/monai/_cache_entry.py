@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._ties import with_tie_note
 from ..plan import make_plan, say_notes
 
 __all__ = ["Entry", "cache_key", "VERSION", "SPARSE"]
@@ -364,9 +363,13 @@ def _plan(case, img_vol, lab_vol, spec):
                 f"image {case['image']}: PatchLoader takes one channel, got {arr.shape[3]}"
             )
         arr = arr[..., 0]
-    plan = make_plan(arr.shape, img_vol.affine, spec, arr if spec.needs_array else None)
-    if lab_vol is not None:
-        plan = with_tie_note(plan)
+    plan = make_plan(
+        arr.shape,
+        img_vol.affine,
+        spec,
+        arr if spec.needs_array else None,
+        labels=lab_vol is not None,
+    )
     say_notes(plan, str(case["image"]))
     intensity, plan = plan.intensity, replace(plan, intensity=None)
     lab = None

@@ -17,7 +17,6 @@ from monai.data import MetaTensor, get_track_meta
 from monai.transforms import InvertibleTransform, MapTransform
 from monai.utils import ensure_tuple_rep
 
-from .._ties import with_tie_note
 from ..errors import check_device
 from ..plan import Plan, make_plan, say_notes
 from ..resample import check_label_grid
@@ -203,9 +202,8 @@ class Resampled(MapTransform, InvertibleTransform):
         roles = dict(items)
         stats = next((k for k in keys if not roles[k][1]), keys[0])
         arr = vols[stats].array if self.spec.needs_array else None
-        plan = make_plan(ref.shape, ref.affine, self.spec, arr)
-        if any(roles[k][0] == "nearest" for k in keys):
-            plan = with_tie_note(plan)
+        nearest = any(roles[k][0] == "nearest" for k in keys)
+        plan = make_plan(ref.shape, ref.affine, self.spec, arr, labels=nearest)
         say_notes(plan, vols[stats].meta.get("source"))
         out = resample_arrays(
             {k: vols[k].array for k in keys}, plan, roles, self.spec, self.device, device_id
