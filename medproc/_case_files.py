@@ -21,6 +21,7 @@ import logging
 import os
 
 from ._convert_case import annotations_path, sidecar_path
+from .io.atomic import is_temporary
 
 log = logging.getLogger("medproc.convert")
 
@@ -200,7 +201,8 @@ def take_back(outputs: list[str], before: dict) -> list[str]:
             gone += remove_files([p])
         folder, name = os.path.split(p)
         for tmp in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.part*")):
-            remove_files([tmp])
+            if is_temporary(os.path.basename(tmp)):  # (the user's own ".<name>.v2.partial" stay)
+                remove_files([tmp])
     return gone
 
 

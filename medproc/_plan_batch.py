@@ -178,6 +178,8 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         if done and not recorded:
             log.info("%s: on disk but not in the manifest (an interrupted run): redone", out_path)
         t.stale = side_files(old, outdir, nm, t.outputs, c)
+        if changed and changed[-1] == nm:  # its files came from the old input: none may stay
+            t.stale += [p for p in t.outputs if os.path.lexists(p)]  # (if this attempt fails)
         todo.append(t)
     # the same inputs converted by an earlier run under other names (another --format or
     # --name) with other options: refused too, or the folder would hold both unsaid; with

@@ -245,6 +245,7 @@ class Spec:
             raise UsageError(f"dtype {self.dtype!r} is not a numpy dtype") from None
         if name not in OUTPUT_DTYPES:
             raise UsageError(f"dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", name)  # one spelling ("f4" is "float32"): recorded
         _flag(self.antialias, "antialias")
         if isinstance(self.intensity, dict):
             object.__setattr__(self, "intensity", Intensity(**self.intensity))

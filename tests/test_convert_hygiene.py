@@ -358,3 +358,41 @@ def test_two_images_under_one_lesion_key_both_fail_naming_each_other(sample_data
         r = rows[f"{site}/case001.nii.gz"]
         assert r["status"] == "failed" and "key 'case001' names 2 inputs" in r["error"]
         assert "siteA/case001.nii.gz" in r["error"] and "siteB/case001.nii.gz" in r["error"]
+
+
+def test_a_failed_case_removes_its_temporaries_only_not_hidden_files_named_like_them(
+    sample_data, tmp_path
+):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    out.mkdir()
+    data = open(os.path.join(_images(sample_data), "case001.nii.gz"), "rb").read()
+    (inp / "case001.nii.gz").write_bytes(data[:5000])  # truncated: the case fails
+    mine = [out / ".case001.nii.gz.my.partial", out / ".case001.json.v2.part-backup"]
+    for p in mine:
+        p.write_text("mine")
+    assert main(["convert", str(inp), "-o", str(out), "--spacing", "3", "-q"]) == 1
+    assert all(p.read_text() == "mine" for p in mine)
+
+
+def test_a_changed_input_whose_new_conversion_fails_leaves_no_output_of_the_old_one(
+    sample_data, tmp_path
+):
+    inp = _copy_images(sample_data, tmp_path / "in", ("case001",))
+    out = tmp_path / "out"
+    args = ["convert", inp, "-o", str(out), "--spacing", "3", "-q"]
+    assert main(args) == 0
+    data = open(os.path.join(inp, "case001.nii.gz"), "rb").read()
+    with open(os.path.join(inp, "case001.nii.gz"), "wb") as f:
+        f.write(data[:1000])
+    assert main(args) == 1
+    assert not (out / "case001.nii.gz").exists() and not (out / "case001.json").exists()
+    assert _manifest(out)["case001"]["status"] == "failed"
+
+
+def test_dtype_spellings_are_one_option(sample_data, tmp_path):
+    out = tmp_path / "out"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3", "-q"]
+    assert main([*args, "--dtype", "f4"]) == 0
+    assert main([*args, "--dtype", "float32"]) == 0  # not "other options"
+    assert {r["status"] for r in _manifest(out).values()} == {"skipped"}
