@@ -272,6 +272,14 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
     (with ``repair=False``, e.g. for a dry run, it is left where it is: {} with the warning)."""
     if not os.path.exists(path):
         return {}
+    foreign = _foreign_table(path)
+    if foreign:
+        from .errors import UsageError
+
+        raise UsageError(
+            f"{path} is not a medproc manifest ({foreign}): medproc never replaces a file it "
+            "did not write; choose another -o"
+        )
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
@@ -310,6 +318,19 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
             stacklevel=2,
         )
         return {}
+
+
+def _foreign_table(path: str) -> str:
+    """What shows ``path`` is someone else's table ("" if it may be a manifest, damaged or
+    not): a readable CSV header holding none of a manifest's columns."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            fields = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return ""
+    if fields and not {"case", "source", "output", "status"} & set(fields):
+        return f"its columns: {', '.join(fields[:6])}"
+    return ""
 
 
 def write_manifest(path: str, rows: list[dict]) -> None:

@@ -396,3 +396,13 @@ def test_dtype_spellings_are_one_option(sample_data, tmp_path):
     assert main([*args, "--dtype", "f4"]) == 0
     assert main([*args, "--dtype", "float32"]) == 0  # not "other options"
     assert {r["status"] for r in _manifest(out).values()} == {"skipped"}
+
+
+def test_a_users_own_table_named_manifest_csv_is_refused_not_moved_aside(sample_data, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.csv").write_text("subject,age\ns,34\n")
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3", "-q"]
+    assert main(args) == 2
+    assert (out / "manifest.csv").read_text() == "subject,age\ns,34\n"
+    assert not list(out.glob("manifest.csv.unreadable-*")) and not list(out.glob("*.nii.gz"))
