@@ -61,9 +61,15 @@ class Todo:
     @property
     def outputs(self) -> list[str]:
         """Every file converting the case writes."""
-        out = [self.out_path, sidecar_path(self.out_path)]
-        out += [p for p in (self.label_path, self.qc_path) if p]
-        return out + ([annotations_path(self.out_path)] if self.lesions is not None else [])
+        return output_files(self.out_path, self.label_path, self.qc_path, self.lesions is not None)
+
+
+def output_files(out_path: str, label_path, qc_path, annotations: bool) -> list[str]:
+    """Every file a case writes: its image, ``<name>.json``, label map, QC picture and
+    annotations (those it has)."""
+    out = [out_path, sidecar_path(out_path)]
+    out += [p for p in (label_path, qc_path) if p]
+    return out + ([annotations_path(out_path)] if annotations else [])
 
 
 @dataclass

@@ -16,7 +16,7 @@ import logging
 import os
 import warnings
 
-from ._batch import Batch, Todo
+from ._batch import Batch, Todo, output_files
 from ._case_files import (
     input_changed,
     input_identity,
@@ -68,12 +68,13 @@ def _held_by_another(prior: dict, nm: str, case) -> bool:
 
 
 def _paths(outdir: str, nm: str, fmt: str, case, table, qc: bool) -> list[str]:
-    """The files case ``case`` would write under the name ``nm``."""
-    out = os.path.join(outdir, f"{nm}.{fmt}")
-    paths = [out, sidecar_path(out)]
-    paths += [os.path.join(outdir, f"{nm}_label.{fmt}")] if case.label else []
-    paths += [annotations_path(out)] if table is not None else []
-    return paths + ([os.path.join(outdir, "qc", f"{nm}.png")] if qc else [])
+    """The files case ``case`` would write under the name ``nm`` (:func:`output_files`)."""
+    return output_files(
+        os.path.join(outdir, f"{nm}.{fmt}"),
+        os.path.join(outdir, f"{nm}_label.{fmt}") if case.label else None,
+        os.path.join(outdir, "qc", f"{nm}.png") if qc else None,
+        table is not None,
+    )
 
 
 def _foreign(t: Todo, outdir: str, prior: dict) -> str:
@@ -106,16 +107,19 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         n = 1
         # the stems a case writes: its image and its label (case "x" with a label and an image
         # named "x_label" would write one file); and no file another case of an earlier run owns
-        while (
-            {nm, f"{nm}_label"} & seen
-            or _held_by_another(prior, nm, c)
-            or taken(_paths(outdir, nm, fmt, c, table, qc), nm, owner)
-            or set(_paths(outdir, nm, fmt, c, table, qc)) & seen_files
-        ):
+        while True:
+            paths = _paths(outdir, nm, fmt, c, table, qc)
+            if not (
+                {nm, f"{nm}_label"} & seen
+                or _held_by_another(prior, nm, c)
+                or taken(paths, nm, owner)
+                or set(paths) & seen_files
+            ):
+                break
             nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
             n += 1
         seen |= {nm, f"{nm}_label"} if c.label else {nm}
-        seen_files |= set(_paths(outdir, nm, fmt, c, table, qc))
+        seen_files |= set(paths)
         out_path = os.path.join(outdir, f"{nm}.{fmt}")
         label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
         # (absolute: a later run started elsewhere still knows its input)

@@ -272,29 +272,26 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
     (with ``repair=False``, e.g. for a dry run, it is left where it is: {} with the warning)."""
     if not os.path.exists(path):
         return {}
-    foreign = _foreign_table(path)
-    if foreign:
-        from .errors import UsageError
-
-        raise UsageError(
-            f"{path} is not a medproc manifest ({foreign}): medproc never replaces a file it "
-            "did not write; choose another -o"
-        )
+    foreign = None  # someone else's table: a readable header with none of the columns
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             fields = reader.fieldnames or []
-            missing = [k for k in ("case", "source", "output", "status") if k not in fields]
-            if missing:
+            need = ("case", "source", "output", "status")
+            missing = [k for k in need if k not in fields]
+            if fields and len(missing) == len(need):
+                foreign = ", ".join(fields[:6])
+            elif missing:
                 raise ValueError(f"no {missing} column(s) in its header {fields[:6]}")
-            rows = {}
-            for line, r in enumerate(reader, 2):
-                if not r.get("case") or None in r:
-                    raise ValueError(f"line {line} is not a manifest row")
-                for k in ("source", "output", "label_output"):
-                    r[k] = _unescaped(r.get(k))
-                rows[r["case"]] = r
-            return rows
+            else:
+                rows = {}
+                for line, r in enumerate(reader, 2):
+                    if not r.get("case") or None in r:
+                        raise ValueError(f"line {line} is not a manifest row")
+                    for k in ("source", "output", "label_output"):
+                        r[k] = _unescaped(r.get(k))
+                    rows[r["case"]] = r
+                return rows
     except (ValueError, csv.Error, UnicodeDecodeError, OSError) as e:
         if not repair:
             warnings.warn(
@@ -318,19 +315,12 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
             stacklevel=2,
         )
         return {}
+    from .errors import UsageError
 
-
-def _foreign_table(path: str) -> str:
-    """What shows ``path`` is someone else's table ("" if it may be a manifest, damaged or
-    not): a readable CSV header holding none of a manifest's columns."""
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            fields = next(csv.reader(f), [])
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return ""
-    if fields and not {"case", "source", "output", "status"} & set(fields):
-        return f"its columns: {', '.join(fields[:6])}"
-    return ""
+    raise UsageError(
+        f"{path} is not a medproc manifest (its columns: {foreign}): medproc never replaces a "
+        "file it did not write; choose another -o"
+    )
 
 
 def write_manifest(path: str, rows: list[dict]) -> None:
