@@ -6,7 +6,7 @@ written safely.
   :class:`~medproc.errors.OutputError` before anything starts.
 - One run at a time: ``OUTDIR/.medproc.lock`` is locked (``fcntl.lockf``; the kernel releases
   it when the process dies, even by ``kill -9``); a second run into the same folder is refused.
-  It is never written through a link (:class:`OutdirLock`).
+  It is never written through a link (:class:`OutdirLock`), and removed when the run ends.
 - Hidden ``.<name>.<random>.part<ext>`` temporaries (``medproc.io.atomic``) of the files a
   batch writes, left by a killed run, are removed when the next run starts; nothing else
   (:func:`medproc.io.atomic.is_temporary`: ``.dataset.tar.part`` is the user's).
@@ -185,13 +185,17 @@ class OutdirLock:
         )
 
     def release(self) -> None:
-        """Unlock (closing the file releases the lock); a folder this run made and left empty
-        goes."""
+        """Remove the lock file, then unlock (closing the file releases the lock): a run never
+        leaves it behind, also one refused after it locked the folder. Safe against a run
+        waiting on the same file: after locking, :meth:`_open` checks that the name still
+        leads to the file it locked, and starts again when not. A folder this run made and
+        left empty goes too."""
         if self._f.closed:
             return
-        try:  # (a run that opened the lock file just now finds the folder gone: it says so)
-            if self.created and os.listdir(self.outdir) == [".medproc.lock"]:
+        try:
+            if os.path.samestat(os.lstat(self.path), os.fstat(self._f.fileno())):
                 os.unlink(self.path)
+            if self.created and not os.listdir(self.outdir):
                 os.rmdir(self.outdir)
         except OSError:
             pass

@@ -49,9 +49,8 @@ def test_a_lock_file_that_is_a_link_is_never_written_through(sample_data, tmp_pa
     img = os.path.join(_images(sample_data), "case001.nii.gz")
     assert main(["convert", img, "-o", str(out), "--spacing", "3", "-j", "1", "-q"]) == 0
     assert victim.read_text() == "precious"  # untouched
-    st = os.lstat(lock)
-    assert not os.path.islink(lock) and st.st_nlink == 1  # replaced by a lock of its own
-    assert os.stat(victim).st_nlink == 1
+    assert os.stat(victim).st_nlink == 1  # the link was replaced by a lock of its own,
+    assert not os.path.lexists(lock)  # which the run removed when it ended
 
 
 def test_a_lock_that_is_a_folder_is_a_clear_error(sample_data, tmp_path, capsys):
@@ -114,7 +113,7 @@ def test_a_failed_case_alone_leaves_no_qc_folder(sample_data, tmp_path, monkeypa
     out = tmp_path / "out"
     img = os.path.join(_images(sample_data), "case001.nii.gz")
     assert main(["convert", img, "-o", str(out), "--spacing", "3", "-j", "1", "-q", "--qc"]) == 1
-    assert set(os.listdir(out)) == {".medproc.lock", "manifest.csv"}
+    assert set(os.listdir(out)) == {"manifest.csv"}
 
 
 # --- 4. never over files medproc did not write -------------------------------------------------
@@ -405,4 +404,28 @@ def test_a_users_own_table_named_manifest_csv_is_refused_not_moved_aside(sample_
     args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3", "-q"]
     assert main(args) == 2
     assert (out / "manifest.csv").read_text() == "subject,age\ns,34\n"
-    assert not list(out.glob("manifest.csv.unreadable-*")) and not list(out.glob("*.nii.gz"))
+    assert os.listdir(out) == ["manifest.csv"]  # nothing added: no lock file left either
+
+
+def test_a_run_leaves_no_lock_file_and_a_held_lock_still_refuses(sample_data, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3", "-q"]
+    assert main(args) == 0
+    assert ".medproc.lock" not in os.listdir(out)
+    # another process holding the folder's lock: refused, its lock file left in place
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, medproc.manifest as m; "
+         "lock = m.OutdirLock(sys.argv[1]); print('held', flush=True); sys.stdin.read()", str(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main([*args, "--force"]) == 2
+        assert "another medproc convert" in capsys.readouterr().err
+        assert (out / ".medproc.lock").exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
