@@ -3,8 +3,8 @@ the file and the problem (or, for a usable file, a true warning).
 
 - MetaImage zlib data that is garbage, cut short, or inflates to another size than the header
   declares (SimpleITK only printed "Uncompress failed" and returned leftover memory);
-- NRRD/MetaImage geometry that is collinear, singular or NaN: ``load`` says what ``inspect``
-  says (SimpleITK said "0 0 1");
+- NRRD/MetaImage geometry that is collinear, singular, NaN or infinite: ``load`` says what
+  ``inspect`` says (SimpleITK said "0 0 1"; a NaN was "spacing along i is 0 mm");
 - compressed DICOM cut short inside its pixel data (was "PixelData is missing");
 - NIfTI dim[0] outside 1..7 (was nibabel's "vox offset 0 too low");
 - a multi-frame DICOM with one ImagePositionPatient for the file (was "... missing").
@@ -119,17 +119,26 @@ _MHA_RAW = (
 BAD_GEOMETRY = {
     "collinear.nrrd": (_NRRD.format("(1,0,0) (1,0,0) (0,0,2)"), "collinear"),
     "singular.mha": (_MHA_RAW.format(spacing="1 1 2", matrix="0 0 0 0 1 0 0 0 1"), "along i"),
-    "nan_matrix.mha": (_MHA_RAW.format(spacing="1 1 2", matrix="nan 0 0 0 1 0 0 0 1"), "along"),
-    "nan_spacing.mha": (_MHA_RAW.format(spacing="nan 1 2", matrix="1 0 0 0 1 0 0 0 1"), "along"),
 }
+# non-finite numbers are named from the header text (SimpleITK reads a MetaImage's NaN as 0, so
+# its message was "spacing along i is 0 mm")
+NON_FINITE = {
+    "nan_matrix.mha": (_MHA_RAW.format(spacing="1 1 2", matrix="nan 0 0 0 1 0 0 0 1"), "'nan'"),
+    "nan_spacing.mha": (_MHA_RAW.format(spacing="nan 1 2", matrix="1 0 0 0 1 0 0 0 1"), "'nan'"),
+    "inf_spacing.mha": (_MHA_RAW.format(spacing="1 inf 2", matrix="1 0 0 0 1 0 0 0 1"), "'inf'"),
+    "nan_direction.nrrd": (_NRRD.format("(nan,0,0) (0,1,0) (0,0,2)"), "'nan'"),
+    "inf_origin.nrrd": (_NRRD.format("(1,0,0) (0,1,0) (0,0,2)").replace("(0,0,0)", "(0,-inf,0)"),
+                        "'-inf'"),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize("name", sorted(BAD_GEOMETRY))
+@pytest.mark.parametrize("name", sorted(BAD_GEOMETRY) + sorted(NON_FINITE))
 def test_bad_itk_geometry_load_says_what_inspect_says(tmp_path, name):
-    text, match = BAD_GEOMETRY[name]
+    text, match = {**BAD_GEOMETRY, **NON_FINITE}[name]
     path = tmp_path / name
     path.write_bytes(text.encode() + VALUES.tobytes())
-    with pytest.raises(medproc.ReadError, match=f"{name}: the voxel .*{match}.*damaged") as ei:
+    what = "the voxel .*" if name in BAD_GEOMETRY else "its .* field holds "
+    with pytest.raises(medproc.ReadError, match=f"{name}: {what}{match}.*damaged") as ei:
         medproc.load(str(path))
     with pytest.raises(medproc.MedprocError) as inspected:
         header_grid(str(path))

@@ -10,7 +10,9 @@ or hostile header can neither read files it should not nor allocate without boun
 
 from __future__ import annotations
 
+import math
 import os
+import re
 
 import numpy as np
 
@@ -78,6 +80,52 @@ _MET_BYTES = {
     "MET_DOUBLE": 8,
 }
 _MAX_HEADER = 1 << 20  # a text header longer than 1 MiB is not a header
+
+#: the geometry fields (lower case) whose numbers must be finite: SimpleITK reads NaN in them as
+#: 0 (a MetaImage's TransformMatrix/ElementSpacing) or fails later with an unrelated message
+_GEOMETRY_FIELDS = (
+    # NRRD
+    "space directions",
+    "space origin",
+    "spacings",
+    "thicknesses",
+    "axis mins",
+    "axis maxs",
+    # MetaImage
+    "elementspacing",
+    "elementsize",
+    "offset",
+    "origin",
+    "position",
+    "transformmatrix",
+    "rotation",
+    "orientation",
+    "centerofrotation",
+)
+
+
+def _check_finite(fields: dict[str, str], path: str) -> None:
+    """Every number of a geometry field is finite; NRRD's per-axis fields may say ``nan`` for
+    an axis without that quantity, as the format allows (``none`` is a word, skipped)."""
+    for key in _GEOMETRY_FIELDS:
+        val = fields.get(key)
+        if val is None:
+            continue
+        for tok in re.findall(r"[^\s(),]+", val):
+            try:
+                x = float(tok)
+            except ValueError:
+                continue
+            if not math.isfinite(x) and not (math.isnan(x) and key in _NRRD_PER_AXIS):
+                raise ReadError(
+                    f"its {key!r} field holds {tok!r} ({val[:80]!r}): the geometry must be "
+                    "finite numbers (the header is damaged)",
+                    path,
+                )
+
+
+#: NRRD per-axis fields where ``nan`` marks an axis without that quantity (the NRRD format)
+_NRRD_PER_AXIS = ("spacings", "thicknesses", "axis mins", "axis maxs")
 
 
 class ItkHeader:
@@ -166,6 +214,7 @@ def _nrrd(path: str) -> ItkHeader:
         if names is None:
             names = _expand(ref, path, sizes[-1] if sizes else 1) if len(ref.split()) > 1 else [ref]
         files = [check_inside(x, path) for x in names]
+    _check_finite(fields, path)
     data_start = text_end + (2 if end == text_end else 4)
     if encoding in ("ascii", "text", "txt"):
         itemsize, compressed = 1, None  # at least one character per value
@@ -206,6 +255,7 @@ def _meta(path: str) -> ItkHeader:
             f"its DimSize/NDims fields are missing or not integers ({fields.get('dimsize')!r})",
             path,
         ) from None
+    _check_finite(fields, path)
     if ndims and len(sizes) != ndims:
         raise ReadError(f"NDims = {ndims} but DimSize has {len(sizes)} values", path)
     etype = fields.get("elementtype", "").upper()
