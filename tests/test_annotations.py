@@ -367,7 +367,18 @@ _HEAD = "seriesuid,coordX,coordY,coordZ,diameter_mm\n"
             {"cases": [{"image": "a.nii.gz", "boxes": [[0, 0, 0, 5, 5, 5]], "labels": 0}]},
             "labels: must be a list",
         ),
-        ({"training": [{"image": "a.nii.gz", "box": [0, 0, 0, 5, 5, 5]}]}, "one flat list"),
+        ({"training": [{"image": "a.nii.gz", "box": [0, 0, 0, 5, 5, 5]}]}, "box must be a list"),
+        # a MONAI datalist's errors name its own keys ('box', 'label'), not medproc's
+        ({"training": [{"image": "a.nii.gz", "box": 0}]}, "training[0].box: must be a list"),
+        (
+            {"validation": [{"image": "a.nii.gz", "box": [[0, 0, 0, 5, 5, 5]], "label": [0, 1]}]},
+            "1 boxes but 2 labels ('box', 'label')",
+        ),
+        (
+            {"training": [{"image": "a.nii.gz", "box": [[0, 0, 0, 5, 5, 5]], "label": [1.5]}]},
+            "training[0].label[0]: a label must be an integer",
+        ),
+        ({"training": [{"image": "a.nii.gz", "box": [[0, 0, 0, 5, 5]]}]}, "training[0].box[0]:"),
         ({"cases": [{"image": "a.nii.gz", "points": [[0, 0, 0, 1e200]]}]}, "not a lesion"),
         ({"cases": [{"image": "a.nii.gz", "points": [[1e9, 0, 0, 5]]}]}, "not a position"),
         ({"cases": [{"image": "a.nii.gz", "boxes": [[0, 0, 0, 1, 1, 3e3]]}]}, "not a lesion"),

@@ -180,7 +180,7 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
                     )
                 lab = c.get("label")  # (a path: a segmentation's label map, no box labels)
                 lab = None if isinstance(lab, str) else lab
-                cases.append(dict(image=c.get("image"), boxes=c.get("box"), labels=lab))
+                cases.append(dict(image=c.get("image"), box=c.get("box"), label=lab))
                 wheres.append(f"{key}[{n}]")
     else:
         for n, c in enumerate(_list(cases, path, "cases")):
@@ -198,44 +198,45 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
     first: dict[str, str] = {}
     for n, case in enumerate(_list(cases, path, "cases")):
         where = wheres[n] if wheres else f"cases[{n}]"
+        bk, lk = ("box", "label") if wheres else ("boxes", "labels")  # (as the file names them)
         case = _obj(case, path, where)
         img = case.get("image")
         if not isinstance(img, str) or not img.strip():
             raise ReadError(f"needs an 'image' path (a string), got {img!r}", path, where=where)
         centers, sizes, kinds, labels, ids = [], [], [], [], []
-        boxes = _items(case, "boxes", path, where)
+        boxes = _items(case, bk, path, where)
         if len(boxes) == 6 and all(isinstance(x, (int, float)) for x in boxes):
             raise ReadError(
-                f"boxes must be a list of boxes ([[6 numbers], ...]), got one flat list "
+                f"{bk} must be a list of boxes ([[6 numbers], ...]), got one flat list "
                 f"{boxes!r:.80}",
                 path,
-                where=f"{where}.boxes",
+                where=f"{where}.{bk}",
             )
-        labs = (
-            [0] * len(boxes) if case.get("labels") is None else _items(case, "labels", path, where)
-        )
+        labs = [0] * len(boxes) if case.get(lk) is None else _items(case, lk, path, where)
         if len(labs) != len(boxes):
-            raise ReadError(f"{len(boxes)} boxes but {len(labs)} labels", path, where=where)
+            raise ReadError(
+                f"{len(boxes)} boxes but {len(labs)} labels ({bk!r}, {lk!r})", path, where=where
+            )
         for b, (box, lab) in enumerate(zip(boxes, labs)):
-            v = _numbers(box, 6, path, f"{where}.boxes[{b}]")
+            v = _numbers(box, 6, path, f"{where}.{bk}[{b}]")
             if mode == "cccwhd":
                 c, s = v[:3], v[3:]
             else:
                 c, s = (v[:3] + v[3:]) / 2, v[3:] - v[:3]
             if np.any(s <= 0):
                 raise ReadError(
-                    f"box sizes must be > 0, got {s.tolist()}", path, where=f"{where}.boxes[{b}]"
+                    f"box sizes must be > 0, got {s.tolist()}", path, where=f"{where}.{bk}[{b}]"
                 )
-            _sane(c, s, path, f"{where}.boxes[{b}]")
+            _sane(c, s, path, f"{where}.{bk}[{b}]")
             if isinstance(lab, bool) or not isinstance(lab, int) or not -(2**31) <= lab < 2**31:
                 raise ReadError(
-                    f"a label must be an integer, got {lab!r}", path, where=f"{where}.labels[{b}]"
+                    f"a label must be an integer, got {lab!r}", path, where=f"{where}.{lk}[{b}]"
                 )
             centers.append(c * flip)
             sizes.append(s)
             kinds.append("box")
             labels.append(lab)
-            ids.append(f"{os.path.basename(path)}:{where}.boxes[{b}]")
+            ids.append(f"{os.path.basename(path)}:{where}.{bk}[{b}]")
         for p, pt in enumerate(_items(case, "points", path, where)):
             v = _numbers(pt, 4, path, f"{where}.points[{p}]")
             if v[3] <= 0:
