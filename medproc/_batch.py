@@ -92,6 +92,7 @@ class Batch:
     closers: list = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # this run's rows, as cases finish
     made_qc: bool = False  # this run made OUTDIR/qc (removed again if left empty)
+    said: object = None  # the notes printed (medproc._said.Said: how many were not again)
 
     @property
     def annotations(self) -> list[tuple[str, str]]:

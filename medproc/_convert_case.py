@@ -20,6 +20,8 @@ __all__ = ["annotations_path", "sidecar_path", "plain_warning"]
 #: in the forked workers of a ``--device gpu`` batch: the main process's GPU service
 #: (:mod:`medproc._gpu_service`); these workers read and write on the CPU
 _SERVICE = None
+#: the notes this process's batch has said (:class:`medproc._said.Said`; None: say every one)
+SAID = None
 
 
 def _fmt(v) -> str:
@@ -131,10 +133,11 @@ def _finite_after_cubic(out, case) -> None:
 
 
 def _note(vol, case, note, say: bool = True) -> None:
-    """A note about this case: in its warnings (the manifest, the sidecar), once, and said."""
+    """A note about this case: in its warnings (the manifest, the sidecar), once, and said
+    unless the batch has said it word for word for another case (:mod:`medproc._said`)."""
     if note and note not in (vol.meta.get("warnings") or []):
         vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), note]
-        if say:
+        if say and (SAID is None or SAID.first(note)):
             warnings.warn(f"{case.source}: {note}", MedprocWarning, stacklevel=2)
 
 
@@ -276,17 +279,19 @@ def _worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _init_worker(parent: int, service=None) -> None:
-    """Pool initializer: end with the parent (even on kill -9); warnings as one plain line;
-    attach to the main process's GPU service when there is one."""
+def _init_worker(parent: int, service=None, said=None) -> None:
+    """Pool initializer: end with the parent (even on kill -9); warnings as one plain line,
+    notes the batch already said not again (``said``); attach to the main process's GPU
+    service when there is one."""
 
-    global _SERVICE
+    global _SERVICE, SAID
 
     from ._procs import die_with_parent, ignore_sigint
 
     ignore_sigint()  # Ctrl-C reaches the whole process group: the main process decides
     die_with_parent(parent, pdeathsig=True)
     warnings.showwarning = plain_warning
+    SAID = said
     if service is not None:
         service.attach()
         _SERVICE = service

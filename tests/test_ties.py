@@ -122,3 +122,43 @@ def test_resampled_warns_for_its_label_key_on_a_tying_grid():
         out = t(d)
     shift = _centroid_mm(_meta_vol(out["label"])) - _centroid_mm(lab)
     np.testing.assert_allclose(shift[:2], [-0.75, -0.75], atol=1e-9)
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_convert_prints_a_note_shared_by_many_cases_once_and_records_it_for_each(
+    tmp_path, capfd, jobs
+):
+    import csv
+    import json
+
+    import nibabel as nib
+
+    from medproc.cli import main
+
+    (tmp_path / "img").mkdir()
+    (tmp_path / "lab").mkdir()
+    img, lab = _box_case()
+    for n in range(4):
+        nib.save(nib.Nifti1Image(img.array, img.affine), tmp_path / "img" / f"c{n}.nii.gz")
+        nib.save(nib.Nifti1Image(lab.array, lab.affine), tmp_path / "lab" / f"c{n}.nii.gz")
+    out = tmp_path / "out"
+    args = ["convert", str(tmp_path / "img"), "--labels", str(tmp_path / "lab"), "-o", str(out)]
+    assert main([*args, "--spacing", "1.5", "--grid", "monai", "-j", jobs]) == 0
+    err = capfd.readouterr().err
+    assert err.count(_NOTE) == 1, err  # said for its first case only (any worker)
+    assert "3 more case note(s) identical to one above not printed" in err
+    rows = list(csv.DictReader(open(out / "manifest.csv")))
+    assert len(rows) == 4 and all(_NOTE in r["warnings"] for r in rows)  # recorded for each
+    for n in range(4):
+        assert any(_NOTE in w for w in json.loads((out / f"c{n}.json").read_text())["warnings"])
+    # a case-specific note is still printed for every case: each file clips differently
+    out2 = tmp_path / "out2"
+    for n in range(4):
+        nib.save(
+            nib.Nifti1Image(img.array * (300 * (n + 1)), img.affine),
+            tmp_path / "img" / f"c{n}.nii.gz",
+        )
+    again = ["convert", str(tmp_path / "img"), "-o", str(out2), "--spacing", "3", "--dtype", "int8"]
+    assert main([*again, "-j", jobs]) == 0
+    err = capfd.readouterr().err
+    assert err.count("int8") >= 4 and "not printed" not in err, err
