@@ -23,48 +23,17 @@ __all__ = ["check_itk_header", "check_itk_zlib", "ItkHeader"]
 
 #: bytes per value of NRRD types (every spelling the NRRD format allows)
 _NRRD_BYTES = {
-    **dict.fromkeys(
-        ("signed char", "int8", "int8_t", "uchar", "unsigned char", "uint8", "uint8_t", "char"), 1
-    ),
-    **dict.fromkeys(
-        (
-            "short",
-            "short int",
-            "signed short",
-            "signed short int",
-            "int16",
-            "int16_t",
-            "ushort",
-            "unsigned short",
-            "unsigned short int",
-            "uint16",
-            "uint16_t",
-        ),
-        2,
-    ),
-    **dict.fromkeys(
-        ("int", "signed int", "int32", "int32_t", "uint", "unsigned int", "uint32", "uint32_t"), 4
-    ),
-    **dict.fromkeys(
-        (
-            "longlong",
-            "long long",
-            "long long int",
-            "signed long long",
-            "signed long long int",
-            "int64",
-            "int64_t",
-            "ulonglong",
-            "unsigned long long",
-            "unsigned long long int",
-            "uint64",
-            "uint64_t",
-        ),
-        8,
-    ),
-    "float": 4,
-    "double": 8,
-}
+    name: size
+    for size, names in (
+        (1, "signed char,int8,int8_t,uchar,unsigned char,uint8,uint8_t,char"),
+        (2, "short,short int,signed short,signed short int,int16,int16_t,ushort,unsigned short,"
+            "unsigned short int,uint16,uint16_t"),
+        (4, "int,signed int,int32,int32_t,uint,unsigned int,uint32,uint32_t,float"),
+        (8, "longlong,long long,long long int,signed long long,signed long long int,int64,"
+            "int64_t,ulonglong,unsigned long long,unsigned long long int,uint64,uint64_t,double"),
+    )
+    for name in names.split(",")
+}  # fmt: skip
 _MET_BYTES = {
     "MET_CHAR": 1,
     "MET_UCHAR": 1,
