@@ -51,6 +51,7 @@ def _served(sample_data, out, spacing, n=None, nbytes=None, mode="plain"):
 def _serve_main(sample_data, out, spacing, n, nbytes, mode):
     import json
     import sys
+    import time
 
     from medproc import _gpu_service, load
 
@@ -73,8 +74,6 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             services=2 if mode in ("plain", "share") else 1,
         )
         if mode == "share":  # warm once the workers took two cases to resample themselves
-            import time
-
             # workers that have resampled before (DALI imported, a pipeline built: forked
             # with this flag); workers without one wait for a service warming up
             service.policy._first_done = True
@@ -128,6 +127,12 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
         try:
             futs = [pool.submit(_worker, batch._args(t)) for t in todo]
             res = [f.result(timeout=300) for f in futs]
+            # close() terminates a service still warming up (no case reached it), which may
+            # then hold the piece of its warm-up's output: the batch's arena goes with it, but
+            # the check below would fail (it did once in ~20 runs under load). Warm first.
+            deadline = time.monotonic() + 120
+            while not all(service._warm[:]) and time.monotonic() < deadline:
+                time.sleep(0.01)
         finally:
             pool.shutdown()
             service.close()
