@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import threading
+import warnings
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, wait
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from ._case_files import file_state, remove_files, take_back
 from ._convert_case import _worker, annotations_path, sidecar_path
 from ._trace import span
 from .cases import Case
+from .errors import MedprocWarning
 from .manifest import write_manifest
 
 log = logging.getLogger("medproc.convert")
@@ -92,7 +94,8 @@ class Batch:
     closers: list = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # this run's rows, as cases finish
     made_qc: bool = False  # this run made OUTDIR/qc (removed again if left empty)
-    said: object = None  # the notes printed (medproc._said.Said: how many were not again)
+    said: set = field(default_factory=set)  # the case notes printed (each once)
+    repeats: int = 0  # case notes not printed again: word for word one said for another case
 
     @property
     def annotations(self) -> list[tuple[str, str]]:
@@ -152,6 +155,7 @@ class Batch:
                 gone = take_back(t.outputs, t.before)
                 if gone:
                     log.info("%s: failed; removed what it wrote: %s", case.source, gone)
+            self._say(case, info.pop("notes", None) or ())
             row.update(info, status=status, error=err)
             self.rows.append(row)
             with span("finish"):
@@ -183,6 +187,17 @@ class Batch:
         if interrupted:
             raise KeyboardInterrupt
         return sorted(self.rows, key=lambda r: r["case"])
+
+    def _say(self, case, notes) -> None:
+        """Print a case's notes (warnings, ``medproc: warning: <input>: ...`` on the command
+        line), each only the first time in this batch: the label-tie note of a common grid is
+        the same for every case. Its manifest row and sidecar record them all."""
+        for note in notes:
+            if note in self.said:
+                self.repeats += 1
+                continue
+            self.said.add(note)
+            warnings.warn(f"{case.source}: {note}", MedprocWarning, stacklevel=2)
 
     def _manifest_rows(self) -> list[dict]:
         """The manifest now: earlier runs' rows, this run's settled rows, and a row saying

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 
 from .cases import Case
-from .errors import MedprocError, MedprocWarning
+from .errors import MedprocError
 from .io import atomic_write
 from .spec import Spec
 
@@ -20,8 +20,6 @@ __all__ = ["annotations_path", "sidecar_path", "plain_warning"]
 #: in the forked workers of a ``--device gpu`` batch: the main process's GPU service
 #: (:mod:`medproc._gpu_service`); these workers read and write on the CPU
 _SERVICE = None
-#: the notes this process's batch has said (:class:`medproc._said.Said`; None: say every one)
-SAID = None
 
 
 def _fmt(v) -> str:
@@ -49,6 +47,7 @@ def _convert_one(
     from .resample import check_label_grid, check_label_values, resample_batch
 
     t = time.perf_counter()
+    say: list[str] = []  # notes for the main process to print (the manifest records them all)
     # with --device gpu the voxels go to the GPU once, decoded there where it is proven; in a
     # worker of the GPU service they are read here and resampled by the main process
     here = "cpu" if _SERVICE is not None else device
@@ -62,7 +61,7 @@ def _convert_one(
         check_label_grid(vol, lab, f"the label map {case.label}", case.source)
         check_label_values(lab, case.label)
     # said per case (a warning line, the manifest, the sidecar), as planning's notes below
-    _note(vol, case, _dtype_clips(vol, spec))
+    _note(vol, _dtype_clips(vol, spec), say)
     got = None
     if _SERVICE is not None:
         with span("to_service", case=case.source):
@@ -85,7 +84,7 @@ def _convert_one(
     else:
         out, out_lab, release = got
     for note in out.meta.get("warnings") or []:  # planning's notes (the input's are there)
-        _note(vol, case, note)
+        _note(vol, note, say)
     try:
         if spec.interp == "cubic" and nan != "keep":  # (linear and nearest stay in range)
             _finite_after_cubic(out, case)
@@ -117,6 +116,7 @@ def _convert_one(
         "worker": _worker_id(),
         "lesions": n_les,
         "warnings": " | ".join(str(w) for w in vol.meta.get("warnings") or []),
+        "notes": say,  # (not a manifest column: the main process prints them)
     }
 
 
@@ -132,13 +132,14 @@ def _finite_after_cubic(out, case) -> None:
         )
 
 
-def _note(vol, case, note, say: bool = True) -> None:
-    """A note about this case: in its warnings (the manifest, the sidecar), once, and said
-    unless the batch has said it word for word for another case (:mod:`medproc._said`)."""
+def _note(vol, note, say: list | None = None) -> None:
+    """A note about this case: in its warnings (the manifest, the sidecar), once, and added to
+    ``say``: the notes the main process prints (each word for word once per batch: the
+    label-tie note of a common grid is the same for every case)."""
     if note and note not in (vol.meta.get("warnings") or []):
         vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), note]
-        if say and (SAID is None or SAID.first(note)):
-            warnings.warn(f"{case.source}: {note}", MedprocWarning, stacklevel=2)
+        if say is not None:
+            say.append(note)
 
 
 def _dtype_clips(vol, spec: Spec) -> str | None:
@@ -179,7 +180,7 @@ def _write_case(
         n_les = str(len(lesions))
         if off:  # (the manifest's count is of every lesion written; say which are off)
             note = f'{off} of {n_les} lesion(s) lie outside the output grid ("inside": false)'
-            _note(vol, case, note, say=False)
+            _note(vol, note)
     if record is not None:  # (after the notes above: the sidecar lists them too)
         _write_sidecar(out_path, case, vol, out, label_path, record)
     if qc_path:
@@ -279,19 +280,17 @@ def _worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _init_worker(parent: int, service=None, said=None) -> None:
-    """Pool initializer: end with the parent (even on kill -9); warnings as one plain line,
-    notes the batch already said not again (``said``); attach to the main process's GPU
-    service when there is one."""
+def _init_worker(parent: int, service=None) -> None:
+    """Pool initializer: end with the parent (even on kill -9); warnings as one plain line;
+    attach to the main process's GPU service when there is one."""
 
-    global _SERVICE, SAID
+    global _SERVICE
 
     from ._procs import die_with_parent, ignore_sigint
 
     ignore_sigint()  # Ctrl-C reaches the whole process group: the main process decides
     die_with_parent(parent, pdeathsig=True)
     warnings.showwarning = plain_warning
-    SAID = said
     if service is not None:
         service.attach()
         _SERVICE = service

@@ -32,7 +32,6 @@ from concurrent.futures import BrokenExecutor
 
 import numpy as np
 
-from . import _convert_case
 from ._batch import INTERRUPTED, Batch
 from ._case_checks import check_not_an_input, warn_unmatched
 from ._convert_case import (
@@ -44,7 +43,6 @@ from ._convert_case import (
     sidecar_path,
 )
 from ._plan_batch import foresee, plan_cases
-from ._said import Said
 from .cases import (
     DEFAULT_NAME,
     Case,
@@ -230,7 +228,6 @@ def prepare(
     if dry_run:
         check_outdir(outdir)
     closers = [] if dry_run else [prepare_outdir(outdir).release]
-    said = _convert_case.SAID = Said()  # (this process's cases, and its pool's)
     try:
         ex = executor
         if ex is None and dask and not dry_run:
@@ -248,9 +245,7 @@ def prepare(
         pool, size, warm = None, 0, False
 
         def fork_pool(n):  # the GPU service starts once its workers have forked
-            p = start_pool(
-                n, _init_worker, (os.getpid(), service, said), "cpu" if service else device
-            )
+            p = start_pool(n, _init_worker, (os.getpid(), service), "cpu" if service else device)
             closers.insert(0, p.shutdown)
             if service is not None:
                 closers.insert(1, service.close)
@@ -311,7 +306,7 @@ def prepare(
             cases, outdir, prior, opts, fmt=fmt, name=name, force=force, qc=qc, table=table
         )
         batch.skipped, batch.spec, batch.device, batch.nan = skipped, spec, device, nan
-        batch.dry_run, batch.closers, batch.said = dry_run, closers, said
+        batch.dry_run, batch.closers = dry_run, closers
         if dry_run:  # what the headers already show the run would refuse
             foresee(batch, spec)
         n = len(batch.todo)

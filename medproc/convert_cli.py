@@ -276,10 +276,9 @@ def _cmd_convert(a) -> int:
                 print_skipped(batch)
             line = summary_line(a, batch, s, time.perf_counter() - t0)
             ui.console().print(line, soft_wrap=True)
-            repeats = batch.said.repeats if batch.said is not None else 0
-            if repeats:
+            if batch.repeats:
                 print(
-                    f"medproc: warning: {repeats} more case note(s) identical to one above not "
+                    f"medproc: warning: {batch.repeats} more case note(s) identical to one above not "
                     "printed; manifest.csv's 'warnings' column and each case's <name>.json list "
                     "every case's",
                     file=sys.stderr,
