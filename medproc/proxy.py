@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .annotations.boxes import lesion_boxes
+from .annotations.boxes import clip_boxes, lesion_boxes
 from .plan import Plan, make_plan, say_notes
 from .spec import Spec
 
@@ -69,9 +69,13 @@ class ProxyTransform:
     Volume on the image's grid) and ``"lesions"`` (:class:`~medproc.annotations.Lesions`), and
     returns a dict with ``"image"``/``"label"`` (replaced by tensors in the batch), ``"affine"``
     (4x4 float64 tensor of the output grid), ``"lesions"`` (a list of dicts from
-    ``Lesions.on_grid``: voxel centre, world centre, size, inside flag), ``"boxes"``,
-    ``"boxes_world"``, ``"box_labels"`` (MONAI detection format, see :func:`lesion_boxes`) and
-    ``"meta"``. Other keys pass through.
+    ``Lesions.on_grid``: voxel centre, world centre, size, inside flag; every lesion, also
+    those a crop left out), ``"boxes"``, ``"boxes_world"``, ``"box_labels"`` (MONAI detection
+    format, see :func:`lesion_boxes`: the ground truth of a detector, so only the lesions on
+    the output grid, their voxel boxes clipped to it, as MONAI's
+    ``ClipBoxToImaged(remove_empty=True)``; world boxes are the lesions' whole extent),
+    ``"box_lesion"`` (the index into ``"lesions"`` of each box) and ``"meta"``. Other keys
+    pass through.
 
     ``augment(plan, rng) -> index_map`` may add a random spatial augmentation (see
     :func:`medproc.plan.flip_map`, :func:`medproc.plan.affine_map`); the voxels and the lesions
@@ -169,7 +173,11 @@ class ProxyTransform:
         placed = plan.lesions_on_grid(lesions) if lesions is not None else []
         out["lesions"] = placed
         vox, world, labels = lesion_boxes(placed, self.box_mode)
-        out["boxes"], out["boxes_world"], out["box_labels"] = vox, world, labels
+        # a detector's ground truth: what lies on this grid (a crop cuts or leaves out
+        # lesions), as MONAI's ClipBoxToImaged(remove_empty=True); "lesions" keeps them all
+        kept, vox = clip_boxes(vox, plan.out_shape, self.box_mode)
+        out["boxes"], out["boxes_world"], out["box_labels"] = vox, world[kept], labels[kept]
+        out["box_lesion"] = kept
         out["meta"] = {
             "source": img.meta.get("source"),
             "in_shape": img.shape,
@@ -181,7 +189,7 @@ class ProxyTransform:
         return out
 
 
-_BOXES = ("boxes", "boxes_world", "box_labels")
+_BOXES = ("boxes", "boxes_world", "box_labels", "box_lesion")
 _PER_SAMPLE = ("lesions", "meta", *_BOXES)
 
 

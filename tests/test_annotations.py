@@ -3,6 +3,7 @@ crop, flip and rotation, SEG and RTSTRUCT, and convert --annotations."""
 
 import json
 import os
+import warnings
 
 import nibabel as nib
 import numpy as np
@@ -414,3 +415,24 @@ def test_null_and_absent_lesion_lists_are_no_lesions(tmp_path):
     p.write_text(json.dumps({"cases": [{"image": "a.nii.gz", "boxes": None}, {"image": "b.nii"}]}))
     got = read_json(str(p))
     assert len(got["a"]) == 0 and len(got["b"]) == 0
+
+
+def test_a_monai_datalist_without_a_coordinate_system_says_how_its_boxes_are_read(tmp_path):
+    """MONAI's LUNA16 datalists hold LPS boxes and do not say so: read as RAS (MONAI's default)
+    every box would land with x and y negated, on background. So medproc says how it reads
+    them, and 'coordinate_system' at the top level settles it."""
+    item = {"image": "a.nii.gz", "box": [[10.0, -20.0, 30.0, 4, 4, 4]], "label": [1]}
+    p = tmp_path / "dl.json"
+    p.write_text(json.dumps({"training": [item]}))
+    with pytest.warns(medproc.MedprocWarning, match="dl.json: .*without 'coordinate_system'.*LPS"):
+        ras = read_json(str(p))["a"]
+    np.testing.assert_allclose(ras.centers, [[10.0, -20.0, 30.0]])
+    for system, centre in (("LPS", [-10.0, 20.0, 30.0]), ("RAS", [10.0, -20.0, 30.0])):
+        p.write_text(json.dumps({"coordinate_system": system, "training": [item]}))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # said: no warning
+            np.testing.assert_allclose(read_json(str(p))["a"].centers, [centre])
+    p.write_text(json.dumps({"training": [{"image": "a.nii.gz", "label": "a_seg.nii.gz"}]}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a segmentation datalist: no boxes, nothing to say
+        read_json(str(p))

@@ -191,6 +191,58 @@ def test_boxes_come_in_monai_detection_format():
             np.testing.assert_allclose(wc.numpy(), les["center_world_ras"], atol=1e-3)
 
 
+class _FarLesion(CaseDataset):
+    """The cases with a third lesion 20 cm above the first, off every grid."""
+
+    def __getitem__(self, i):
+        from medproc.annotations import Lesions
+
+        img, lab, les = _case(i)
+        far = les.centers[0] + [0.0, 0.0, 200.0]
+        les = Lesions(np.r_[les.centers, [far]], np.r_[les.sizes, [[5.0] * 3]])
+        return self.transform({"image": img, "label": lab, "lesions": les, "index": i})
+
+
+def _boxes_on_crop(crop):
+    """Check one crop (see the test below); returns how many boxes it clipped and removed."""
+    from medproc.annotations.boxes import lesion_boxes
+
+    spec = medproc.Spec(spacing=1.5, orientation="RAS", crop=crop)
+    with ProxyServer(spec, device="cpu", batch_size=2, with_label=True, augment=augment) as server:
+        batch = next(iter(server.loader(_FarLesion(2, server.transform), batch_size=2)))
+    ext = np.asarray(crop) - 0.5
+    seen = {"clipped": 0, "removed": 0}
+    for s in range(2):
+        lesions, lab = batch["lesions"][s], batch["label"][s, 0].numpy()
+        boxes, kept = batch["boxes"][s].numpy(), batch["box_lesion"][s].numpy()
+        assert len(lesions) == 3 and boxes.shape == (len(kept), 6)
+        assert batch["box_labels"][s].shape == batch["boxes_world"][s].shape[:1] == kept.shape
+        whole, _, _ = lesion_boxes(lesions)  # every lesion, unclipped
+        for k in range(len(lesions)):
+            pts = np.argwhere(lab == k + 1)
+            if k not in kept:
+                assert len(pts) == 0, (k, len(pts))  # no lesion on the crop lost its box
+                assert np.any(whole[k, 3:] <= -0.5) or np.any(whole[k, :3] >= ext)
+                seen["removed"] += 1
+                continue
+            b = boxes[list(kept).index(k)]
+            np.testing.assert_allclose(b[:3], np.maximum(whole[k, :3], -0.5), atol=1e-4)
+            np.testing.assert_allclose(b[3:], np.minimum(whole[k, 3:], ext), atol=1e-4)
+            assert (b[:3] >= -0.5 - 1e-6).all() and (b[3:] <= ext + 1e-6).all()
+            assert (pts >= b[:3] - 0.5).all() and (pts <= b[3:] + 0.5).all()
+            seen["clipped"] += bool(np.any(b != whole[k]))
+    return seen
+
+
+def test_boxes_are_the_ground_truth_on_the_crop_clipped_to_it():
+    """Crops that cut lesions or leave them out: ``boxes`` hold what lies on the output grid,
+    clipped to its extent, as MONAI's ClipBoxToImaged(remove_empty=True); every lesion with
+    label voxels in the output keeps its box; ``lesions`` keeps all of them. The crops clip
+    and remove some boxes (so this cannot pass by doing neither)."""
+    seen = [_boxes_on_crop(c) for c in [(20, 20, 20), (30, 36, 16), (12, 48, 40), (2, 2, 2)]]
+    assert sum(x["clipped"] for x in seen) > 0 and sum(x["removed"] for x in seen) > 0, seen
+
+
 class _Crashing(CaseDataset):
     def __getitem__(self, i):
         import os

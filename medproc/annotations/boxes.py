@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["lesion_boxes"]
+__all__ = ["clip_boxes", "lesion_boxes"]
 
 
 def lesion_boxes(placed: list[dict], mode: str = "xyzxyz"):
@@ -12,10 +12,10 @@ def lesion_boxes(placed: list[dict], mode: str = "xyzxyz"):
 
     Returns ``(boxes_voxel, boxes_world, labels)``: float32 ``(N, 6)`` arrays in ``mode``
     (``"xyzxyz"``: corners, MONAI's ``StandardMode``; ``"cccwhd"``: centre and size), in voxel
-    ``(i, j, k)`` and world RAS mm coordinates, and int64 ``(N,)`` labels.
+    ``(i, j, k)`` and world RAS mm coordinates, and int64 ``(N,)`` labels. Every lesion, also
+    those off the grid: :func:`clip_boxes` keeps what lies on it.
     """
-    if mode not in ("xyzxyz", "cccwhd"):
-        raise ValueError(f"box mode must be 'xyzxyz' or 'cccwhd', got {mode!r}")
+    _check_mode(mode)
     vox = np.zeros((len(placed), 6), np.float32)
     world = np.zeros((len(placed), 6), np.float32)
     for n, p in enumerate(placed):
@@ -26,3 +26,28 @@ def lesion_boxes(placed: list[dict], mode: str = "xyzxyz"):
             c, s = np.asarray(c, np.float64), np.asarray(s, np.float64)
             out[n] = np.r_[c - s / 2, c + s / 2] if mode == "xyzxyz" else np.r_[c, s]
     return vox, world, np.array([p["label"] for p in placed], np.int64)
+
+
+def clip_boxes(boxes_voxel: np.ndarray, shape, mode: str = "xyzxyz"):
+    """Voxel boxes clipped to a grid of ``shape`` (its extent: voxel centres at integer
+    indices, so ``-0.5 .. n - 0.5`` along each axis), boxes left with no volume on it removed,
+    as MONAI's ``ClipBoxToImaged(remove_empty=True)`` does for a detector's ground truth.
+
+    Returns ``(kept, clipped)``: the int64 indices of the boxes kept, and those boxes clipped,
+    in ``mode``."""
+    _check_mode(mode)
+    b = np.asarray(boxes_voxel, np.float64).reshape(-1, 6)
+    lo, hi = (b[:, :3], b[:, 3:]) if mode == "xyzxyz" else (b[:, :3] - b[:, 3:] / 2, None)
+    if hi is None:
+        hi = b[:, :3] + b[:, 3:] / 2
+    ext = np.asarray(shape[:3], np.float64) - 0.5
+    lo, hi = np.maximum(lo, -0.5), np.minimum(hi, ext)
+    kept = np.flatnonzero(np.all(hi > lo, axis=1))
+    lo, hi = lo[kept], hi[kept]
+    out = np.c_[lo, hi] if mode == "xyzxyz" else np.c_[(lo + hi) / 2, hi - lo]
+    return kept.astype(np.int64), out.astype(np.float32).reshape(-1, 6)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("xyzxyz", "cccwhd"):
+        raise ValueError(f"box mode must be 'xyzxyz' or 'cccwhd', got {mode!r}")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 
-from ..errors import ReadError
+from ..errors import MedprocWarning, ReadError
 from ..geometry import LPS_TO_RAS
 from .dicom_labels import read_rtstruct, read_seg  # noqa: F401 (re-exported)
 from .lesions import Lesions
@@ -182,6 +183,8 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
                 lab = None if isinstance(lab, str) else lab
                 cases.append(dict(image=c.get("image"), box=c.get("box"), label=lab))
                 wheres.append(f"{key}[{n}]")
+        if "coordinate_system" not in doc and any(c["box"] for c in cases):
+            _warn_datalist_system(path)
     else:
         for n, c in enumerate(_list(cases, path, "cases")):
             extra = sorted(set(c) - _CASE_KEYS) if isinstance(c, dict) else []
@@ -323,6 +326,21 @@ def _sane(center, size, path, where) -> None:
             path,
             where=where,
         )
+
+
+def _warn_datalist_system(path: str) -> None:
+    """A MONAI datalist does not say in which world its boxes are: RAS is MONAI's default, but
+    its LUNA16 datalists hold LPS boxes, and read as RAS every box lands with its x and y negated
+    (on background, silently)."""
+    warnings.warn(
+        f"{path}: a MONAI detection datalist without 'coordinate_system': its boxes are read "
+        "as world RAS mm, as MONAI's AffineBoxToImageCoordinated reads them by default. MONAI's "
+        "LUNA16 datalists hold LPS boxes (its bundle sets affine_lps_to_ras=true): if these "
+        'do, add "coordinate_system": "LPS" at the file\'s top level; "RAS" says they are '
+        "RAS and silences this",
+        MedprocWarning,
+        stacklevel=3,
+    )
 
 
 def _items(case: dict, key: str, path, where) -> list:
