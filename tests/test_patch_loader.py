@@ -448,6 +448,22 @@ def test_arguments_checked():
         PatchLoader(datalist(), SPEC, (8, 8, 8), sampling={"pos": 1})
 
 
+def test_a_detection_datalist_is_a_clear_error_naming_the_case(tmp_path):
+    """MONAI's detection datalists hold box labels (a list) under "label": PatchLoader wants a
+    label map's path there, and says so before reading anything."""
+    cases = datalist()
+    det = [{"image": c["image"], "box": [[0, 0, 0, 4, 4, 4]], "label": [0]} for c in cases]
+    (tmp_path / "det.json").write_text(json.dumps({"training": det}))
+    with pytest.raises(medproc.UsageError, match=r"case 0 .*'label' must be a file path, got list"):
+        PatchLoader(str(tmp_path / "det.json"), SPEC, (8, 8, 8))
+    with pytest.raises(medproc.UsageError, match="detection datalist.*'lesions'"):
+        PatchLoader(det, SPEC, (8, 8, 8))
+    with pytest.raises(medproc.UsageError, match=r"case 1 .*'image' must be a file path, got int"):
+        PatchLoader([cases[0], {"image": 3}], SPEC, (8, 8, 8))
+    with pytest.raises(medproc.UsageError, match="case 0 is a str"):
+        PatchLoader(["a.nii.gz"], SPEC, (8, 8, 8))
+
+
 def _engine_threads() -> int:
     import threading
 

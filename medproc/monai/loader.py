@@ -32,7 +32,6 @@ to where its content lies in RAS mm: flips, turns, rotations and scaling are in 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import weakref
 from collections import deque
@@ -45,6 +44,7 @@ from monai.data import MetaTensor
 from ..errors import check_device
 from ..pipeline import stacked
 from ..spec import Spec
+from ._datalist import read_datalist
 from ._patch_cache import GPU_CACHE_FRACTION, Builder, Entry
 from .meta import store
 from .patches import Augment, PosNeg, draw_patches
@@ -159,11 +159,7 @@ class PatchLoader:
             from ..errors import DeviceError
 
             raise DeviceError("device='gpu' but PyTorch sees no CUDA GPU here; use device='cpu'")
-        if isinstance(datalist, (str, os.PathLike)):
-            from monai.data import load_decathlon_datalist
-
-            datalist = load_decathlon_datalist(str(datalist), data_list_key="training")
-        datalist = list(datalist)
+        datalist = read_datalist(datalist)
         self.shard_id, self.num_shards = _shard(shard_id, num_shards)
         self.cases = datalist[self.shard_id :: self.num_shards]
         if len(datalist) < self.num_shards:

@@ -127,7 +127,8 @@ class Resampled(MapTransform, InvertibleTransform):
         DALI backend; ``"gpu"`` returns CUDA MetaTensors (on the inputs' GPU if they are there).
     lesion_key : str, optional
         Key of :class:`~medproc.annotations.Lesions`: their places on the output grid are put
-        under ``"<lesion_key>_on_grid"`` (a list of dicts; see ``LoadVolumed`` on collation).
+        under ``"<lesion_key>_on_grid"`` (a list of dicts; see ``LoadVolumed`` on collation):
+        on this transform's output grid; MONAI transforms after it do not move them.
     allow_missing_keys : bool
         As in MONAI.
 

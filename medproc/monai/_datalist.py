@@ -1,0 +1,44 @@
+"""The datalist :class:`~medproc.monai.loader.PatchLoader` takes: MONAI's decathlon file or a
+list of ``{"image": path, "label": path}`` dicts, checked before any case is read."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import UsageError
+
+__all__ = ["read_datalist"]
+
+
+def read_datalist(datalist) -> list[dict]:
+    """The cases of ``datalist`` (a decathlon JSON file's "training" list, or a list), each a
+    dict whose "image" is a path and whose "label", when present, is a path too. A MONAI
+    *detection* datalist holds box labels (a list) under "label": said plainly, with the case,
+    instead of failing later in a reader."""
+    if isinstance(datalist, (str, os.PathLike)):
+        from monai.data import load_decathlon_datalist
+
+        datalist = load_decathlon_datalist(str(datalist), data_list_key="training")
+    cases = list(datalist)
+    for n, case in enumerate(cases):
+        if not isinstance(case, dict):
+            raise UsageError(
+                f"PatchLoader: case {n} is a {type(case).__name__}, not a dict like "
+                '{"image": path, "label": path}'
+            )
+        for key in ("image", "label"):
+            v = case.get(key)
+            if (v is None and key == "label") or isinstance(v, (str, os.PathLike)):
+                continue
+            what = (
+                " (a detection datalist's box labels? PatchLoader samples patches from a label "
+                "map: give its path under 'label', and boxes as medproc Lesions under 'lesions', "
+                "e.g. from medproc.annotations.read_json)"
+                if key == "label" and isinstance(v, list)
+                else ""
+            )
+            raise UsageError(
+                f"PatchLoader: case {n} ({case.get('image')!r:.80}): {key!r} must be a file "
+                f"path, got {type(v).__name__} {v!r:.60}{what}"
+            )
+    return cases
