@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -41,12 +42,19 @@ def check_layouts(a) -> dict:
                 f"--dataset {a.dataset}: nnU-Net finds raw datasets by name: the folder must be "
                 "named like Dataset501_Lungs (Dataset + 3 digits + _ + name)"
             )
-        from .layouts import written_from
+        from .layouts import is_medproc_dataset, written_from
 
+        _apart(a, a.dataset, "--dataset")
+        if os.path.lexists(a.dataset) and not is_medproc_dataset(a.dataset):
+            raise UsageError(
+                f"--dataset {a.dataset} exists and is not a dataset medproc wrote: medproc never "
+                "replaces a folder it did not write (not even with --force); move it away or "
+                "choose another name"
+            )
         if os.path.exists(a.dataset) and not a.force and not written_from(a.dataset, a.outdir):
             raise UsageError(
-                f"--dataset {a.dataset} exists and was not written from {a.outdir}; add --force "
-                "to replace it (which also converts every case again)"
+                f"--dataset {a.dataset} exists and was written from another output folder; add "
+                "--force to replace it (which also converts every case again)"
             )
         if a.format != "nii.gz":
             raise UsageError("--layout nnunet needs .nii.gz images: use --format nii.gz")
@@ -63,13 +71,48 @@ def check_layouts(a) -> dict:
         path = a.dataset if a.dataset and "nnunet" not in kinds else None
         if path is None or os.path.isdir(path):
             path = os.path.join(path or a.outdir, "datalist.json")
-        parent = os.path.dirname(os.path.abspath(path))
-        if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
-            raise UsageError(f"--layout monai: cannot write {path} (the folder is read-only)")
-        out["monai"] = path
+        out["monai"] = _check_datalist_path(a, path)
     elif a.validation:
         raise UsageError("--validation goes with --layout monai (nnU-Net makes its own splits)")
     return out
+
+
+def _apart(a, target: str, flag: str, holds: bool = True) -> None:
+    """A dataset folder (``holds``: also a folder whose files are replaced) must not hold the
+    inputs, the label maps or the output folder (replacing it would delete them), nor lie
+    inside an input folder unless it is inside the output folder, which no run reads (a later
+    run would read its files as inputs)."""
+    from .errors import UsageError
+    from .layouts import within
+
+    theirs = [("input", p) for p in a.inputs] + [("--labels folder", a.labels)] * bool(a.labels)
+    for what, p in [*theirs, ("output folder (-o)", a.outdir)] if holds else ():
+        if within(p, target):
+            raise UsageError(f"{flag} {target} holds the {what} {p}: choose a folder apart")
+    for what, p in theirs:
+        if os.path.isdir(p) and within(target, p) and not within(target, a.outdir):
+            raise UsageError(f"{flag} {target} lies inside the {what} {p}: choose a folder apart")
+
+
+def _check_datalist_path(a, path: str) -> str:
+    """The MONAI datalist's path, checked: a .json file that is not someone else's, written
+    with its relabelled maps (``labels/`` beside it) apart from the inputs."""
+    from .errors import UsageError
+    from .layouts import is_medproc_datalist
+
+    if not path.endswith(".json"):
+        raise UsageError(f"--layout monai: the datalist {path} must be a .json file (or a folder)")
+    if os.path.lexists(path) and not is_medproc_datalist(path):
+        raise UsageError(
+            f"--layout monai: {path} exists and is not a datalist medproc wrote: medproc never "
+            "replaces a file it did not write; move it away or give --dataset another path"
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(parent) and not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--layout monai: cannot write {path} (the folder is read-only)")
+    _apart(a, os.path.join(parent, "labels"), "--layout monai: its labels folder")
+    _apart(a, parent, "--layout monai: the datalist's folder", holds=False)
+    return path
 
 
 def check_cases(a, batch) -> None:
@@ -124,7 +167,14 @@ def write_layouts(a, targets: dict, batch, con) -> int:
                 validation=a.validation or (),
                 device=a.device,
             )
-            con.print(f"MONAI datalist: {p}", soft_wrap=True)
+            with open(p) as f:
+                doc = json.load(f)
+            n = {k: len(doc[k]) for k in ("training", "validation", "test")}
+            con.print(
+                f"MONAI datalist: {p} ({n['training']} training, {n['validation']} validation, "
+                f"{n['test']} test case(s) without a label)",
+                soft_wrap=True,
+            )
     except (MedprocError, ValueError, OSError) as e:
         print(f"medproc convert: error: --layout: {e}", file=sys.stderr)
         return 1

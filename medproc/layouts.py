@@ -36,6 +36,29 @@ _DESCRIPTION = "written by medproc from a converted dataset (manifest.csv)"
 _NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
 
 
+def is_medproc_dataset(folder) -> bool:
+    """Whether ``folder`` is a training dataset medproc wrote (it holds the source mark)."""
+    from .io.walk import SOURCE_MARK
+
+    return os.path.isfile(os.path.join(os.fspath(folder), SOURCE_MARK))
+
+
+def is_medproc_datalist(path) -> bool:
+    """Whether ``path`` is a datalist JSON medproc wrote (its "description" says so)."""
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(1 << 24))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("description") == _DESCRIPTION
+
+
+def within(path, folder) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it (real paths; either may not exist)."""
+    a, b = os.path.realpath(os.fspath(path)), os.path.realpath(os.fspath(folder))
+    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
+
+
 def written_from(dataset_dir, source) -> bool:
     """Whether ``dataset_dir`` is a dataset medproc wrote from the converted folder ``source``
     (a later run into the same pair rewrites it without ``overwrite``)."""
@@ -90,6 +113,32 @@ def _write_label(vol: Volume, key: dict, index: dict, link: str | None, dst: str
     save(Volume(lut[arr], vol.affine), dst)
 
 
+def _check_own_labels(paths: list[str], datalist: str) -> None:
+    """Label files the datalist will write may replace only files that datalist (medproc's,
+    from an earlier run) lists: never a user's label maps (``--labels`` given as the
+    datalist's ``labels/`` folder was rewritten in place)."""
+    clash = [p for p in paths if os.path.lexists(p)]
+    if not clash:
+        return
+    mine = set()
+    if os.path.exists(datalist):  # (checked above: medproc's)
+        with open(datalist) as f:
+            old = json.load(f)
+        base = os.path.dirname(datalist)
+        for key in ("training", "validation"):
+            for item in old.get(key) or []:
+                if isinstance(item, dict) and isinstance(item.get("label"), str):
+                    mine.add(os.path.realpath(os.path.join(base, item["label"])))
+    foreign = [p for p in clash if os.path.realpath(p) not in mine]
+    if foreign:
+        raise MedprocError(
+            f"would write labels over {len(foreign)} file(s) that no datalist of medproc's "
+            f"lists (e.g. {foreign[0]}): medproc never replaces files it did not write; give the "
+            "datalist another folder",
+            os.path.dirname(foreign[0]),
+        )
+
+
 def check_validation(validation, cases) -> None:
     """Raise ValueError if a name in ``validation`` is not among ``cases`` (the case names a
     datalist could hold), TypeError if it is one string instead of a list of names."""
@@ -109,6 +158,32 @@ def _swap_in(tmp: str, target: str) -> None:
         os.replace(target, os.path.join(old, "d"))
     os.replace(tmp, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _old_channel_name(target: str) -> str | None:
+    """The channel name of the dataset being replaced (a rerun without ``channel_name`` keeps
+    it: a name given once, "MR", was silently turned into a guessed "CT" before)."""
+    try:
+        with open(os.path.join(target, "dataset.json")) as f:
+            name = json.load(f)["channel_names"]["0"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return name if isinstance(name, str) and name else None
+
+
+def _drop_leftovers(target: str) -> None:
+    """Remove the half-built folders a killed run left beside ``target`` (``atomic_dir``'s
+    ``.<name>.part-*`` and ``.<name>.old-*``; the caller holds the output folder's lock, and
+    only a dataset written from that folder is replaced)."""
+    parent, name = os.path.split(target)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for n in names:
+        p = os.path.join(parent, n)
+        if re.fullmatch(rf"\.{re.escape(name)}\.(part|old)-[A-Za-z0-9_]+", n) and os.path.isdir(p):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _channel_name(path: str) -> str:
@@ -143,8 +218,8 @@ def write_nnunet(
         Case name or SeriesInstanceUID -> a label map, DICOM SEG or RTSTRUCT file (e.g. from
         :func:`find_dicom_labels`); otherwise the manifest's label outputs.
     channel_name : str, optional
-        ``channel_names["0"]``; nnU-Net picks the normalisation from it. Default: "CT" when
-        the first image holds HU, else "zscore".
+        ``channel_names["0"]``; nnU-Net picks the normalisation from it. Default: the dataset's
+        own when it replaces one, else "CT" when the first image holds HU, else "zscore".
     label_names : dict, optional
         Label-map value -> class name (SEG segments and RTSTRUCT ROIs bring their own names;
         classes are matched across cases by name, else by value, named "label_<v>").
@@ -169,8 +244,15 @@ def write_nnunet(
             f"nnU-Net finds raw datasets by name: {os.path.basename(target)!r} must look like "
             "'Dataset501_Lungs' (Dataset + 3 digits + _ + name), inside $nnUNet_raw"
         )
+    if os.path.lexists(target) and not is_medproc_dataset(target):
+        raise FileExistsError(
+            f"{target} exists and is not a dataset medproc wrote: medproc never replaces a folder "
+            "it did not write; move it away or choose another dataset folder"
+        )
     if os.path.exists(target) and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--force) to replace it")
+    if isinstance(source, (str, os.PathLike)) and within(source, target):
+        raise ValueError(f"the converted folder {source} lies inside the dataset folder {target}")
     rows = _finished_rows(source)
     for r in rows:
         if not r["output"].endswith(".nii.gz"):
@@ -178,7 +260,9 @@ def write_nnunet(
                 "nnU-Net needs .nii.gz images: convert with --format nii.gz", r["output"]
             )
     cases, index = gather_labels(rows, labels, label_names, device)
+    channel_name = channel_name or _old_channel_name(target)
     os.makedirs(os.path.dirname(target), exist_ok=True)
+    _drop_leftovers(target)
     tmp = atomic_dir(target)
     try:
         for sub in ("imagesTr", "labelsTr", "imagesTs"):
@@ -206,11 +290,11 @@ def write_nnunet(
         }
         with open(os.path.join(tmp, "dataset.json"), "w") as f:
             json.dump(doc, f, indent=1)
-        if isinstance(source, (str, os.PathLike)):  # (nnU-Net reads no dotfile)
-            from .io.walk import SOURCE_MARK
+        from .io.walk import SOURCE_MARK  # (nnU-Net reads no dotfile)
 
-            with open(os.path.join(tmp, SOURCE_MARK), "w") as f:
-                f.write(os.path.realpath(os.fspath(source)) + "\n")
+        with open(os.path.join(tmp, SOURCE_MARK), "w") as f:  # (rows: no folder to name)
+            named = isinstance(source, (str, os.PathLike))
+            f.write(os.path.realpath(os.fspath(source)) + "\n" if named else "")
         _swap_in(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -243,6 +327,11 @@ def write_monai_datalist(
 
     path = os.path.abspath(os.fspath(path))
     base = os.path.dirname(path)
+    if os.path.lexists(path) and not is_medproc_datalist(path):
+        raise FileExistsError(
+            f"{path} exists and is not a datalist medproc wrote: medproc never replaces a file "
+            "it did not write; move it away or choose another path"
+        )
     every = _manifest_rows(source)
     check_validation(validation, {r["case"] for r in every})
     rows = _finished_rows(source, every)
@@ -257,17 +346,27 @@ def write_monai_datalist(
     cases, index = gather_labels(rows, labels, label_names, device)
     labels_dir = labels_dir or os.path.join(base, "labels")
     doc: dict = {"training": [], "validation": [], "test": []}
+    made = []  # (vol, key, dst): labels renumbered or from DICOM, written beside the list
     for r, vol, lk, key in cases:
         item = {"image": os.path.relpath(r["output"], base)}
         if vol is None:
+            if r["case"] in set(validation):
+                warnings.warn(
+                    f"validation case {r['case']} has no label: listed under 'test'",
+                    MedprocWarning,
+                    stacklevel=2,
+                )
             doc["test"].append(item)
             continue
         dst = lk if lk and all(v == index[k] for v, k in key.items()) else None
-        if dst is None:  # renumbered or from DICOM: written beside the list (save is atomic)
+        if dst is None:
             dst = os.path.join(labels_dir, f"{r['case']}.nii.gz")
-            _write_label(vol, key, index, None, dst, "copy")
+            made.append((vol, key, dst))
         item["label"] = os.path.relpath(dst, base)
         doc["validation" if r["case"] in set(validation) else "training"].append(item)
+    _check_own_labels([d for _, _, d in made], path)
+    for vol, key, dst in made:  # (save is atomic)
+        _write_label(vol, key, index, None, dst, "copy")
     doc["labels"] = {"0": "background"} | {
         str(n): (k if isinstance(k, str) else f"label_{k}") for k, n in index.items()
     }

@@ -299,7 +299,7 @@ def test_seg_files_are_annotations_and_layouts_use_them(sample_data, tmp_path, c
     assert (ds / "dataset.json").exists() and (ds / "labelsTr").is_dir()
     other = ["-o", str(tmp_path / "out2")]
     assert main(args[:2] + other + args[4:] + ["400"]) == 2
-    assert "exists and was not written from" in capsys.readouterr().err
+    assert "written from another output folder" in capsys.readouterr().err
 
 
 def test_inspect_shows_seg_as_an_annotation(sample_data, tmp_path, capsys):

@@ -1,0 +1,163 @@
+"""Where ``--layout nnunet|monai`` writes: never over, into or around what is not medproc's.
+
+A hostile-input probe found ``--layout monai --dataset PATH`` writing over any file (an input
+image, the run's own manifest, a user's datalist), ``--force`` deleting a dataset folder that
+held the run's inputs or its output folder, and relabelled maps written over the user's label
+maps. Each is refused before any work now (exit 2), and the files stay as they were.
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+
+import medproc
+from medproc.cli import main
+from medproc.errors import MedprocError
+from medproc.layouts import write_monai_datalist, write_nnunet
+
+
+def _case_tree(sample_data, root):
+    """images/ and labels/ with two cases each (copies of the bundled NIfTI cases)."""
+    for sub in ("images", "labels"):
+        os.makedirs(root / sub, exist_ok=True)
+        for n in ("case001", "case002"):
+            src = os.path.join(sample_data, "nifti", sub, f"{n}.nii.gz")
+            shutil.copy(src, root / sub / f"{n}.nii.gz")
+    return root / "images", root / "labels"
+
+
+def _stamps(folder):
+    """Every file under ``folder`` with its bytes."""
+    return {
+        os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+        for d, _, files in os.walk(folder)
+        for f in files
+    }
+
+
+def _convert(images, labels, out, *more):
+    args = ["convert", str(images), "--labels", str(labels), "-o", str(out), "--spacing", "3"]
+    return main([*args, "-q", *more])
+
+
+@pytest.mark.parametrize("target", ["input", "foreign_json", "default_foreign", "manifest"])
+def test_a_datalist_never_replaces_a_file_medproc_did_not_write(
+    sample_data, tmp_path, capsys, target
+):
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    out = tmp_path / "out"
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"training": []}')
+    if target in ("default_foreign", "manifest"):
+        assert _convert(images, labels, out) == 0  # an existing output folder
+        (out / "datalist.json").write_text('{"training": [], "note": "hand-made"}')
+    path = {
+        "input": images / "case001.nii.gz",
+        "foreign_json": mine,
+        "default_foreign": None,
+        "manifest": out / "manifest.csv",
+    }[target]
+    before = _stamps(tmp_path)
+    more = ["--layout", "monai"] + (["--dataset", str(path)] if path else [])
+    assert _convert(images, labels, out, *more) == 2
+    assert "usage error: --layout monai" in capsys.readouterr().err
+    assert _stamps(tmp_path) == before  # nothing written, nothing replaced
+
+
+def test_relabelled_maps_never_go_over_the_users_label_maps(sample_data, tmp_path, capsys):
+    images, _ = _case_tree(sample_data, tmp_path / "data")
+    out = tmp_path / "out"
+    shutil.copytree(tmp_path / "data" / "labels", out / "labels")  # --labels is OUTDIR/labels
+    before = _stamps(tmp_path)
+    assert _convert(images, out / "labels", out, "--layout", "monai") == 2
+    assert "labels folder" in capsys.readouterr().err
+    assert _stamps(tmp_path) == before
+    # the library function refuses too, once it knows which files it would write
+    assert _convert(images, tmp_path / "data" / "labels", out) == 0
+    seg = out / "labels" / "case001.nii.gz"  # a user's file where a relabelled map would go
+    with pytest.raises(MedprocError, match="no datalist of medproc's lists"):
+        write_monai_datalist(out, out / "list.json", label_names={1: "x", 2: "y"}, labels={
+            "case001": str(tmp_path / "data" / "labels" / "case001.nii.gz"),
+            "case002": str(tmp_path / "data" / "labels" / "case002.nii.gz"),
+        })  # fmt: skip
+    assert seg.read_bytes() == before[os.path.relpath(seg, tmp_path)]
+    assert not (out / "list.json").exists()
+
+
+def test_a_dataset_folder_holding_the_inputs_or_the_output_is_refused_even_with_force(
+    sample_data, tmp_path, capsys
+):
+    ds = tmp_path / "nnUNet_raw" / "Dataset501_Lungs"
+    images, labels = _case_tree(sample_data, ds / "raw")
+    (ds / "NOTES.txt").write_text("precious")
+    before = _stamps(tmp_path)
+    for extra in ([], ["--force"]):
+        assert _convert(images, labels, tmp_path / "out", "--layout", "nnunet",
+                        "--dataset", str(ds), *extra) == 2  # fmt: skip
+        assert "holds the input" in capsys.readouterr().err
+    assert _stamps(tmp_path) == before
+    # -o inside the dataset folder: refused before converting (it would be deleted with it)
+    ds2 = tmp_path / "nnUNet_raw" / "Dataset502_B"
+    images2, labels2 = _case_tree(sample_data, tmp_path / "elsewhere")
+    assert _convert(images2, labels2, ds2 / "out", "--layout", "nnunet", "--dataset", str(ds2)) == 2
+    assert "holds the output folder" in capsys.readouterr().err
+    assert not ds2.exists()
+    # a dataset folder inside an input folder: a later run would read it as input
+    ds3 = images2 / "Dataset503_C"
+    assert _convert(images2, labels2, tmp_path / "o3", "--layout", "nnunet",
+                    "--dataset", str(ds3)) == 2  # fmt: skip
+    assert "lies inside the input" in capsys.readouterr().err
+
+
+def test_force_replaces_only_a_dataset_medproc_wrote(sample_data, tmp_path, capsys):
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    raw = tmp_path / "nnUNet_raw"
+    foreign = raw / "Dataset501_Lungs"
+    (foreign / "imagesTr").mkdir(parents=True)
+    (foreign / "dataset.json").write_text("{}")
+    before = _stamps(foreign)
+    args = ["--layout", "nnunet", "--dataset", str(foreign), "--force"]
+    assert _convert(images, labels, tmp_path / "out", *args) == 2
+    assert "not a dataset medproc wrote" in capsys.readouterr().err
+    assert _stamps(foreign) == before
+    with pytest.raises(FileExistsError, match="not a dataset medproc wrote"):
+        write_nnunet(tmp_path / "out", foreign, overwrite=True)
+    # medproc's own, from another output folder: refused without --force, replaced with it
+    mine = raw / "Dataset502_Mine"
+    assert (
+        _convert(images, labels, tmp_path / "a", "--layout", "nnunet", "--dataset", str(mine)) == 0
+    )
+    b = ["--layout", "nnunet", "--dataset", str(mine)]
+    assert _convert(images, labels, tmp_path / "b", *b) == 2
+    assert "written from another output folder" in capsys.readouterr().err
+    # a killed earlier build left its half-built folder beside the dataset: removed
+    (raw / ".Dataset502_Mine.part-abc123").mkdir()
+    assert _convert(images, labels, tmp_path / "b", *b, "--force") == 0
+    assert sorted(os.listdir(raw)) == ["Dataset501_Lungs", "Dataset502_Mine"]
+    assert open(mine / ".medproc_source").read().strip() == os.path.realpath(tmp_path / "b")
+
+
+def test_a_validation_case_without_a_label_is_said(sample_data, tmp_path):
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    os.remove(labels / "case002.nii.gz")
+    out = tmp_path / "out"
+    assert _convert(images, labels, out) == 0
+    with pytest.warns(medproc.MedprocWarning, match="validation case case002 has no label"):
+        p = write_monai_datalist(out, out / "datalist.json", validation=["case002"])
+    doc = json.load(open(p))
+    assert [x["image"] for x in doc["test"]] == ["case002.nii.gz"] and not doc["validation"]
+
+
+def test_a_rerun_keeps_the_datasets_channel_name(sample_data, tmp_path, capsys):
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    ds = tmp_path / "raw" / "Dataset505_MR"
+    args = ["--layout", "nnunet", "--dataset", str(ds)]
+    assert _convert(images, labels, tmp_path / "out", *args, "--channel-name", "MR") == 0
+    assert _convert(images, labels, tmp_path / "out", *args, "--spacing", "4", "--force") == 0
+    assert json.load(open(ds / "dataset.json"))["channel_names"] == {"0": "MR"}
+    more = ["--labels", str(labels), "-o", str(tmp_path / "out"), "--spacing", "4"]
+    assert main(["convert", str(images), *more, "--layout", "monai"]) == 0
+    said = "(2 training, 0 validation, 0 test case(s) without a label)"
+    assert said in capsys.readouterr().err
