@@ -20,7 +20,7 @@ def _event(line: str):
     killed as it wrote it, or a file medproc did not write)."""
     try:
         e = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: nested too deeply for Python)
         return None
     if not isinstance(e, dict) or not isinstance(e.get("name"), str):
         return None

@@ -112,9 +112,10 @@ def test_trace_files_that_are_not_traces_are_refused_or_left_out(tmp_path, capsy
     junk = tmp_path / "junk"
     junk.mkdir()
     span = {"name": "start", "t0": 0.0, "t1": 0.5, "pid": 7, "thread": "MainThread"}
-    lines = ["[1, 2, 3]", '{"foo": 1}', json.dumps({**span, "t1": 1e300}), json.dumps(span)]
+    deep = "[" * 100_000 + "]" * 100_000  # (json.loads: RecursionError)
+    lines = ["[1, 2, 3]", '{"foo": 1}', json.dumps({**span, "t1": 1e300}), deep, json.dumps(span)]
     (junk / "1.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.warns(UserWarning, match="3 line"):
+    with pytest.warns(UserWarning, match="4 line"):
         assert trace_report.load(str(junk)) == [span]
     (junk / "2.jsonl").write_bytes(b"\xff\xfe\n")
     with pytest.raises(UsageError, match="2.jsonl: cannot be read as a trace"):
