@@ -61,10 +61,20 @@ def check_label_grid(image: Volume, label: Volume, label_name=None, image_name=N
 
 
 def check_label_values(label: Volume, label_name=None) -> None:
-    """Refuse a float label map holding a value that is not a whole number (DALI resamples
-    labels in float32, exact for whole numbers within +-2^24): a ReadError naming the label
-    file (the engine would say it about the batch, without the file)."""
+    """Refuse a label map with several values per voxel (a 4-D file: one class per voxel is
+    what nearest neighbour keeps and training tools read), or a float one holding a value that
+    is not a whole number (DALI resamples labels in float32, exact for whole numbers within
+    +-2^24): a ReadError naming the label file (the engine would say it about the batch,
+    without the file)."""
     from .pipeline._dtypes import _dtype_name, _whole_float_label
+
+    shape = tuple(label.array.shape)
+    if len(shape) > 3 and int(np.prod(shape[3:])) != 1:
+        raise ReadError(
+            f"a label map holds one class per voxel; this one has {int(np.prod(shape[3:]))} "
+            f"values per voxel (shape {shape}): give one 3-D label map per image",
+            label_name or label.meta.get("source"),
+        )
 
     name = _dtype_name(label.array)
     if "float" in name:

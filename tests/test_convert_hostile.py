@@ -445,3 +445,21 @@ def test_cubic_overshoot_beyond_float32_fails_the_case(tmp_path):
     assert not os.path.exists(tmp_path / "o" / "big.nii.gz")
     assert main([*args, "-o", str(tmp_path / "o2")]) == 0
     assert np.isfinite(np.asanyarray(nib.load(tmp_path / "o2" / "big.nii.gz").dataobj)).all()
+
+
+def test_a_label_map_with_several_values_per_voxel_fails_its_case_naming_it(sample_data, tmp_path):
+    """A 4-D label file (two values per voxel) was resampled as two channels and then broke the
+    training layout after the conversion: it fails its own case, naming the label file."""
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    src = medproc.load(os.path.join(_labels(sample_data), "case001.nii.gz"))
+    four = np.stack([np.asarray(src.array)] * 2, axis=-1)
+    nib.save(nib.Nifti1Image(four, src.affine), str(labels / "case001.nii.gz"))
+    shutil.copy(os.path.join(_labels(sample_data), "case002.nii.gz"), labels / "case002.nii.gz")
+    out = tmp_path / "o"
+    args = ["convert", _images(sample_data), "--labels", str(labels), "-o", str(out), "-q"]
+    assert main([*args, "--spacing", "3"]) == 1
+    m = _manifest(out)
+    assert m["case002"]["status"] == "ok" and m["case001"]["status"] == "failed"
+    err = m["case001"]["error"]
+    assert str(labels / "case001.nii.gz") in err and "2 values per voxel" in err
