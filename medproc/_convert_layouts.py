@@ -125,6 +125,14 @@ def check_cases(a, batch) -> None:
     rows = batch.kept + batch.decided + [t.row for t in batch.todo]
     if "nnunet" in (a.layout or ()) and not batch.annotations:
         if not any(r.get("label_output") for r in rows if r.get("status") != "failed"):
+            from ._layout_labels import unreadable_dicom_labels
+
+            bad = unreadable_dicom_labels(rows)
+            if bad:
+                raise UsageError(
+                    "--layout nnunet: no case has a label: the DICOM SEG/RTSTRUCT file(s) among "
+                    "the inputs cannot be read: " + "; ".join(bad)
+                )
             raise UsageError(
                 "--layout nnunet: no case has a label (nnU-Net trains on labelled cases): give "
                 "--labels FOLDER (label maps named as their images), or DICOM SEG/RTSTRUCT "
@@ -143,6 +151,7 @@ def write_layouts(a, targets: dict, batch, con) -> int:
     from .layouts import find_dicom_labels, write_monai_datalist, write_nnunet, written_from
 
     found = [p for p, _ in batch.annotations]
+    failed: list[str] = []  # cases left out of the layouts: their labels cannot be used
     try:
         labels = find_dicom_labels(found) if found else None
         if "nnunet" in targets:
@@ -153,6 +162,7 @@ def write_layouts(a, targets: dict, batch, con) -> int:
                 channel_name=a.channel_name,
                 overwrite=a.force or written_from(targets["nnunet"], a.outdir),
                 device=a.device,
+                failed=failed,
             )
             n = len(os.listdir(os.path.join(d, "imagesTr")))
             m = len(os.listdir(os.path.join(d, "imagesTs")))
@@ -166,6 +176,7 @@ def write_layouts(a, targets: dict, batch, con) -> int:
                 labels=labels,
                 validation=a.validation or (),
                 device=a.device,
+                failed=failed if "nnunet" not in targets else [],  # (said once)
             )
             with open(p) as f:
                 doc = json.load(f)
@@ -178,4 +189,7 @@ def write_layouts(a, targets: dict, batch, con) -> int:
     except (MedprocError, ValueError, OSError) as e:
         print(f"medproc convert: error: --layout: {e}", file=sys.stderr)
         return 1
-    return 0
+    finally:
+        for text in failed:  # (the layouts were written without them, if at all)
+            print(f"medproc convert: error: --layout: left out {text}", file=sys.stderr)
+    return 1 if failed else 0

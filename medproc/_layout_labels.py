@@ -5,22 +5,26 @@ engine, and the classes matched across cases (1..N without gaps)."""
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
-from .errors import GeometryError, MedprocError
+from .errors import MedprocError, MedprocWarning
 from .volume import Volume
 
-__all__ = ["find_dicom_labels", "label_on_grid", "gather_labels"]
+__all__ = ["find_dicom_labels", "label_on_grid", "gather_labels", "unreadable_dicom_labels"]
 
 _DICOM_LABELS = ("SEG", "RTSTRUCT")
+_MAX_CLASSES = 65535
 
 
 def find_dicom_labels(roots) -> dict[str, str]:
     """DICOM SEG and RTSTRUCT files under ``roots``, keyed by the SeriesInstanceUID they annotate.
 
     Headers only. The keys match the manifest's ``series_uid`` column, so the result can be
-    passed as ``labels=`` to :func:`write_nnunet` / :func:`write_monai_datalist`.
+    passed as ``labels=`` to :func:`write_nnunet` / :func:`write_monai_datalist`. Where two
+    files (not copies of one: another SOPInstanceUID) annotate one series, the first in path
+    order is used and a warning names both (pass ``labels=`` yourself to choose).
     """
     out: dict[str, str] = {}
     roots = [os.fspath(r) for r in ([roots] if isinstance(roots, (str, os.PathLike)) else roots)]
@@ -28,11 +32,40 @@ def find_dicom_labels(roots) -> dict[str, str]:
     files += [
         os.path.join(d, n) for r in roots for d, _, fs in sorted(os.walk(r)) for n in sorted(fs)
     ]
+    seen, sop, more = set(), {}, {}  # real paths read; SOPInstanceUID per file used; left out
     for p in files:
+        if os.path.realpath(p) in seen:
+            continue
+        seen.add(os.path.realpath(p))
         ds = _header(p)
-        if ds is not None and ds.get("Modality") in _DICOM_LABELS and _referenced_series(ds):
-            out.setdefault(_referenced_series(ds), p)
+        uid = _referenced_series(ds) if ds is not None else None
+        if uid is None or ds.get("Modality") not in _DICOM_LABELS:
+            continue
+        if uid not in out:
+            out[uid], sop[uid] = p, ds.get("SOPInstanceUID")
+        elif sop[uid] is None or ds.get("SOPInstanceUID") != sop[uid]:  # (a copy: the same)
+            more.setdefault(uid, []).append(p)
+    for uid, others in more.items():
+        warnings.warn(
+            f"{out[uid]} and {', '.join(others)} all annotate series {uid}: {out[uid]} is used, "
+            "the other(s) left out; keep one of them among the inputs, or pass labels="
+            "{series UID: file} to write_nnunet / write_monai_datalist",
+            MedprocWarning,
+            stacklevel=2,
+        )
     return out
+
+
+def unreadable_dicom_labels(rows) -> list[str]:
+    """The errors of failed rows (manifest or batch rows) whose input is a DICOM SEG or
+    RTSTRUCT file: an annotation given but unreadable (each error names its file)."""
+    return [
+        str(r.get("error") or "cannot be read")
+        for r in rows
+        if r.get("status") == "failed"
+        and os.path.isfile(r.get("source") or "")
+        and getattr(_header(r["source"]), "Modality", None) in _DICOM_LABELS
+    ]
 
 
 def _header(path: str):
@@ -81,26 +114,50 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
     """A case's label from a label map, DICOM SEG or RTSTRUCT, on the output grid, and names."""
     import nibabel
 
-    from .annotations import read_rtstruct, read_seg
+    from .annotations import read_rtstruct
+    from .annotations.dicom_labels import seg_on_image
     from .io import load
 
     image_file = src.lower().endswith((".nii", ".nii.gz", ".nrrd", ".mha"))
     modality = None if image_file else getattr(_header(src), "Modality", None)
-
-    def source_image():  # the case's input volume (RTSTRUCT contours are drawn on its grid)
-        return load(row["source"], series=row.get("series_uid") or None)
-
-    if modality == "SEG":
-        try:
-            lab = read_seg(src)
-        except GeometryError:  # frames with gaps (empty slices left out): onto the image
-            lab = read_seg(src, image=source_image())
+    if modality in _DICOM_LABELS:  # on the grid of the case's input (SEG frames placed on it)
+        image = load(row["source"], series=row.get("series_uid") or None)
+        if modality == "SEG":
+            lab = seg_on_image(src, image)
+        else:  # ROI numbers are identifiers (0, -1, 70000): values 1..N, named
+            lab = read_rtstruct(src, image, renumber=True)
+        if not np.any(lab.array):
+            raise MedprocError(
+                f"labels no voxel of {row['source']} (its frames or contours are empty): an empty "
+                "label would train the case as all background; fix the file, or take it out of "
+                "the inputs (the case is then a test case, without a label)",
+                src,
+            )
     else:
-        lab = read_rtstruct(src, source_image()) if modality == "RTSTRUCT" else load(src)
+        lab = load(src)
     names = lab.meta.get("segments") or lab.meta.get("rois")
     hdr = nibabel.load(row["output"])
     if lab.shape != hdr.shape[:3] or not np.allclose(lab.affine, hdr.affine, atol=1e-4):
-        lab = label_on_grid(lab, hdr.affine, hdr.shape, device)
+        top = max(_values(lab.array, src), default=0)  # (errors name the label file)
+        if top > 2**24:
+            raise MedprocError(
+                f"label values 0..{top} cannot be put on the output grid exactly (resampling "
+                "computes in float32, exact up to 2^24): renumber the classes 1..N",
+                src,
+            )
+        try:
+            lab = label_on_grid(lab, hdr.affine, hdr.shape, device)
+        except MedprocError:
+            raise
+        except ValueError as e:  # (the engine's, about values it cannot resample exactly)
+            raise MedprocError(str(e), src) from None
+        if modality in _DICOM_LABELS and not np.any(lab.array):
+            warnings.warn(
+                f"{src}: every labelled voxel lies outside the output grid of case "
+                f"{row['case']} (cropped away?): its label is empty",
+                MedprocWarning,
+                stacklevel=2,
+            )
     return lab, {int(k): str(v) for k, v in names.items() if str(v)} if names else None
 
 
@@ -119,34 +176,61 @@ def _values(arr: np.ndarray, path: str) -> list[int]:
             f"label map holds negative values (min {arr.min()}): classes are >= 0", path
         )
     if arr.size and arr.min() >= 0 and arr.max() < 1 << 20:
-        return [int(v) for v in np.flatnonzero(np.bincount(arr.ravel())) if v > 0]
-    return [int(v) for v in np.unique(arr) if v > 0]
+        out = [int(v) for v in np.flatnonzero(np.bincount(arr.ravel())) if v > 0]
+    else:
+        out = [int(v) for v in np.unique(arr) if v > 0]
+    if len(out) > _MAX_CLASSES:
+        raise MedprocError(
+            f"label map holds {len(out)} distinct values > 0, each a class: a training layout "
+            f"holds at most {_MAX_CLASSES} classes (nnU-Net's uint16 labels); is it an image?",
+            path,
+        )
+    return out
 
 
-def gather_labels(rows, labels, label_names, device):
+def gather_labels(rows, labels, label_names, device, failed: list | None = None):
     """Per case: (row, label Volume or None, link path or None, {value: class key}), and the
     classes {key: 1..N}. A key is a segment/ROI name, else ``label_names[value]``, else the
-    value; classes are ordered by their smallest value."""
+    value; classes are ordered by their smallest value. A case whose label cannot be used
+    (unreadable, empty, negative values...) raises, or, given a ``failed`` list, is left out
+    of the dataset and its error ("case NAME: ...", naming the label file) added there."""
     labels, label_names = labels or {}, label_names or {}
+    known = {r["case"] for r in rows} | {r.get("series_uid") for r in rows}
+    stray = [  # a label for no case: said, never dropped silently
+        f"{os.fspath(src)}: annotates {'series' if _is_uid(k) else 'case'} {k}, which is none "
+        "of the converted cases (not among the inputs, or it failed)"
+        for k, src in labels.items()
+        if k not in known
+    ]
+    for text in stray:
+        warnings.warn(f"{text}: left out", MedprocWarning, stacklevel=2)
     cases, first, from_dicom = [], {}, set()
     for r in rows:
         src = labels.get(r["case"]) or labels.get(r.get("series_uid") or "\0")
-        if src:
-            vol, names = _label_volume(os.fspath(src), r, device)
-            link = None
-        elif r.get("label_output") and os.path.exists(r["label_output"]):
-            from .io import load
+        try:
+            if src:
+                vol, names = _label_volume(os.fspath(src), r, device)
+                link = None
+            elif r.get("label_output") and os.path.exists(r["label_output"]):
+                from .io import load
 
-            vol, names, link = load(r["label_output"]), None, r["label_output"]
-        else:
-            cases.append((r, None, None, {}))
+                vol, names, link = load(r["label_output"]), None, r["label_output"]
+            else:
+                cases.append((r, None, None, {}))
+                continue
+            where = os.fspath(src) if src else _label_map_named(r)
+            key = {v: (names or label_names).get(v, v) for v in _values(vol.array, where)}
+        except MedprocError as e:
+            if failed is None:
+                raise
+            failed.append(f"case {r['case']}: {e}")
             continue
-        where = os.fspath(src) if src else r["label_output"]
-        key = {v: (names or label_names).get(v, v) for v in _values(vol.array, where)}
         for v, k in key.items():
             first[k] = min(first.get(k, v), v)
         from_dicom |= {k for k in key.values() if names}
         cases.append((r, vol, link, key))
+    if stray and all(vol is None for _, vol, _, _ in cases):
+        raise MedprocError("no case has a label: " + "; ".join(stray))
     bare = sorted(k for k in first if not isinstance(k, str))
     if from_dicom - set(bare) and bare:  # SEG/RTSTRUCT numbers differ file to file: match names
         raise MedprocError(
@@ -154,5 +238,30 @@ def gather_labels(rows, labels, label_names, device):
             f"label maps hold bare values {bare}: name those values with label_names="
             "{value: name} so that classes match across cases, or label every case alike"
         )
+    if len(first) > _MAX_CLASSES:
+        raise MedprocError(
+            f"the labels hold {len(first)} classes together: a training layout holds at most "
+            f"{_MAX_CLASSES} (nnU-Net's uint16 labels); are some of them images?"
+        )
     order = sorted(first, key=lambda k: (first[k], str(k)))
     return cases, {k: n for n, k in enumerate(order, 1)}
+
+
+def _label_map_named(row: dict) -> str:
+    """A converted label map, named with the label map it was made from (its sidecar's
+    ``label_source``): an error about its values is about that file."""
+    import json
+
+    from ._convert_case import sidecar_path
+
+    try:
+        with open(sidecar_path(row["output"])) as f:
+            source = json.load(f).get("label_source")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    out = row["label_output"]
+    return f"{out} (converted from {source})" if isinstance(source, str) and source else out
+
+
+def _is_uid(key) -> bool:
+    return isinstance(key, str) and all(p.isdigit() for p in key.split(".")) and "." in key

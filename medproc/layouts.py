@@ -204,6 +204,7 @@ def write_nnunet(
     link: str = "auto",
     overwrite: bool = False,
     device: str = "cpu",
+    failed: list | None = None,
 ) -> str:
     """Write an nnU-Net v2 raw dataset from a finished conversion.
 
@@ -230,6 +231,9 @@ def write_nnunet(
         whether medproc wrote it from this ``source``).
     device : {"cpu", "gpu"}
         Engine device for putting SEG/RTSTRUCT labels on the output grid.
+    failed : list, optional
+        Given, a case whose label cannot be used (unreadable, empty, negative values) is left
+        out of the dataset and its error added to this list; otherwise it raises.
 
     Returns
     -------
@@ -259,7 +263,7 @@ def write_nnunet(
             raise MedprocError(
                 "nnU-Net needs .nii.gz images: convert with --format nii.gz", r["output"]
             )
-    cases, index = gather_labels(rows, labels, label_names, device)
+    cases, index = gather_labels(rows, labels, label_names, device, failed)
     channel_name = channel_name or _old_channel_name(target)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     _drop_leftovers(target)
@@ -310,6 +314,7 @@ def write_monai_datalist(
     validation=(),
     labels_dir: str | None = None,
     device: str = "cpu",
+    failed: list | None = None,
 ) -> str:
     """Write a MONAI decathlon datalist JSON for a finished conversion, atomically.
 
@@ -321,7 +326,8 @@ def write_monai_datalist(
     whose case failed is left out, with a warning), cases without a label to "test".
     ``labels`` and ``label_names`` as in :func:`write_nnunet`; labels made from DICOM SEG or
     RTSTRUCT (or renumbered) are written to ``labels_dir`` (default: ``labels/`` beside the
-    JSON); "labels" names the classes (as the decathlon's dataset.json). Returns ``path``.
+    JSON); "labels" names the classes (as the decathlon's dataset.json); ``failed`` as in
+    :func:`write_nnunet`. Returns ``path``.
     """
     from .io import atomic_write
 
@@ -343,7 +349,7 @@ def write_monai_datalist(
             MedprocWarning,
             stacklevel=2,
         )
-    cases, index = gather_labels(rows, labels, label_names, device)
+    cases, index = gather_labels(rows, labels, label_names, device, failed)
     labels_dir = labels_dir or os.path.join(base, "labels")
     doc: dict = {"training": [], "validation": [], "test": []}
     made = []  # (vol, key, dst): labels renumbered or from DICOM, written beside the list

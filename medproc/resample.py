@@ -62,11 +62,11 @@ def check_label_grid(image: Volume, label: Volume, label_name=None, image_name=N
 
 def check_label_values(label: Volume, label_name=None) -> None:
     """Refuse a label map with several values per voxel (a 4-D file: one class per voxel is
-    what nearest neighbour keeps and training tools read), or a float one holding a value that
-    is not a whole number (DALI resamples labels in float32, exact for whole numbers within
-    +-2^24): a ReadError naming the label file (the engine would say it about the batch,
-    without the file)."""
-    from .pipeline._dtypes import _dtype_name, _whole_float_label
+    what nearest neighbour keeps and training tools read), or one holding a value that is not
+    a whole number within +-2^24 (DALI resamples labels in float32, exact for those only): a
+    ReadError naming the label file (the engine would say it about the batch, without the
+    file, and the case's error named the image)."""
+    from .pipeline._dtypes import _feed_dtype_of
 
     shape = tuple(label.array.shape)
     if len(shape) > 3 and int(np.prod(shape[3:])) != 1:
@@ -76,12 +76,10 @@ def check_label_values(label: Volume, label_name=None) -> None:
             label_name or label.meta.get("source"),
         )
 
-    name = _dtype_name(label.array)
-    if "float" in name:
-        try:
-            _whole_float_label(label.array, name)
-        except ValueError as e:
-            raise ReadError(str(e), label_name or label.meta.get("source")) from None
+    try:  # (whole numbers within +-2^24, of any dtype)
+        _feed_dtype_of(label.array, label=True)
+    except ValueError as e:
+        raise ReadError(str(e), label_name or label.meta.get("source")) from None
 
 
 def _spec(spec: Spec | None, **kw) -> Spec:

@@ -463,3 +463,20 @@ def test_a_label_map_with_several_values_per_voxel_fails_its_case_naming_it(samp
     assert m["case002"]["status"] == "ok" and m["case001"]["status"] == "failed"
     err = m["case001"]["error"]
     assert str(labels / "case001.nii.gz") in err and "2 values per voxel" in err
+
+
+def test_integer_label_values_beyond_float32_fail_the_case_naming_the_label(sample_data, tmp_path):
+    """Values above 2^24 cannot be resampled exactly: the case failed with the engine's
+    'ValueError' naming the image; now a ReadError naming the label map."""
+    labels = tmp_path / "labels"
+    labels.mkdir()
+    src = medproc.load(os.path.join(_labels(sample_data), "case001.nii.gz"))
+    big = np.asarray(src.array).astype(np.uint32)
+    big[big > 0] = 2**24 + 1
+    nib.save(nib.Nifti1Image(big, src.affine), str(labels / "case001.nii.gz"))
+    out = tmp_path / "o"
+    args = ["convert", _images(sample_data), "--labels", str(labels), "-o", str(out), "-q"]
+    assert main([*args, "--spacing", "3"]) == 1
+    err = _manifest(out)["case001"]["error"]
+    assert err.startswith(str(labels / "case001.nii.gz")) and "16777217" in err
+    assert "ValueError" not in err

@@ -161,3 +161,29 @@ def test_a_rerun_keeps_the_datasets_channel_name(sample_data, tmp_path, capsys):
     assert main(["convert", str(images), *more, "--layout", "monai"]) == 0
     said = "(2 training, 0 validation, 0 test case(s) without a label)"
     assert said in capsys.readouterr().err
+
+
+def test_a_case_whose_label_cannot_be_used_is_left_out_and_the_rest_written(
+    sample_data, tmp_path, capsys
+):
+    """One label map with a negative value stopped the whole layout after the conversion: now
+    that case is left out (said, naming the label map it came from), the others are written,
+    exit 1."""
+    import nibabel as nib
+    import numpy as np
+
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    src = nib.load(labels / "case002.nii.gz")
+    bad = np.asarray(src.dataobj).astype(np.int8)
+    bad[0, 0, 0] = -1
+    nib.save(nib.Nifti1Image(bad, src.affine), labels / "case002.nii.gz")
+    ds = tmp_path / "raw" / "Dataset506_Part"
+    args = ["--layout", "nnunet", "--dataset", str(ds), "--layout", "monai"]
+    assert _convert(images, labels, tmp_path / "out", *args) == 1
+    err = capsys.readouterr().err
+    assert "left out case case002" in err and str(labels / "case002.nii.gz") in err
+    assert err.count("left out case case002") == 1  # (said once for both layouts)
+    assert os.listdir(ds / "imagesTr") == ["case001_0000.nii.gz"]
+    assert json.load(open(ds / "dataset.json"))["numTraining"] == 1
+    doc = json.load(open(tmp_path / "out" / "datalist.json"))
+    assert [x["image"] for x in doc["training"]] == ["case001.nii.gz"] and not doc["test"]

@@ -1,25 +1,29 @@
-"""Label maps from DICOM annotations: SEG (segment frames on their own grid) and RTSTRUCT
-(closed planar contours rasterised on an image's grid).
+"""Label maps from DICOM annotations: SEG (frames on their own grid, or placed on the grid of
+the series they segment) and RTSTRUCT (closed planar contours rasterised on an image's grid).
 
 A truncated or incomplete file raises :class:`~medproc.errors.ReadError` naming the file and
 the item (frame, ROI, contour) and what is missing, never a bare ``ValueError`` or
-``AttributeError``.
+``AttributeError``. Where annotations overlap, the higher number wins: the higher segment
+number (SEG), the higher ROI number (RTSTRUCT, said in a warning naming the ROIs and voxels).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 
 import numpy as np
 
-from ..errors import MedprocError, ReadError
+from ..errors import GeometryError, MedprocError, MedprocWarning, ReadError
 from ..geometry import LPS_TO_RAS
 from ..volume import Volume
 
-__all__ = ["read_seg", "read_rtstruct"]
+__all__ = ["read_seg", "read_rtstruct", "seg_on_image"]
 
 _FLIP = LPS_TO_RAS.diagonal()[:3]  # LPS <-> RAS on coordinates
+_ROIS, _SEGS = "StructureSetROISequence", "SegmentSequence"
+_GIVE_IMAGE = "give the series it segments, read_seg(path, image=medproc.load(series_folder))"
 
 
 def _dcmread(path: str, force: bool = False):
@@ -51,100 +55,162 @@ def _incomplete(path: str, what: str):
         ) from None
 
 
+def _warn(text: str) -> None:
+    warnings.warn(text, MedprocWarning, stacklevel=3)
+
+
+def _parse_seg(path: str):
+    """(dataset, frames, extra info, segment number per frame, pixels, segment names)."""
+    from ..io.dicom_scan import frames_of
+
+    ds = _dcmread(path)
+    if ds.get("Modality") != "SEG" or "PerFrameFunctionalGroupsSequence" not in ds:
+        raise ReadError(f"is not a DICOM SEG (Modality {ds.get('Modality')!r})", path)
+    frames, extra = frames_of(ds, path)
+    seg_of = []
+    for i, item in enumerate(ds.PerFrameFunctionalGroupsSequence[: len(frames)]):
+        sis = item.get("SegmentIdentificationSequence")
+        n = sis[0].get("ReferencedSegmentNumber") if sis else None
+        if n is None or not 1 <= int(n) <= 65535:  # (0 would be background: pixels lost)
+            why = f"references segment number {n}: segments are numbered 1 to 65535 (0 is "
+            raise ReadError(
+                "has no SegmentIdentificationSequence / ReferencedSegmentNumber"
+                if n is None
+                else f"{why}background)",
+                path,
+                where=f"frame {i + 1}",
+            )
+        seg_of.append(int(n))
+    if not seg_of:
+        raise ReadError("holds no frames", path)
+    if any(f.position is None or f.orientation is None for f in frames):
+        raise ReadError(
+            "frames without PlanePositionSequence / PlaneOrientationSequence: the segments "
+            "cannot be placed",
+            path,
+        )
+    try:
+        px = ds.pixel_array
+    except Exception as e:  # noqa: BLE001 - decoders raise many kinds on damaged data
+        raise ReadError(
+            f"its pixel data cannot be decoded ({type(e).__name__}: {e}); truncated?", path
+        ) from None
+    px = px[None] if px.ndim == 2 else px
+    if px.shape[0] < len(seg_of):
+        raise ReadError(
+            f"{len(seg_of)} frames declared but the pixel data holds {px.shape[0]}", path
+        )
+    if not any(px[i].any() for i in range(len(seg_of))):
+        _warn(f"{path}: its {len(seg_of)} frame(s) hold no segmented pixel: the label is empty")
+    names = {int(s.SegmentNumber): str(s.get("SegmentLabel", "")) for s in ds.get(_SEGS, [])}
+    return ds, frames, extra, seg_of, px, names
+
+
 def read_seg(path, image: Volume | None = None) -> Volume:
     """A DICOM SEG as a label map: voxel value = segment number (0 = none); where segments
     overlap, the higher number.
 
     Without ``image`` the map is on the SEG's own grid: the union of its frames' positions
-    along the normal, which must be evenly spaced (a SEG that leaves out empty slices has gaps:
-    give ``image``). With ``image`` (the series the SEG segments, e.g. ``medproc.load(folder)``)
-    every frame's pixels are placed on that image's grid (the nearest voxel of each pixel
-    centre), gaps or not.
+    along the normal, which must be evenly spaced and no further apart than its
+    SpacingBetweenSlices (else SliceThickness): a SEG that leaves out empty slices has gaps, and
+    is refused saying so (give ``image``). With ``image`` (the series the SEG segments, e.g.
+    ``medproc.load(folder)``) every frame's pixels are placed on that image's grid (the nearest
+    voxel of each pixel centre), gaps or not; frames outside it are left out with a warning (all
+    of them outside: an error).
     """
-    from ..errors import GeometryError
-    from ..io.dicom_geometry import series_geometry
-    from ..io.dicom_scan import DicomSeries, frames_of
+    return _read_seg(os.fspath(path), image, "own" if image is None else "place")
 
-    path = os.fspath(path)
-    ds = _dcmread(path)
-    if ds.get("Modality") != "SEG" or "PerFrameFunctionalGroupsSequence" not in ds:
-        raise ReadError(f"is not a DICOM SEG (Modality {ds.get('Modality')!r})", path)
+
+def seg_on_image(path, image: Volume) -> Volume:
+    """A SEG's label map for the series it segments (``image``), as a training layout needs:
+    placed frame by frame on ``image``'s grid where its frames lie on that grid (pixel centres
+    on voxel centres: exact, and right for a SEG that leaves out empty slices); otherwise on its
+    own grid, which must neither leave out slices nor have frames further apart than the
+    image's slices (a :class:`GeometryError` saying so, never a label smeared across the gap).
+    """
+    return _read_seg(os.fspath(path), image, "auto")
+
+
+def _read_seg(path: str, image: Volume | None, how: str) -> Volume:
     with _incomplete(path, "DICOM SEG"):
-        frames, extra = frames_of(ds, path)
-        seg_of = []
-        for i, item in enumerate(ds.PerFrameFunctionalGroupsSequence):
-            sis = item.get("SegmentIdentificationSequence")
-            if not sis or "ReferencedSegmentNumber" not in sis[0]:
-                raise ReadError(
-                    "has no SegmentIdentificationSequence / ReferencedSegmentNumber",
-                    path,
-                    where=f"frame {i + 1}",
-                )
-            seg_of.append(int(sis[0].ReferencedSegmentNumber))
-        if not seg_of:
-            raise ReadError("holds no frames", path)
-        placed = [f for f in frames if f.position is not None and f.orientation is not None]
-        if len(placed) != len(frames):
-            raise ReadError(
-                "frames without PlanePositionSequence / PlaneOrientationSequence: the segments "
-                "cannot be placed",
-                path,
-            )
-        try:
-            px = ds.pixel_array
-        except Exception as e:  # noqa: BLE001 - decoders raise many kinds on damaged data
-            raise ReadError(
-                f"its pixel data cannot be decoded ({type(e).__name__}: {e}); truncated?", path
-            ) from None
-        if px.ndim == 2:
-            px = px[None]
-        if px.shape[0] < len(seg_of):
-            raise ReadError(
-                f"{len(seg_of)} frames declared but the pixel data holds {px.shape[0]}", path
-            )
-        names = {
-            int(s.SegmentNumber): str(s.get("SegmentLabel", ""))
-            for s in ds.get("SegmentSequence", [])
-        }
-        if image is not None:
-            lab = _frames_on_image(frames, seg_of, px, image)
+        ds, frames, extra, seg_of, px, names = _parse_seg(path)
+        if how == "place" or how == "auto" and _on_grid(frames, px.shape[1:], image):
+            lab = _frames_on_image(frames, seg_of, px, image, path)
             return image.with_array(lab, source=path, format="dicom-seg", segments=names)
-        # one frame per distinct position: build the grid from the first frame at each position
-        normal = np.cross(frames[0].orientation[:3], frames[0].orientation[3:])
-        d = np.array([f.position @ normal for f in frames])
-        uniq, first = np.unique(np.round(d, 3), return_index=True)
-        declared = extra.get("SpacingBetweenSlices")
-        if declared and len(uniq) > 1 and np.diff(uniq).max() > 1.5 * float(declared):
+        own = _own_grid(ds, frames, extra, seg_of, px, names, path)
+    if how == "auto" and own.shape[2] > 1:  # (frames off the image's slices, no gaps)
+        a = np.asarray(image.affine)[:3, :3]  # the image's spacing along the SEG's normal:
+        along = np.abs(own.affine[:3, 2] / own.spacing[2] @ a)
+        step = along[np.argmax(along / np.linalg.norm(a, axis=0))]
+        if own.spacing[2] > 1.5 * step:
             raise GeometryError(
-                f"its frames lie up to {np.diff(uniq).max():g} mm apart where it declares "
-                f"SpacingBetweenSlices {float(declared):g} mm: it leaves out slices, and has no "
-                "grid of its own: give the series it segments, read_seg(path, "
-                "image=medproc.load(series_folder))",
+                f"its frames lie {own.spacing[2]:g} mm apart, not on the slices of the series it "
+                f"segments ({step:g} mm apart): it may leave out slices, and its frames cannot "
+                "be placed on that series' grid; export it on the series' grid",
                 path,
             )
-        info = {"Rows": ds.Rows, "Columns": ds.Columns, **extra}
-        try:
-            geom = series_geometry(
-                DicomSeries(
-                    str(ds.get("SeriesInstanceUID", path)), [frames[i] for i in first], info
-                )
-            )
-        except GeometryError as e:
-            raise GeometryError(
-                f"{e.message}. A SEG that leaves out empty slices has no grid of its own: give "
-                "the series it segments, read_seg(path, image=medproc.load(series_folder))",
-                path,
-            ) from None
-        slot_of_pos = {
-            float(u): k for k, u in enumerate(np.round(d[[first[i] for i in geom.order]], 3))
-        }
-        lab = np.zeros(
-            (len(uniq), int(ds.Rows), int(ds.Columns)),
-            np.uint8 if max(seg_of) < 256 else np.uint16,
+    return own
+
+
+def _on_grid(frames, rows_cols, image: Volume, tol: float = 0.05) -> bool:
+    """Whether every frame's pixel centres are voxel centres of ``image`` (pixel steps of one
+    voxel along two of its axes; the drift over a frame under ``tol`` voxel)."""
+    inv = np.linalg.inv(np.asarray(image.affine, dtype=np.float64))
+    n = max(rows_cols)
+    for f in frames:
+        if f.pixel_spacing is None:
+            return False
+        o = inv[:3, :3] @ (f.position * _FLIP) + inv[:3, 3]
+        dc = inv[:3, :3] @ (f.orientation[:3] * f.pixel_spacing[1] * _FLIP)
+        dr = inv[:3, :3] @ (f.orientation[3:] * f.pixel_spacing[0] * _FLIP)
+        steps = np.rint([dc, dr])
+        if not (
+            np.allclose(o, np.rint(o), atol=tol)
+            and np.allclose([dc, dr], steps, atol=tol / n)
+            and np.array_equal(np.abs(steps).sum(1), [1, 1])
+            and np.abs(steps).sum(0).max() == 1
+        ):
+            return False
+    return True
+
+
+def _own_grid(ds, frames, extra, seg_of, px, names, path: str) -> Volume:
+    """The SEG on its own grid: one slice per distinct frame position along the normal."""
+    from ..io.dicom_geometry import series_geometry
+    from ..io.dicom_scan import DicomSeries
+
+    normal = np.cross(frames[0].orientation[:3], frames[0].orientation[3:])
+    d = np.array([f.position @ normal for f in frames])
+    uniq, first = np.unique(np.round(d, 3), return_index=True)
+    gap = np.diff(uniq).max() if len(uniq) > 1 else 0.0
+    key = "SpacingBetweenSlices" if extra.get("SpacingBetweenSlices") else "SliceThickness"
+    if extra.get(key) and gap > 1.5 * float(extra[key]):  # (no SpacingBetweenSlices: thickness)
+        raise GeometryError(
+            f"its frames lie up to {gap:g} mm apart where it declares {key} "
+            f"{float(extra[key]):g} mm: it leaves out slices, and has no grid of its own: "
+            f"{_GIVE_IMAGE}",
+            path,
         )
-        for i, seg in enumerate(seg_of):
-            k = slot_of_pos[float(np.round(d[i], 3))]
-            lab[k][px[i] > 0] = np.maximum(lab[k][px[i] > 0], seg)
+    info = {"Rows": ds.Rows, "Columns": ds.Columns, **extra}
+    try:
+        geom = series_geometry(
+            DicomSeries(str(ds.get("SeriesInstanceUID", path)), [frames[i] for i in first], info)
+        )
+    except GeometryError as e:
+        raise GeometryError(
+            f"{e.message}. A SEG that leaves out empty slices has no grid of its own: "
+            f"{_GIVE_IMAGE}",
+            path,
+        ) from None
+    slot_of_pos = {
+        float(u): k for k, u in enumerate(np.round(d[[first[i] for i in geom.order]], 3))
+    }
+    lab = np.zeros(
+        (len(uniq), int(ds.Rows), int(ds.Columns)), np.uint8 if max(seg_of) < 256 else np.uint16
+    )
+    for i, seg in enumerate(seg_of):
+        k = slot_of_pos[float(np.round(d[i], 3))]
+        lab[k][px[i] > 0] = np.maximum(lab[k][px[i] > 0], seg)
     return Volume(
         lab.transpose(2, 1, 0),
         geom.affine,
@@ -152,54 +218,54 @@ def read_seg(path, image: Volume | None = None) -> Volume:
     )
 
 
-def _frames_on_image(frames, seg_of, px, image: Volume) -> np.ndarray:
+def _frames_on_image(frames, seg_of, px, image: Volume, path: str) -> np.ndarray:
     """Each SEG frame's pixels placed on ``image``'s grid (the nearest voxel of each pixel
-    centre; overlaps keep the higher segment number)."""
+    centre; overlaps keep the higher segment number); frames outside it are said."""
     inv = np.linalg.inv(np.asarray(image.affine, dtype=np.float64))
     out = np.zeros(image.shape[:3], np.uint16)
+    held = lost = 0  # frames holding pixels; of them, those wholly outside the image
     for f, seg, frame in zip(frames, seg_of, px):
         r, c = np.nonzero(frame)
         if f.pixel_spacing is None:
-            raise ReadError("has no PixelSpacing for its frames: they cannot be placed", f.path)
-        rows, cols = f.pixel_spacing
-        lps = (
-            f.position
-            + np.outer(c * cols, f.orientation[:3])
-            + np.outer(r * rows, f.orientation[3:])
-        )
-        ijk = np.rint((lps * _FLIP) @ inv[:3, :3].T + inv[:3, 3]).astype(int)
+            raise ReadError("has no PixelSpacing for its frames: they cannot be placed", path)
+        (rows, cols), o = f.pixel_spacing, f.orientation
+        lps = f.position + np.outer(c * cols, o[:3]) + np.outer(r * rows, o[3:])
+        ijk = np.rint((lps * _FLIP) @ inv[:3, :3].T + inv[:3, 3]).astype(np.int64)
         ok = np.all((ijk >= 0) & (ijk < image.shape[:3]), axis=1)
+        held += len(r) > 0
+        lost += len(r) > 0 and not ok.any()
         i, j, k = ijk[ok].T
         out[i, j, k] = np.maximum(out[i, j, k], seg)
+    src = image.meta.get("source") or "this image"
+    if held and lost == held:
+        why = f"all {held} of its frames that hold segment pixels lie outside the image"
+        raise ReadError(f"{why}: is it the segmentation of another series than {src}?", path)
+    if lost:
+        _warn(f"{path}: {lost} of {held} frames lie outside {src}: left out")
     return out.astype(np.uint8 if out.max() < 256 else np.uint16)
 
 
-def _warn(text: str) -> None:
-    import warnings
-
-    from ..errors import MedprocWarning
-
-    warnings.warn(text, MedprocWarning, stacklevel=3)
-
-
-def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
+def read_rtstruct(path, image: Volume, roi: str | int | None = None, *, renumber=False) -> Volume:
     """Rasterise RTSTRUCT contours onto ``image``'s grid: value = ROI number (0 outside).
 
     Closed planar contours (LPS mm) are mapped to ``image``'s voxel indices; a contour must lie
-    on a slice of the image (within 0.5 voxel along k); its interior voxels (centres inside
-    the polygon) get the ROI number. ``roi`` keeps one ROI (by name or number).
+    on a slice of the image (within 0.5 voxel along k). An ROI's contours on one slice combine
+    by the even-odd rule (a contour inside another is a hole, as common converters read them);
+    voxels whose centres are inside get the ROI's value. Where ROIs overlap the higher ROI
+    number wins, with a warning naming the ROIs and the voxels overwritten (and any ROI left
+    without a voxel). ``roi`` keeps one ROI (by name or number). ROI numbers are identifiers:
+    one that cannot be a voxel value (below 1) is an error unless ``renumber``, which gives
+    the ROIs values 1..N in ascending ROI number order (``meta["rois"]`` names them).
     """
-    from matplotlib.path import Path
-
     path = os.fspath(path)
     ds = _dcmread(path, force=True)
     if "ROIContourSequence" not in ds:
         raise ReadError("is not an RTSTRUCT (no ROIContourSequence)", path)
     with _incomplete(path, "RTSTRUCT"):
-        names = {
-            int(r.ROINumber): str(r.get("ROIName", ""))
-            for r in ds.get("StructureSetROISequence", [])
-        }
+        listed = [(int(r.ROINumber), str(r.get("ROIName", ""))) for r in ds.get(_ROIS, [])]
+        names = dict(listed)
+        if len(names) < len(listed):
+            raise ReadError(f"{_ROIS} lists an ROI number twice: {sorted(listed)}", path)
         if isinstance(roi, str):
             hits = [n for n, name in names.items() if name.lower() == roi.lower()]
             if not hits:
@@ -209,60 +275,24 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
             roi = hits[0]
         elif roi is not None and int(roi) not in names:
             raise MedprocError(f"no ROI number {roi}; ROIs here: {names}", path)
-        inv = np.linalg.inv(image.affine)
-        out = np.zeros(image.shape, np.uint16)
-        ii, jj = np.mgrid[: image.shape[0], : image.shape[1]]
-        pix = np.stack([ii.ravel(), jj.ravel()], 1).astype(float)
-        drawn = outside = 0
-        unlisted = []
-        for rc in ds.ROIContourSequence:
-            num = int(rc.ReferencedROINumber)
-            if roi is not None and num != roi:
-                continue
-            if num not in names:  # (its voxels would carry a number no ROI is named by)
-                unlisted.append(num)
-                continue
-            for c, contour in enumerate(rc.get("ContourSequence", [])):
-                where = f"ROI {num} contour {c + 1}"
-                kind = str(contour.get("ContourGeometricType", "CLOSED_PLANAR"))
-                if kind != "CLOSED_PLANAR":
-                    continue
-                try:
-                    pts = np.array([float(x) for x in contour.ContourData]).reshape(-1, 3)
-                except (AttributeError, ValueError, TypeError) as e:
-                    raise ReadError(f"malformed ContourData ({e})", path, where=where) from None
-                if len(pts) < 3 or not np.all(np.isfinite(pts)):
-                    raise ReadError(
-                        f"a closed contour needs 3 or more finite points, got {len(pts)}",
-                        path,
-                        where=where,
-                    )
-                idx = (inv[:3, :3] @ (pts * _FLIP).T).T + inv[:3, 3]
-                k = np.round(idx[:, 2])
-                if np.ptp(idx[:, 2]) > 0.5 or np.abs(idx[:, 2] - k).max() > 0.5:
-                    raise ReadError(
-                        "the contour does not lie on a slice of the image grid", path, where=where
-                    )
-                k = int(k[0])
-                if not 0 <= k < image.shape[2]:
-                    outside += 1  # outside this image's slices
-                    continue
-                inside = Path(idx[:, :2]).contains_points(pix).reshape(image.shape[:2])
-                if not inside.any():  # (on a slice, but beside the image in its plane)
-                    outside += 1
-                    continue
-                out[:, :, k][inside] = num
-                drawn += 1
+        value = dict(zip(sorted(names), range(1, len(names) + 1))) if renumber else None
+        masks, drawn, outside, unlisted = _roi_masks(ds, names, roi, image, path)
+    value = value or {n: n for n in names}
+    bad = sorted(n for n in masks if not 1 <= value[n] < 2**31)
+    if bad:  # (0 is background: its voxels would vanish)
+        why = f"ROI number(s) {bad} cannot be voxel values (1 to 2^31-1): read it with "
+        raise ReadError(f"{why}read_rtstruct(..., renumber=True) (values 1..N)", path)
     if unlisted:
         _warn(
-            f"{path}: contours of ROI {sorted(set(unlisted))}, which StructureSetROISequence does "
-            f"not list (it lists {sorted(names)}), are left out (a deleted ROI's leftovers?)"
+            f"{path}: contours of ROI {sorted(set(unlisted))}, which {_ROIS} does not list (it "
+            f"lists {sorted(names)}), are left out (a deleted ROI's leftovers?)"
         )
+    src = image.meta.get("source") or "this image"
     if outside and not drawn:
         raise ReadError(
             f"all {outside} of its contours lie outside the image (off its slices or beside "
-            f"them, or enclosing no voxel centre): is it the "
-            f"structure set of another series than {image.meta.get('source') or 'this image'}?",
+            f"them, or enclosing no voxel centre): is it the structure set of another series "
+            f"than {src}?",
             path,
         )
     if outside:
@@ -270,5 +300,99 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None) -> Volume:
             f"{path}: {outside} of {outside + drawn} contours lie outside the image (off its "
             "slices or beside them, or enclosing no voxel centre): left out"
         )
-    dtype = np.uint8 if out.max() < 256 else np.uint16
-    return image.with_array(out.astype(dtype), source=path, format="rtstruct", rois=names)
+    out = np.zeros(image.shape[:3], np.min_scalar_type(max([value[n] for n in masks] + [0])))
+    _overlay(out, masks, value, names, path)
+    if not out.any():
+        _warn(f"{path}: no closed planar contour labels a voxel of {src}: the label is empty")
+    rois = {value[n]: name for n, name in names.items()}
+    return image.with_array(out, source=path, format="rtstruct", rois=rois)
+
+
+def _roi_masks(ds, names, roi, image: Volume, path: str):
+    """{ROI number: {slice k: 2-D mask}} (contours on a slice combined by even-odd), and the
+    counts of contours drawn and outside, and the unlisted ROI numbers met."""
+    inv = np.linalg.inv(image.affine)
+    masks: dict[int, dict[int, np.ndarray]] = {}
+    drawn = outside = 0
+    unlisted = []
+    for rc in ds.ROIContourSequence:
+        num = int(rc.ReferencedROINumber)
+        if roi is not None and num != roi:
+            continue
+        if num not in names:  # (its voxels would carry a number no ROI is named by)
+            unlisted.append(num)
+            continue
+        slices = masks.setdefault(num, {})
+        for c, contour in enumerate(rc.get("ContourSequence", [])):
+            where = f"ROI {num} contour {c + 1}"
+            if str(contour.get("ContourGeometricType", "CLOSED_PLANAR")) != "CLOSED_PLANAR":
+                continue
+            try:
+                pts = np.array([float(x) for x in contour.ContourData]).reshape(-1, 3)
+            except (AttributeError, ValueError, TypeError) as e:
+                raise ReadError(f"malformed ContourData ({e})", path, where=where) from None
+            if len(pts) < 3 or not np.all(np.isfinite(pts)):
+                why = f"a closed contour needs 3 or more finite points, got {len(pts)}"
+                raise ReadError(why, path, where=where)
+            idx = (inv[:3, :3] @ (pts * _FLIP).T).T + inv[:3, 3]
+            k = np.round(idx[:, 2])
+            if np.ptp(idx[:, 2]) > 0.5 or np.abs(idx[:, 2] - k).max() > 0.5:
+                raise ReadError(
+                    "the contour does not lie on a slice of the image grid", path, where=where
+                )
+            k = int(k[0])
+            inside = _inside(idx[:, :2], image.shape[:2]) if 0 <= k < image.shape[2] else None
+            if inside is None or not inside.any():  # off its slices, or beside it in-plane
+                outside += 1
+                continue
+            slices[k] = inside if k not in slices else slices[k] ^ inside  # even-odd: holes
+            drawn += 1
+    return {n: s for n, s in masks.items() if s}, drawn, outside, unlisted
+
+
+def _inside(poly: np.ndarray, shape) -> np.ndarray:
+    """The pixels (i, j) of a ``shape`` plane whose centres are inside the polygon."""
+    from matplotlib.path import Path
+
+    out = np.zeros(shape, bool)
+    lo = np.maximum(np.floor(poly.min(0)).astype(np.int64), 0)
+    hi = np.minimum(np.ceil(poly.max(0)).astype(np.int64) + 1, shape)
+    if np.any(hi <= lo):
+        return out
+    ii, jj = np.mgrid[lo[0] : hi[0], lo[1] : hi[1]]
+    pix = np.stack([ii.ravel(), jj.ravel()], 1).astype(float)
+    out[lo[0] : hi[0], lo[1] : hi[1]] = Path(poly).contains_points(pix).reshape(ii.shape)
+    return out
+
+
+def _overlay(out: np.ndarray, masks, value, names, path: str) -> None:
+    """Draw the ROIs in ascending value order (the higher wins where they overlap), warning
+    which ROI's voxels another overwrote, and which ROI that leaves with none."""
+    lost: dict[tuple[int, int], int] = {}  # (value overwritten, value on top) -> voxels
+    total: dict[int, int] = {}
+    for num in sorted(masks, key=value.get):
+        v = value[num]
+        for k, m in masks[num].items():
+            sl = out[:, :, k]
+            under = sl[m]
+            for u, n in zip(*np.unique(under[under > 0], return_counts=True)):
+                lost[(int(u), v)] = lost.get((int(u), v), 0) + int(n)
+            sl[m] = v
+            total[v] = total.get(v, 0) + int(m.sum())
+    if not lost:
+        return
+    num_of = {v: n for n, v in value.items()}
+
+    def name(v):
+        return f"{names[num_of[v]]!r} (ROI {num_of[v]})"
+
+    said = "; ".join(
+        f"{name(v)} overwrites {n} voxel(s) of {name(u)}" for (u, v), n in lost.items()
+    )
+    gone = "".join(
+        f". {name(u)} is MISSING from the label map: all its {total[u]} voxel(s) lie in "
+        "higher-numbered ROIs"
+        for u in sorted({u for u, _ in lost})
+        if not (out == u).any()
+    )
+    _warn(f"{path}: ROIs overlap, and the higher ROI number wins: {said}{gone}")

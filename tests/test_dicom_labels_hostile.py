@@ -1,0 +1,339 @@
+"""Hostile DICOM SEG / RTSTRUCT labels (medproc.annotations.dicom_labels) and what the training
+layouts make of them (medproc._layout_labels): a SEG that leaves out slices lands on its own
+slices, overlapping ROIs are said, inner contours are holes, ROI numbers are identifiers,
+empty labels and labels of no case are never used silently. Expected voxels are computed from
+the geometry the test writes, not from the reader."""
+
+import json
+import os
+import warnings
+
+import nibabel as nib
+import numpy as np
+import pydicom
+import pytest
+from pydicom.dataset import Dataset, FileMetaDataset
+
+import medproc
+from medproc.annotations import read_rtstruct, read_seg
+from medproc.convert import convert
+from medproc.errors import GeometryError, MedprocError, MedprocWarning, ReadError
+from medproc.layouts import find_dicom_labels, write_monai_datalist, write_nnunet
+
+SHAPE = (48, 48, 30)
+AFFINE = np.array([[1.0, 0, 0, -24], [0, 1.0, 0, -24], [0, 0, 2.5, -37.5], [0, 0, 0, 1]])
+UID = "1.2.826.0.1.3680043.8.498.77.1"
+_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    """One NIfTI image converted on its own grid: (manifest rows, image Volume, tmp folder)."""
+    d = tmp_path_factory.mktemp("hostile")
+    os.makedirs(d / "images")
+    arr = np.random.default_rng(0).integers(-1000, 400, SHAPE).astype(np.int16)
+    nib.save(nib.Nifti1Image(arr, AFFINE), str(d / "images" / "ct.nii.gz"))
+    rows = convert([str(d / "images")], str(d / "out"), medproc.Spec(), workers=1)
+    assert [r["status"] for r in rows] == ["ok"]
+    out = nib.load(rows[0]["output"])
+    assert out.shape == SHAPE and np.allclose(out.affine, AFFINE)  # (labels need no resampling)
+    return rows, medproc.load(str(d / "images" / "ct.nii.gz")), d
+
+
+def _square(lo=20, hi=30):
+    m = np.zeros(SHAPE[:2], bool)
+    m[lo:hi, lo:hi] = True
+    return m
+
+
+def write_seg(path, frames, names, *, thickness=2.5, n_frames=None, ref=UID):
+    """A SEG on the image's grid: frames = [(slice k (may be fractional), segment, mask (i, j))]."""
+    lps = _LPS @ AFFINE
+    sp = np.sqrt((lps[:3, :3] ** 2).sum(0))
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.66.4"
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = pydicom.uid.generate_uid()
+    ds.Modality, ds.SeriesInstanceUID = "SEG", pydicom.uid.generate_uid()
+    r = Dataset()
+    r.SeriesInstanceUID = ref
+    ds.ReferencedSeriesSequence = [r]
+    ds.Rows, ds.Columns = SHAPE[1], SHAPE[0]
+    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+    shared, orient, meas = Dataset(), Dataset(), Dataset()
+    orient.ImageOrientationPatient = [*(lps[:3, 0] / sp[0]), *(lps[:3, 1] / sp[1])]
+    meas.PixelSpacing = [sp[1], sp[0]]
+    if thickness is not None:
+        meas.SliceThickness = thickness
+    shared.PlaneOrientationSequence, shared.PixelMeasuresSequence = [orient], [meas]
+    ds.SharedFunctionalGroupsSequence = [shared]
+    ds.SegmentSequence = []
+    for n, name in names.items():
+        s = Dataset()
+        s.SegmentNumber, s.SegmentLabel = n, name
+        ds.SegmentSequence.append(s)
+    per, px = [], []
+    for k, n, m in frames:
+        f, pos, sid = Dataset(), Dataset(), Dataset()
+        pos.ImagePositionPatient = [float(v) for v in lps[:3, 3] + k * lps[:3, 2]]
+        sid.ReferencedSegmentNumber = n
+        f.PlanePositionSequence, f.SegmentIdentificationSequence = [pos], [sid]
+        per.append(f)
+        px.append(m.T.astype(np.uint8))  # rows = j, columns = i
+    ds.PerFrameFunctionalGroupsSequence = per
+    ds.NumberOfFrames = len(px) if n_frames is None else n_frames
+    ds.PixelData = np.stack(px).tobytes() if px else b""
+    ds.save_as(path, enforce_file_format=True)
+    return str(path)
+
+
+def write_rt(path, rois, contours, ref=UID):
+    """rois = [(ROI number, name)] in file order; contours = [(ROI number, k, [(i, j), ...])]."""
+    ds = Dataset()
+    ds.Modality = "RTSTRUCT"
+    ds.StructureSetROISequence = []
+    for n, name in rois:
+        r = Dataset()
+        r.ROINumber, r.ROIName = n, name
+        ds.StructureSetROISequence.append(r)
+    ds.ROIContourSequence = []
+    for n, _ in rois:
+        rc = Dataset()
+        rc.ReferencedROINumber = n
+        rc.ContourSequence = []
+        for m, k, poly in contours:
+            if m == n:
+                c = Dataset()
+                c.ContourGeometricType = "CLOSED_PLANAR"
+                lps = [(_LPS @ AFFINE @ [i, j, k, 1])[:3] for i, j in poly]
+                c.ContourData = [f"{v:.4f}" for p in lps for v in p]
+                rc.ContourSequence.append(c)
+        ds.ROIContourSequence.append(rc)
+    fr, st, se = Dataset(), Dataset(), Dataset()
+    se.SeriesInstanceUID = ref
+    st.RTReferencedSeriesSequence = [se]
+    fr.RTReferencedStudySequence = [st]
+    ds.ReferencedFrameOfReferenceSequence = [fr]
+    ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.481.3"
+    ds.SOPInstanceUID = ds.SeriesInstanceUID = pydicom.uid.generate_uid()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    ds.save_as(path, enforce_file_format=True)
+    return str(path)
+
+
+def sq(lo, hi):
+    """A square contour through half-voxel corners: exactly the voxel centres lo..hi-1."""
+    return [(lo - 0.5, lo - 0.5), (hi - 0.5, lo - 0.5), (hi - 0.5, hi - 0.5), (lo - 0.5, hi - 0.5)]
+
+
+def nnunet(case, tmp_path, label, name="Dataset301_Hostile"):
+    rows, _, _ = case
+    d = write_nnunet(rows, tmp_path / name, labels={rows[0]["case"]: label})
+    doc = json.load(open(os.path.join(d, "dataset.json")))
+    lab = np.asarray(nib.load(os.path.join(d, "labelsTr", rows[0]["case"] + ".nii.gz")).dataobj)
+    return doc, lab
+
+
+# 1 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("thickness", [2.5, None])
+def test_a_seg_that_leaves_out_slices_lands_on_its_slices_in_nnunet(case, tmp_path, thickness):
+    """Frames at slices 10 and 20 only, no SpacingBetweenSlices: the label is on slices 10 and
+    20 of the output (it was read on a 2-slice grid 25 mm apart and smeared over 5..24)."""
+    seg = write_seg(tmp_path / "seg.dcm", [(10, 1, _square()), (20, 1, _square(5, 9))], {1: "t"})
+    doc, lab = nnunet(case, tmp_path, seg)
+    assert doc["labels"] == {"background": 0, "t": 1}
+    assert np.flatnonzero(lab.sum((0, 1))).tolist() == [10, 20]
+    np.testing.assert_array_equal(lab[:, :, 10], _square())
+    np.testing.assert_array_equal(lab[:, :, 20], _square(5, 9))
+    if thickness is not None:  # on its own, the gap is seen from its SliceThickness: refused
+        with pytest.raises(GeometryError, match=r"seg.dcm: .*leaves out slices.*image="):
+            read_seg(seg)
+
+
+def test_a_seg_off_the_image_grid_with_gaps_is_refused_not_smeared(case, tmp_path):
+    """Frames half a slice off the image's slices (so not placeable voxel for voxel), 25 mm
+    apart, declaring neither spacing nor thickness: refused naming the file."""
+    frames = [(10.5, 1, _square()), (20.5, 1, _square())]
+    seg = write_seg(tmp_path / "off.dcm", frames, {1: "t"}, thickness=None)
+    with pytest.raises(GeometryError, match=r"off.dcm: its frames lie 25 mm apart.*2.5 mm"):
+        nnunet(case, tmp_path, seg)
+    assert not os.path.exists(tmp_path / "Dataset301_Hostile")
+    # frames off the grid but contiguous still come in through the SEG's own grid
+    seg = write_seg(
+        tmp_path / "off2.dcm", [(k + 0.5, 1, _square()) for k in range(10, 14)], {1: "t"}
+    )
+    _, lab = nnunet(case, tmp_path, seg, "Dataset302_Off")
+    assert lab.sum() > 0 and set(np.flatnonzero(lab.sum((0, 1)))) <= set(range(10, 15))
+
+
+# 2 ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("order", [1, -1])
+def test_overlapping_rois_are_said_and_the_higher_roi_number_wins(tmp_path, case, order):
+    """GTV (ROI 1, 10x10 voxels) inside Lung (ROI 2) on slice 10, alone on slice 12: the
+    100 voxels on slice 10 are Lung's whatever the order the file lists them in, and said."""
+    _, image, _ = case
+    rois = [(1, "GTV"), (2, "Lung")][::order]
+    contours = [(1, 10, sq(20, 30)), (2, 10, sq(5, 44)), (1, 12, sq(20, 30))]
+    p = write_rt(tmp_path / "rt.dcm", rois, contours)
+    with pytest.warns(MedprocWarning) as got:
+        lab = read_rtstruct(p, image).array
+    text = " ".join(str(w.message) for w in got)
+    assert "rt.dcm" in text and "'Lung' (ROI 2) overwrites 100 voxel(s) of 'GTV' (ROI 1)" in text
+    assert "MISSING" not in text
+    assert (lab[:, :, 10] == 2).sum() == 39 * 39 and (lab[:, :, 12] == 1).sum() == 100
+    # GTV only inside Lung: it vanishes, and the warning says so plainly
+    p = write_rt(tmp_path / "rt2.dcm", rois, contours[:2])
+    with pytest.warns(MedprocWarning, match=r"'GTV' \(ROI 1\) is MISSING .* all its 100 voxel"):
+        lab = read_rtstruct(p, image).array
+    assert set(np.unique(lab).tolist()) == {0, 2}
+
+
+# 3 ------------------------------------------------------------------------------------------
+def test_an_inner_contour_is_a_hole(tmp_path, case):
+    _, image, _ = case
+    p = write_rt(tmp_path / "ring.dcm", [(1, "Ring")], [(1, 10, sq(10, 40)), (1, 10, sq(20, 30))])
+    lab = read_rtstruct(p, image).array
+    assert int((lab[:, :, 10] == 1).sum()) == 30 * 30 - 10 * 10
+    assert lab[24, 24, 10] == 0 and lab[12, 12, 10] == 1
+    t = np.linspace(0, 2 * np.pi, 120, endpoint=False)
+    outer = [(24 + 18 * np.cos(a), 24 + 18 * np.sin(a)) for a in t]
+    inner = [(24 + 7 * np.cos(a), 24 + 7 * np.sin(a)) for a in t[::-1]]
+    p = write_rt(tmp_path / "ring2.dcm", [(3, "Ring")], [(3, 12, inner), (3, 12, outer)])
+    lab = read_rtstruct(p, image).array
+    area = np.pi * (18**2 - 7**2)
+    assert abs(int((lab == 3).sum()) - area) < 0.03 * area
+    assert lab[24, 24, 12] == 0 and lab[24 + 12, 24, 12] == 3
+
+
+# 4 ------------------------------------------------------------------------------------------
+def test_roi_numbers_are_identifiers_not_overflows(tmp_path, case):
+    _, image, _ = case
+    big = write_rt(tmp_path / "big.dcm", [(70000, "GTV")], [(70000, 10, sq(20, 30))])
+    lab = read_rtstruct(big, image).array  # the ROI number as value, in a type that holds it
+    assert lab.dtype == np.uint32 and int((lab == 70000).sum()) == 100
+    rois = [(70000, "GTV"), (-1, "Lung"), (0, "Cord")]
+    contours = [(70000, 10, sq(20, 30)), (-1, 12, sq(5, 15)), (0, 14, sq(30, 40))]
+    p = write_rt(tmp_path / "ids.dcm", rois, contours)
+    with pytest.raises(ReadError, match=r"ids.dcm: ROI number\(s\) \[-1, 0\].*renumber=True"):
+        read_rtstruct(p, image)
+    vol = read_rtstruct(p, image, renumber=True)  # 1..N in ascending ROI number order
+    assert vol.meta["rois"] == {1: "Lung", 2: "Cord", 3: "GTV"}
+    doc, lab = nnunet(case, tmp_path, p)  # the layout renumbers: any ROI number works
+    assert doc["labels"] == {"background": 0, "Lung": 1, "Cord": 2, "GTV": 3}
+    for value, (k, lo, hi) in {1: (12, 5, 15), 2: (14, 30, 40), 3: (10, 20, 30)}.items():
+        want = np.zeros(SHAPE, bool)
+        want[lo:hi, lo:hi, k] = True
+        np.testing.assert_array_equal(lab == value, want)
+
+
+def test_more_classes_than_a_layout_holds_is_an_error_naming_the_label(tmp_path, case):
+    arr = (np.arange(np.prod(SHAPE)).reshape(SHAPE) % 70000).astype(np.int32)
+    p = str(tmp_path / "many.nii.gz")
+    nib.save(nib.Nifti1Image(arr, AFFINE), p)
+    n = len(np.unique(arr)) - 1  # (0 is background)
+    assert n > 65535
+    with pytest.raises(MedprocError, match=rf"many.nii.gz: .*{n} distinct values.* 65535"):
+        nnunet(case, tmp_path, p)
+
+
+# 5 ------------------------------------------------------------------------------------------
+def _outside(p):
+    return write_seg(p, [(k, 1, _square()) for k in (60, 70, 90)], {1: "t"})
+
+
+def _seg_zero(p):
+    return write_seg(p, [(k, 0, _square()) for k in range(10, 15)], {0: "t"})
+
+
+def _seg_empty(p):
+    return write_seg(p, [(k, 1, np.zeros(SHAPE[:2], bool)) for k in range(10, 15)], {1: "t"})
+
+
+def _rt_empty(p):
+    return write_rt(p, [(1, "GTV")], [])
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (_outside, "all 3 of its frames that hold segment pixels lie outside the image"),
+        (_seg_zero, "frame 1: references segment number 0"),
+        (_seg_empty, "labels no voxel of"),
+        (_rt_empty, "labels no voxel of"),
+    ],
+)
+def test_an_empty_dicom_label_is_an_error_naming_the_file(tmp_path, case, make, says):
+    p = make(tmp_path / "ann.dcm")
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with pytest.raises(MedprocError, match="ann.dcm: ") as e:
+            nnunet(case, tmp_path, p)
+    assert says in str(e.value)
+    assert not os.path.exists(tmp_path / "Dataset301_Hostile")
+
+
+def test_empty_annotations_read_alone_warn(tmp_path, case):
+    _, image, _ = case
+    with pytest.warns(MedprocWarning, match="ann.dcm: its 5 frame.* hold no segmented pixel"):
+        assert not read_seg(_seg_empty(tmp_path / "ann.dcm"), image=image).array.any()
+    with pytest.warns(MedprocWarning, match="rt.dcm: no closed planar contour labels a voxel"):
+        assert not read_rtstruct(_rt_empty(tmp_path / "rt.dcm"), image).array.any()
+    with pytest.raises(ReadError, match="ann2.dcm: all 3 of its frames .* outside the image"):
+        read_seg(_outside(tmp_path / "ann2.dcm"), image=image)
+    p = write_rt(tmp_path / "zero.dcm", [(0, "GTV")], [(0, 10, sq(20, 30))])
+    _, lab = nnunet(case, tmp_path, p)  # ROI 0 is an identifier: labelled, not background
+    assert int((lab[:, :, 10] == 1).sum()) == 100
+
+
+# 6 ------------------------------------------------------------------------------------------
+def test_a_label_of_no_case_and_two_labels_of_one_series_are_said(tmp_path, case):
+    rows, _, _ = case
+    os.makedirs(tmp_path / "t")
+    a = write_seg(tmp_path / "t" / "a.dcm", [(10, 1, _square())], {1: "t"})
+    b = write_seg(tmp_path / "t" / "b.dcm", [(12, 1, _square())], {1: "u"})
+    with pytest.warns(MedprocWarning, match=r"a.dcm and .*b.dcm all annotate series " + UID):
+        assert find_dicom_labels(str(tmp_path / "t")) == {UID: a}
+    stray = write_seg(tmp_path / "s.dcm", [(10, 1, _square())], {1: "t"}, ref="1.2.3.4.5")
+    labels = find_dicom_labels(stray)
+    assert labels == {"1.2.3.4.5": stray}
+    with pytest.warns(MedprocWarning, match=r"s.dcm: annotates series 1.2.3.4.5, which is none"):
+        with pytest.raises(MedprocError, match=r"no case has a label: .*s.dcm: annotates series"):
+            write_monai_datalist(rows, tmp_path / "dl.json", labels=labels)
+    labels[rows[0]["case"]] = b  # another label for the case: the stray one is said, left out
+    with pytest.warns(MedprocWarning, match=r"s.dcm: annotates series 1.2.3.4.5, which is none"):
+        write_monai_datalist(rows, tmp_path / "dl.json", labels=labels)
+    assert len(json.load(open(tmp_path / "dl.json"))["training"]) == 1
+
+
+# 7 ------------------------------------------------------------------------------------------
+def test_an_unreadable_seg_among_the_inputs_is_named_with_its_problem(tmp_path):
+    from medproc._layout_labels import unreadable_dicom_labels
+
+    os.makedirs(tmp_path / "in")
+    arr = np.zeros(SHAPE, np.int16)
+    nib.save(nib.Nifti1Image(arr, AFFINE), str(tmp_path / "in" / "ct.nii.gz"))
+    write_seg(tmp_path / "in" / "seg.dcm", [], {1: "t"})  # no frames: NumberOfFrames 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rows = convert([str(tmp_path / "in")], str(tmp_path / "out"), medproc.Spec(), workers=1)
+    said = unreadable_dicom_labels(rows)
+    assert len(said) == 1 and said[0].startswith(str(tmp_path / "in" / "seg.dcm"))
+    assert "NumberOfFrames is 0" in said[0]
+
+
+# 8 ------------------------------------------------------------------------------------------
+def test_label_values_beyond_float32_name_the_label_file(tmp_path, case):
+    arr = np.zeros(SHAPE, np.uint32)
+    arr[20:30, 20:30, 10] = 2**24 + 1
+    shifted = AFFINE.copy()
+    shifted[0, 3] += 0.5  # (another grid: the label is resampled onto the output's)
+    p = str(tmp_path / "huge.nii.gz")
+    nib.save(nib.Nifti1Image(arr, shifted), p)
+    with pytest.raises(MedprocError, match=r"huge.nii.gz: label values 0..16777217") as e:
+        nnunet(case, tmp_path, p)
+    assert e.value.path == p
