@@ -12,6 +12,7 @@ import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
+from dicom_seg import write_seg as seg_file
 from pydicom.dataset import Dataset, FileMetaDataset
 
 import medproc
@@ -48,45 +49,8 @@ def _square(lo=20, hi=30):
 
 def write_seg(path, frames, names, *, thickness=2.5, n_frames=None, ref=UID):
     """A SEG on the image's grid: frames = [(slice k (may be fractional), segment, mask (i, j))]."""
-    lps = _LPS @ AFFINE
-    sp = np.sqrt((lps[:3, :3] ** 2).sum(0))
-    ds = Dataset()
-    ds.file_meta = FileMetaDataset()
-    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
-    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.66.4"
-    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = pydicom.uid.generate_uid()
-    ds.Modality, ds.SeriesInstanceUID = "SEG", pydicom.uid.generate_uid()
-    r = Dataset()
-    r.SeriesInstanceUID = ref
-    ds.ReferencedSeriesSequence = [r]
-    ds.Rows, ds.Columns = SHAPE[1], SHAPE[0]
-    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
-    shared, orient, meas = Dataset(), Dataset(), Dataset()
-    orient.ImageOrientationPatient = [*(lps[:3, 0] / sp[0]), *(lps[:3, 1] / sp[1])]
-    meas.PixelSpacing = [sp[1], sp[0]]
-    if thickness is not None:
-        meas.SliceThickness = thickness
-    shared.PlaneOrientationSequence, shared.PixelMeasuresSequence = [orient], [meas]
-    ds.SharedFunctionalGroupsSequence = [shared]
-    ds.SegmentSequence = []
-    for n, name in names.items():
-        s = Dataset()
-        s.SegmentNumber, s.SegmentLabel = n, name
-        ds.SegmentSequence.append(s)
-    per, px = [], []
-    for k, n, m in frames:
-        f, pos, sid = Dataset(), Dataset(), Dataset()
-        pos.ImagePositionPatient = [float(v) for v in lps[:3, 3] + k * lps[:3, 2]]
-        sid.ReferencedSegmentNumber = n
-        f.PlanePositionSequence, f.SegmentIdentificationSequence = [pos], [sid]
-        per.append(f)
-        px.append(m.T.astype(np.uint8))  # rows = j, columns = i
-    ds.PerFrameFunctionalGroupsSequence = per
-    ds.NumberOfFrames = len(px) if n_frames is None else n_frames
-    ds.PixelData = np.stack(px).tobytes() if px else b""
-    ds.save_as(path, enforce_file_format=True)
-    return str(path)
+    return seg_file(path, AFFINE, SHAPE, frames, names, ref=ref, thickness=thickness,
+                    n_frames=n_frames)  # fmt: skip
 
 
 def write_rt(path, rois, contours, ref=UID):

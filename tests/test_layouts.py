@@ -11,6 +11,7 @@ import nibabel as nib
 import numpy as np
 import pydicom
 import pytest
+from dicom_seg import write_seg
 
 import medproc
 from medproc.annotations import read_rtstruct
@@ -133,47 +134,13 @@ def _axial_label(sample_data):
 
 def _write_seg(path, image, lab, names):
     """A minimal multi-frame DICOM SEG (8-bit frames): one frame per segment and slice."""
-    from pydicom.dataset import Dataset, FileMetaDataset
-
-    lps = np.diag([-1.0, -1.0, 1.0, 1.0]) @ image.affine
-    sp = np.sqrt((lps[:3, :3] ** 2).sum(0))
-    ds = Dataset()
-    ds.file_meta = FileMetaDataset()
-    ds.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
-    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.66.4"
-    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID = pydicom.uid.generate_uid()
-    ds.Modality, ds.SeriesInstanceUID = "SEG", pydicom.uid.generate_uid()
-    ref = Dataset()
-    ref.SeriesInstanceUID = image.meta["series_uid"]
-    ds.ReferencedSeriesSequence = [ref]
-    ds.Rows, ds.Columns = image.shape[1], image.shape[0]
-    ds.SamplesPerPixel, ds.PhotometricInterpretation = 1, "MONOCHROME2"
-    ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
-    shared, orient, meas = Dataset(), Dataset(), Dataset()
-    orient.ImageOrientationPatient = [*(lps[:3, 0] / sp[0]), *(lps[:3, 1] / sp[1])]
-    meas.PixelSpacing, meas.SliceThickness = [sp[1], sp[0]], sp[2]
-    shared.PlaneOrientationSequence, shared.PixelMeasuresSequence = [orient], [meas]
-    ds.SharedFunctionalGroupsSequence = [shared]
-    ds.SegmentSequence = []
-    for n, name in names.items():
-        s = Dataset()
-        s.SegmentNumber, s.SegmentLabel = n, name
-        ds.SegmentSequence.append(s)
-    frames, per = [], []
-    for n in names:
-        for k in range(image.shape[2]):
-            m = lab[:, :, k] == n
-            if m.any():
-                f, pos, sid = Dataset(), Dataset(), Dataset()
-                pos.ImagePositionPatient = list(lps[:3, 3] + k * lps[:3, 2])
-                sid.ReferencedSegmentNumber = n
-                f.PlanePositionSequence, f.SegmentIdentificationSequence = [pos], [sid]
-                per.append(f)
-                frames.append(m.T.astype(np.uint8))
-    ds.PerFrameFunctionalGroupsSequence = per
-    ds.NumberOfFrames = len(frames)
-    ds.PixelData = np.stack(frames).tobytes()
-    ds.save_as(path, enforce_file_format=True)
+    frames = [
+        (k, n, lab[:, :, k] == n)
+        for n in names
+        for k in range(image.shape[2])
+        if (lab[:, :, k] == n).any()
+    ]
+    write_seg(path, image.affine, image.shape, frames, names, ref=image.meta["series_uid"])
 
 
 def _expected_on(out_path, lesion_numbers):
