@@ -71,9 +71,9 @@ class ProxyTransform:
     (4x4 float64 tensor of the output grid), ``"lesions"`` (a list of dicts from
     ``Lesions.on_grid``: voxel centre, world centre, size, inside flag; every lesion, also
     those a crop left out), ``"boxes"``, ``"boxes_world"``, ``"box_labels"`` (MONAI detection
-    format, see :func:`lesion_boxes`: the ground truth of a detector, so only the lesions on
-    the output grid, their voxel boxes clipped to it, as MONAI's
-    ``ClipBoxToImaged(remove_empty=True)``; world boxes are the lesions' whole extent),
+    format, see :func:`lesion_boxes`: the ground truth of a detector, so only the lesions
+    holding a voxel centre of the output grid, their voxel boxes clipped to it, see
+    :func:`medproc.annotations.boxes.clip_boxes`; world boxes are the lesions' whole extent),
     ``"box_lesion"`` (the index into ``"lesions"`` of each box) and ``"meta"``. Other keys
     pass through.
 
@@ -174,7 +174,7 @@ class ProxyTransform:
         out["lesions"] = placed
         vox, world, labels = lesion_boxes(placed, self.box_mode)
         # a detector's ground truth: what lies on this grid (a crop cuts or leaves out
-        # lesions), as MONAI's ClipBoxToImaged(remove_empty=True); "lesions" keeps them all
+        # lesions), see clip_boxes; "lesions" keeps them all
         kept, vox = clip_boxes(vox, plan.out_shape, self.box_mode)
         out["boxes"], out["boxes_world"], out["box_labels"] = vox, world[kept], labels[kept]
         out["box_lesion"] = kept

@@ -222,7 +222,8 @@ def _boxes_on_crop(crop):
             pts = np.argwhere(lab == k + 1)
             if k not in kept:
                 assert len(pts) == 0, (k, len(pts))  # no lesion on the crop lost its box
-                assert np.any(whole[k, 3:] <= -0.5) or np.any(whole[k, :3] >= ext)
+                lo, hi = np.maximum(whole[k, :3], -0.5), np.minimum(whole[k, 3:], ext)
+                assert np.any(np.ceil(lo) > np.floor(hi))  # it holds no voxel centre
                 seen["removed"] += 1
                 continue
             b = boxes[list(kept).index(k)]
@@ -236,7 +237,7 @@ def _boxes_on_crop(crop):
 
 def test_boxes_are_the_ground_truth_on_the_crop_clipped_to_it():
     """Crops that cut lesions or leave them out: ``boxes`` hold what lies on the output grid,
-    clipped to its extent, as MONAI's ClipBoxToImaged(remove_empty=True); every lesion with
+    clipped to its extent (see test_clip_boxes_against_monai); every lesion with
     label voxels in the output keeps its box; ``lesions`` keeps all of them. The crops clip
     and remove some boxes (so this cannot pass by doing neither)."""
     seen = [_boxes_on_crop(c) for c in [(20, 20, 20), (30, 36, 16), (12, 48, 40), (2, 2, 2)]]
@@ -435,3 +436,32 @@ def test_workers_that_are_not_persistent_draw_new_augmentations_every_epoch():
         again = epoch()
     assert not torch.equal(first, second)
     assert torch.equal(first, again)
+
+
+def test_clip_boxes_against_monai():
+    """clip_boxes against MONAI's clip_boxes_to_image (ClipBoxToImaged's function): with voxel
+    i covering [i - 0.5, i + 0.5], MONAI's 0..n frame is ours shifted by half a voxel; the two
+    agree on every box at least one voxel wide after clipping, and ours keeps exactly the boxes
+    that hold a voxel centre (computed here by enumerating the grid's centres)."""
+    from monai.data.box_utils import clip_boxes_to_image
+
+    from medproc.annotations.boxes import clip_boxes
+
+    shape = (10, 12, 8)
+    rng = np.random.default_rng(5)
+    lo = rng.uniform(-6, 14, (400, 3))
+    boxes = np.c_[lo, lo + rng.uniform(0.1, 6, (400, 3))].astype(np.float32)
+    boxes[:4] = [[2, 2, 2, 2.6, 2.6, 2.6], [-3, 1, 1, -0.2, 3, 3], [-1, 1, 1, 0.4, 3, 3],
+                 [8.2, 10.1, 6.8, 9.9, 11.8, 7.9]]  # fmt: skip
+    kept, ours = clip_boxes(boxes, shape)
+    centres = np.stack(np.meshgrid(*map(np.arange, shape), indexing="ij"), -1).reshape(-1, 3)
+    holds = [bool(np.any(np.all((c >= b[:3]) & (c <= b[3:]), axis=1)))
+             for b in boxes for c in [centres]]  # fmt: skip
+    assert list(kept) == list(np.flatnonzero(holds))
+    assert {0, 2, 3} <= set(kept.tolist()) and 1 not in kept  # ([-3, -0.2]: no centre)
+    theirs, keep = clip_boxes_to_image(boxes + 0.5, shape, remove_empty=True)
+    wide = np.all(ours[:, 3:] - ours[:, :3] >= 1, axis=1)
+    by_index = dict(zip(np.flatnonzero(np.asarray(keep)).tolist(), np.asarray(theirs) - 0.5))
+    assert wide.sum() > 20
+    for n, b in zip(kept[wide], ours[wide]):
+        np.testing.assert_allclose(by_index[int(n)], b, atol=1e-5)

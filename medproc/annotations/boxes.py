@@ -29,9 +29,14 @@ def lesion_boxes(placed: list[dict], mode: str = "xyzxyz"):
 
 
 def clip_boxes(boxes_voxel: np.ndarray, shape, mode: str = "xyzxyz"):
-    """Voxel boxes clipped to a grid of ``shape`` (its extent: voxel centres at integer
-    indices, so ``-0.5 .. n - 0.5`` along each axis), boxes left with no volume on it removed,
-    as MONAI's ``ClipBoxToImaged(remove_empty=True)`` does for a detector's ground truth.
+    """Voxel boxes clipped to a grid of ``shape``, those holding no voxel centre on it removed:
+    a detector's ground truth on a crop.
+
+    The grid's extent is ``-0.5 .. n - 0.5`` along each axis (voxel centres at integer indices,
+    as the boxes are, and as MONAI's ``AffineBoxToImageCoordinated`` computes them). MONAI's
+    ``ClipBoxToImaged(remove_empty=True)`` does the same job with two differences: it clamps to
+    ``0 .. n`` (half a voxel off that convention) and drops boxes narrower than one voxel on
+    any axis after clamping, also a small lesion well inside the image.
 
     Returns ``(kept, clipped)``: the int64 indices of the boxes kept, and those boxes clipped,
     in ``mode``."""
@@ -42,7 +47,7 @@ def clip_boxes(boxes_voxel: np.ndarray, shape, mode: str = "xyzxyz"):
         hi = b[:, :3] + b[:, 3:] / 2
     ext = np.asarray(shape[:3], np.float64) - 0.5
     lo, hi = np.maximum(lo, -0.5), np.minimum(hi, ext)
-    kept = np.flatnonzero(np.all(hi > lo, axis=1))
+    kept = np.flatnonzero(np.all(np.ceil(lo) <= np.floor(hi), axis=1))  # a voxel centre inside
     lo, hi = lo[kept], hi[kept]
     out = np.c_[lo, hi] if mode == "xyzxyz" else np.c_[(lo + hi) / 2, hi - lo]
     return kept.astype(np.int64), out.astype(np.float32).reshape(-1, 6)
