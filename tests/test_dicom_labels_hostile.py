@@ -174,6 +174,36 @@ def test_an_inner_contour_is_a_hole(tmp_path, case):
     assert lab[24, 24, 12] == 0 and lab[24 + 12, 24, 12] == 3
 
 
+def test_contours_nest_overlap_or_repeat_without_losing_voxels(tmp_path, case):
+    """By nesting, not XOR: an island inside a hole is drawn; a contour given twice is drawn
+    once (XOR cancelled it: 0 voxels); two contours that overlap without one holding the other
+    are taken together (XOR lost their intersection); the last two are said."""
+    _, image, _ = case
+    nested = [(1, 10, sq(5, 45)), (1, 10, sq(10, 40)), (1, 10, sq(20, 30))]
+    lab = read_rtstruct(write_rt(tmp_path / "n.dcm", [(1, "A")], nested), image).array[:, :, 10]
+    assert int(lab.sum()) == 40 * 40 - 30 * 30 + 10 * 10 and lab[25, 25] and not lab[15, 15]
+    with pytest.warns(
+        MedprocWarning, match=r"ROI 1 \('A'\), slice\(s\) \[10\]: 1 contour\(s\) given twice"
+    ):
+        p = write_rt(tmp_path / "d.dcm", [(1, "A")], [(1, 10, sq(20, 30)), (1, 10, sq(20, 30))])
+        assert int(read_rtstruct(p, image).array.sum()) == 100
+    with pytest.warns(MedprocWarning, match=r"1 pair\(s\) of contours overlap, taken together"):
+        p = write_rt(tmp_path / "o.dcm", [(1, "A")], [(1, 10, sq(10, 20)), (1, 10, sq(15, 25))])
+        assert int(read_rtstruct(p, image).array.sum()) == 100 + 100 - 25
+
+
+def test_overlapping_segments_are_said_like_overlapping_rois(tmp_path, case):
+    """SEG and RTSTRUCT share one overlap rule and its warning: a segment wholly under a higher
+    one is said MISSING (it vanished silently before)."""
+    _, image, _ = case
+    frames = [(10, 1, _square(20, 30)), (10, 2, _square(15, 35))]
+    p = write_seg(tmp_path / "s.dcm", frames, {1: "Tumour", 2: "Liver"})
+    with pytest.warns(MedprocWarning, match=r"'Liver' \(segment 2\) overwrites 100 voxel\(s\) "
+                      r"of 'Tumour' \(segment 1\).*'Tumour' \(segment 1\) is MISSING"):  # fmt: skip
+        lab = read_seg(p, image=image).array
+    assert int((lab == 2).sum()) == 400 and not (lab == 1).any()
+
+
 # 4 ------------------------------------------------------------------------------------------
 def test_roi_numbers_are_identifiers_not_overflows(tmp_path, case):
     _, image, _ = case

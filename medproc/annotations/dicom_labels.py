@@ -4,7 +4,8 @@ the series they segment) and RTSTRUCT (closed planar contours rasterised on an i
 A truncated or incomplete file raises :class:`~medproc.errors.ReadError` naming the file and
 the item (frame, ROI, contour) and what is missing, never a bare ``ValueError`` or
 ``AttributeError``. Where annotations overlap, the higher number wins: the higher segment
-number (SEG), the higher ROI number (RTSTRUCT, said in a warning naming the ROIs and voxels).
+number (SEG), the higher ROI number (RTSTRUCT), said in a warning naming them and the voxels
+(:mod:`._overlap`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from ..errors import GeometryError, MedprocError, MedprocWarning, ReadError
 from ..geometry import LPS_TO_RAS
 from ..volume import Volume
+from ._overlap import combine_contours, overlay
 
 __all__ = ["read_seg", "read_rtstruct", "seg_on_image"]
 
@@ -135,7 +137,7 @@ def _read_seg(path: str, image: Volume | None, how: str) -> Volume:
     with _incomplete(path, "DICOM SEG"):
         ds, frames, extra, seg_of, px, names = _parse_seg(path)
         if how == "place" or how == "auto" and _on_grid(frames, px.shape[1:], image):
-            lab = _frames_on_image(frames, seg_of, px, image, path)
+            lab = _frames_on_image(frames, seg_of, px, image, names, path)
             return image.with_array(lab, source=path, format="dicom-seg", segments=names)
         own = _own_grid(ds, frames, extra, seg_of, px, names, path)
     if how == "auto" and own.shape[2] > 1:  # (frames off the image's slices, no gaps)
@@ -205,24 +207,25 @@ def _own_grid(ds, frames, extra, seg_of, px, names, path: str) -> Volume:
     slot_of_pos = {
         float(u): k for k, u in enumerate(np.round(d[[first[i] for i in geom.order]], 3))
     }
-    lab = np.zeros(
-        (len(uniq), int(ds.Rows), int(ds.Columns)), np.uint8 if max(seg_of) < 256 else np.uint16
-    )
+    masks: dict[int, dict[int, np.ndarray]] = {}  # segment -> slice k -> (i, j) mask
     for i, seg in enumerate(seg_of):
         k = slot_of_pos[float(np.round(d[i], 3))]
-        lab[k][px[i] > 0] = np.maximum(lab[k][px[i] > 0], seg)
+        m = masks.setdefault(seg, {}).setdefault(k, np.zeros((ds.Columns, ds.Rows), bool))
+        m |= px[i].T > 0  # (rows = j, columns = i)
+    lab = np.zeros((int(ds.Columns), int(ds.Rows), len(uniq)), np.uint16)
+    overlay(lab, masks, {s: s for s in masks}, names, path, what="segment")
     return Volume(
-        lab.transpose(2, 1, 0),
+        lab.astype(np.uint8 if max(seg_of) < 256 else np.uint16),
         geom.affine,
         {"source": path, "format": "dicom-seg", "segments": names, "warnings": geom.warnings},
     )
 
 
-def _frames_on_image(frames, seg_of, px, image: Volume, path: str) -> np.ndarray:
+def _frames_on_image(frames, seg_of, px, image: Volume, names, path: str) -> np.ndarray:
     """Each SEG frame's pixels placed on ``image``'s grid (the nearest voxel of each pixel
-    centre; overlaps keep the higher segment number); frames outside it are said."""
+    centre; overlaps keep the higher segment number, said); frames outside it are said."""
     inv = np.linalg.inv(np.asarray(image.affine, dtype=np.float64))
-    out = np.zeros(image.shape[:3], np.uint16)
+    masks: dict[int, dict[int, np.ndarray]] = {}  # segment -> slice k -> (i, j) mask
     held = lost = 0  # frames holding pixels; of them, those wholly outside the image
     for f, seg, frame in zip(frames, seg_of, px):
         r, c = np.nonzero(frame)
@@ -235,7 +238,11 @@ def _frames_on_image(frames, seg_of, px, image: Volume, path: str) -> np.ndarray
         held += len(r) > 0
         lost += len(r) > 0 and not ok.any()
         i, j, k = ijk[ok].T
-        out[i, j, k] = np.maximum(out[i, j, k], seg)
+        for kk in np.unique(k):
+            m = masks.setdefault(seg, {}).setdefault(int(kk), np.zeros(image.shape[:2], bool))
+            m[i[k == kk], j[k == kk]] = True
+    out = np.zeros(image.shape[:3], np.uint16)
+    overlay(out, masks, {s: s for s in masks}, names, path, what="segment")
     src = image.meta.get("source") or "this image"
     if held and lost == held:
         why = f"all {held} of its frames that hold segment pixels lie outside the image"
@@ -250,7 +257,8 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None, *, renumber
 
     Closed planar contours (LPS mm) are mapped to ``image``'s voxel indices; a contour must lie
     on a slice of the image (within 0.5 voxel along k). An ROI's contours on one slice combine
-    by the even-odd rule (a contour inside another is a hole, as common converters read them);
+    by nesting (a contour inside another is a hole, one inside a hole an island; contours that
+    merely overlap are taken together, a contour given twice once: said in a warning);
     voxels whose centres are inside get the ROI's value. Where ROIs overlap the higher ROI
     number wins, with a warning naming the ROIs and the voxels overwritten (and any ROI left
     without a voxel). ``roi`` keeps one ROI (by name or number). ROI numbers are identifiers:
@@ -301,7 +309,7 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None, *, renumber
             "slices or beside them, or enclosing no voxel centre): left out"
         )
     out = np.zeros(image.shape[:3], np.min_scalar_type(max([value[n] for n in masks] + [0])))
-    _overlay(out, masks, value, names, path)
+    overlay(out, masks, value, names, path)
     if not out.any():
         _warn(f"{path}: no closed planar contour labels a voxel of {src}: the label is empty")
     rois = {value[n]: name for n, name in names.items()}
@@ -309,10 +317,11 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None, *, renumber
 
 
 def _roi_masks(ds, names, roi, image: Volume, path: str):
-    """{ROI number: {slice k: 2-D mask}} (contours on a slice combined by even-odd), and the
-    counts of contours drawn and outside, and the unlisted ROI numbers met."""
+    """{ROI number: {slice k: 2-D mask}} (contours on a slice combined by nesting:
+    :func:`combine_contours`), and the counts of contours drawn and outside, and the unlisted
+    ROI numbers met."""
     inv = np.linalg.inv(image.affine)
-    masks: dict[int, dict[int, np.ndarray]] = {}
+    masks: dict[int, dict[int, list]] = {}
     drawn = outside = 0
     unlisted = []
     for rc in ds.ROIContourSequence:
@@ -345,9 +354,17 @@ def _roi_masks(ds, names, roi, image: Volume, path: str):
             if inside is None or not inside.any():  # off its slices, or beside it in-plane
                 outside += 1
                 continue
-            slices[k] = inside if k not in slices else slices[k] ^ inside  # even-odd: holes
+            slices.setdefault(k, []).append(inside)
             drawn += 1
-    return {n: s for n, s in masks.items() if s}, drawn, outside, unlisted
+    out: dict[int, dict[int, np.ndarray]] = {}
+    for num, slices in masks.items():
+        said = {}
+        for k, contours in slices.items():
+            out.setdefault(num, {})[k], said[k] = combine_contours(contours)
+        if any(said.values()):
+            ks = sorted(k for k, t in said.items() if t)
+            _warn(f"{path}: ROI {num} ({names[num]!r}), slice(s) {ks}: {said[ks[0]]}")
+    return out, drawn, outside, unlisted
 
 
 def _inside(poly: np.ndarray, shape) -> np.ndarray:
@@ -363,36 +380,3 @@ def _inside(poly: np.ndarray, shape) -> np.ndarray:
     pix = np.stack([ii.ravel(), jj.ravel()], 1).astype(float)
     out[lo[0] : hi[0], lo[1] : hi[1]] = Path(poly).contains_points(pix).reshape(ii.shape)
     return out
-
-
-def _overlay(out: np.ndarray, masks, value, names, path: str) -> None:
-    """Draw the ROIs in ascending value order (the higher wins where they overlap), warning
-    which ROI's voxels another overwrote, and which ROI that leaves with none."""
-    lost: dict[tuple[int, int], int] = {}  # (value overwritten, value on top) -> voxels
-    total: dict[int, int] = {}
-    for num in sorted(masks, key=value.get):
-        v = value[num]
-        for k, m in masks[num].items():
-            sl = out[:, :, k]
-            under = sl[m]
-            for u, n in zip(*np.unique(under[under > 0], return_counts=True)):
-                lost[(int(u), v)] = lost.get((int(u), v), 0) + int(n)
-            sl[m] = v
-            total[v] = total.get(v, 0) + int(m.sum())
-    if not lost:
-        return
-    num_of = {v: n for n, v in value.items()}
-
-    def name(v):
-        return f"{names[num_of[v]]!r} (ROI {num_of[v]})"
-
-    said = "; ".join(
-        f"{name(v)} overwrites {n} voxel(s) of {name(u)}" for (u, v), n in lost.items()
-    )
-    gone = "".join(
-        f". {name(u)} is MISSING from the label map: all its {total[u]} voxel(s) lie in "
-        "higher-numbered ROIs"
-        for u in sorted({u for u, _ in lost})
-        if not (out == u).any()
-    )
-    _warn(f"{path}: ROIs overlap, and the higher ROI number wins: {said}{gone}")
