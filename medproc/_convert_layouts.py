@@ -42,7 +42,7 @@ def check_layouts(a) -> dict:
                 f"--dataset {a.dataset}: nnU-Net finds raw datasets by name: the folder must be "
                 "named like Dataset501_Lungs (Dataset + 3 digits + _ + name)"
             )
-        from .layouts import is_medproc_dataset, written_from
+        from ._layout_targets import is_medproc_dataset, written_from
 
         _apart(a, a.dataset, "--dataset")
         if os.path.lexists(a.dataset) and not is_medproc_dataset(a.dataset):
@@ -82,10 +82,11 @@ def _apart(a, target: str, flag: str, holds: bool = True) -> None:
     inputs, the label maps or the output folder (replacing it would delete them), nor lie
     inside an input folder unless it is inside the output folder, which no run reads (a later
     run would read its files as inputs)."""
+    from ._layout_targets import within
     from .errors import UsageError
-    from .layouts import within
 
     theirs = [("input", p) for p in a.inputs] + [("--labels folder", a.labels)] * bool(a.labels)
+    theirs += [("--annotations file", a.annotations)] * bool(getattr(a, "annotations", None))
     for what, p in [*theirs, ("output folder (-o)", a.outdir)] if holds else ():
         if within(p, target):
             raise UsageError(f"{flag} {target} holds the {what} {p}: choose a folder apart")
@@ -97,8 +98,8 @@ def _apart(a, target: str, flag: str, holds: bool = True) -> None:
 def _check_datalist_path(a, path: str) -> str:
     """The MONAI datalist's path, checked: a .json file that is not someone else's, written
     with its relabelled maps (``labels/`` beside it) apart from the inputs."""
+    from ._layout_targets import is_medproc_datalist
     from .errors import UsageError
-    from .layouts import is_medproc_datalist
 
     if not path.endswith(".json"):
         raise UsageError(f"--layout monai: the datalist {path} must be a .json file (or a folder)")
@@ -148,12 +149,19 @@ def check_cases(a, batch) -> None:
 def write_layouts(a, targets: dict, batch, con) -> int:
     """Write the layouts of ``targets`` from the finished conversion; 0, or 1 (said why)."""
     from .errors import MedprocError
-    from .layouts import find_dicom_labels, write_monai_datalist, write_nnunet, written_from
+    from .layouts import (
+        find_dicom_labels,
+        gather_layout_labels,
+        write_monai_datalist,
+        write_nnunet,
+        written_from,
+    )
 
     found = [p for p, _ in batch.annotations]
     failed: list[str] = []  # cases left out of the layouts: their labels cannot be used
     try:
         labels = find_dicom_labels(found) if found else None
+        gathered = gather_layout_labels(a.outdir, labels, device=a.device, failed=failed)
         if "nnunet" in targets:
             d = write_nnunet(
                 a.outdir,
@@ -162,7 +170,7 @@ def write_layouts(a, targets: dict, batch, con) -> int:
                 channel_name=a.channel_name,
                 overwrite=a.force or written_from(targets["nnunet"], a.outdir),
                 device=a.device,
-                failed=failed,
+                gathered=gathered,
             )
             n = len(os.listdir(os.path.join(d, "imagesTr")))
             m = len(os.listdir(os.path.join(d, "imagesTs")))
@@ -176,7 +184,7 @@ def write_layouts(a, targets: dict, batch, con) -> int:
                 labels=labels,
                 validation=a.validation or (),
                 device=a.device,
-                failed=failed if "nnunet" not in targets else [],  # (said once)
+                gathered=gathered,
             )
             with open(p) as f:
                 doc = json.load(f)

@@ -26,46 +26,30 @@ import warnings
 import numpy as np
 
 from ._layout_labels import find_dicom_labels, gather_labels, label_on_grid
+from ._layout_targets import (
+    _DESCRIPTION,
+    check_own_labels,
+    dataset_lock,
+    drop_leftovers,
+    is_medproc_datalist,
+    is_medproc_dataset,
+    old_channel_name,
+    within,
+    written_from,
+)
 from .errors import MedprocError, MedprocWarning
 from .io.atomic import atomic_dir
 from .volume import Volume
 
-__all__ = ["write_nnunet", "write_monai_datalist", "find_dicom_labels", "label_on_grid"]
+__all__ = [
+    "write_nnunet",
+    "write_monai_datalist",
+    "gather_layout_labels",
+    "find_dicom_labels",
+    "label_on_grid",
+]
 
-_DESCRIPTION = "written by medproc from a converted dataset (manifest.csv)"
 _NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
-
-
-def is_medproc_dataset(folder) -> bool:
-    """Whether ``folder`` is a training dataset medproc wrote (it holds the source mark)."""
-    from .io.walk import SOURCE_MARK
-
-    return os.path.isfile(os.path.join(os.fspath(folder), SOURCE_MARK))
-
-
-def is_medproc_datalist(path) -> bool:
-    """Whether ``path`` is a datalist JSON medproc wrote (its "description" says so)."""
-    try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read(1 << 24))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(doc, dict) and doc.get("description") == _DESCRIPTION
-
-
-def within(path, folder) -> bool:
-    """Whether ``path`` is ``folder`` or lies inside it (real paths; either may not exist)."""
-    a, b = os.path.realpath(os.fspath(path)), os.path.realpath(os.fspath(folder))
-    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
-
-
-def written_from(dataset_dir, source) -> bool:
-    """Whether ``dataset_dir`` is a dataset medproc wrote from the converted folder ``source``
-    (a later run into the same pair rewrites it without ``overwrite``)."""
-    from .io.walk import dataset_source
-
-    got = dataset_source(os.fspath(dataset_dir))
-    return got is not None and got == os.path.realpath(os.fspath(source))
 
 
 def _manifest_rows(source) -> list[dict]:
@@ -78,6 +62,12 @@ def _manifest_rows(source) -> list[dict]:
         raise FileNotFoundError(f"{path}: no manifest.csv; run medproc convert first")
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def gather_layout_labels(source, labels=None, label_names=None, device="cpu", failed=None):
+    """The finished cases of ``source`` with their labels on the output grid, and the classes:
+    what both writers need (``gathered=``), read once."""
+    return gather_labels(_finished_rows(source), labels, label_names, device, failed)
 
 
 def _finished_rows(source, rows=None) -> list[dict]:
@@ -113,32 +103,6 @@ def _write_label(vol: Volume, key: dict, index: dict, link: str | None, dst: str
     save(Volume(lut[arr], vol.affine), dst)
 
 
-def _check_own_labels(paths: list[str], datalist: str) -> None:
-    """Label files the datalist will write may replace only files that datalist (medproc's,
-    from an earlier run) lists: never a user's label maps (``--labels`` given as the
-    datalist's ``labels/`` folder was rewritten in place)."""
-    clash = [p for p in paths if os.path.lexists(p)]
-    if not clash:
-        return
-    mine = set()
-    if os.path.exists(datalist):  # (checked above: medproc's)
-        with open(datalist) as f:
-            old = json.load(f)
-        base = os.path.dirname(datalist)
-        for key in ("training", "validation"):
-            for item in old.get(key) or []:
-                if isinstance(item, dict) and isinstance(item.get("label"), str):
-                    mine.add(os.path.realpath(os.path.join(base, item["label"])))
-    foreign = [p for p in clash if os.path.realpath(p) not in mine]
-    if foreign:
-        raise MedprocError(
-            f"would write labels over {len(foreign)} file(s) that no datalist of medproc's "
-            f"lists (e.g. {foreign[0]}): medproc never replaces files it did not write; give the "
-            "datalist another folder",
-            os.path.dirname(foreign[0]),
-        )
-
-
 def check_validation(validation, cases) -> None:
     """Raise ValueError if a name in ``validation`` is not among ``cases`` (the case names a
     datalist could hold), TypeError if it is one string instead of a list of names."""
@@ -160,32 +124,6 @@ def _swap_in(tmp: str, target: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _old_channel_name(target: str) -> str | None:
-    """The channel name of the dataset being replaced (a rerun without ``channel_name`` keeps
-    it: a name given once, "MR", was silently turned into a guessed "CT" before)."""
-    try:
-        with open(os.path.join(target, "dataset.json")) as f:
-            name = json.load(f)["channel_names"]["0"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return name if isinstance(name, str) and name else None
-
-
-def _drop_leftovers(target: str) -> None:
-    """Remove the half-built folders a killed run left beside ``target`` (``atomic_dir``'s
-    ``.<name>.part-*`` and ``.<name>.old-*``; the caller holds the output folder's lock, and
-    only a dataset written from that folder is replaced)."""
-    parent, name = os.path.split(target)
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for n in names:
-        p = os.path.join(parent, n)
-        if re.fullmatch(rf"\.{re.escape(name)}\.(part|old)-[A-Za-z0-9_]+", n) and os.path.isdir(p):
-            shutil.rmtree(p, ignore_errors=True)
-
-
 def _channel_name(path: str) -> str:
     """'CT' for HU data (nnU-Net's CT normalisation), else 'zscore' (per-image z-score)."""
     from .io import load
@@ -205,6 +143,7 @@ def write_nnunet(
     overwrite: bool = False,
     device: str = "cpu",
     failed: list | None = None,
+    gathered: tuple | None = None,
 ) -> str:
     """Write an nnU-Net v2 raw dataset from a finished conversion.
 
@@ -234,6 +173,9 @@ def write_nnunet(
     failed : list, optional
         Given, a case whose label cannot be used (unreadable, empty, negative values) is left
         out of the dataset and its error added to this list; otherwise it raises.
+    gathered : tuple, optional
+        :func:`gather_layout_labels` of the same source and labels, computed once by a caller
+        writing both layouts (the labels are read and put on the output grid once).
 
     Returns
     -------
@@ -263,10 +205,12 @@ def write_nnunet(
             raise MedprocError(
                 "nnU-Net needs .nii.gz images: convert with --format nii.gz", r["output"]
             )
-    cases, index = gather_labels(rows, labels, label_names, device, failed)
-    channel_name = channel_name or _old_channel_name(target)
+    cases, index = gathered or gather_labels(rows, labels, label_names, device, failed)
+    if written_from(target, source):  # (a name given once, "MR", is kept; a guess is not)
+        channel_name = channel_name or old_channel_name(target)
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    _drop_leftovers(target)
+    lock = dataset_lock(target)  # (another run writing it: refused, and its leftovers kept)
+    drop_leftovers(target)
     tmp = atomic_dir(target)
     try:
         for sub in ("imagesTr", "labelsTr", "imagesTs"):
@@ -302,6 +246,7 @@ def write_nnunet(
         _swap_in(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        lock.release()
     return target
 
 
@@ -315,6 +260,7 @@ def write_monai_datalist(
     labels_dir: str | None = None,
     device: str = "cpu",
     failed: list | None = None,
+    gathered: tuple | None = None,
 ) -> str:
     """Write a MONAI decathlon datalist JSON for a finished conversion, atomically.
 
@@ -326,8 +272,8 @@ def write_monai_datalist(
     whose case failed is left out, with a warning), cases without a label to "test".
     ``labels`` and ``label_names`` as in :func:`write_nnunet`; labels made from DICOM SEG or
     RTSTRUCT (or renumbered) are written to ``labels_dir`` (default: ``labels/`` beside the
-    JSON); "labels" names the classes (as the decathlon's dataset.json); ``failed`` as in
-    :func:`write_nnunet`. Returns ``path``.
+    JSON); "labels" names the classes (as the decathlon's dataset.json); ``failed`` and
+    ``gathered`` as in :func:`write_nnunet`. Returns ``path``.
     """
     from .io import atomic_write
 
@@ -349,7 +295,7 @@ def write_monai_datalist(
             MedprocWarning,
             stacklevel=2,
         )
-    cases, index = gather_labels(rows, labels, label_names, device, failed)
+    cases, index = gathered or gather_labels(rows, labels, label_names, device, failed)
     labels_dir = labels_dir or os.path.join(base, "labels")
     doc: dict = {"training": [], "validation": [], "test": []}
     made = []  # (vol, key, dst): labels renumbered or from DICOM, written beside the list
@@ -370,7 +316,7 @@ def write_monai_datalist(
             made.append((vol, key, dst))
         item["label"] = os.path.relpath(dst, base)
         doc["validation" if r["case"] in set(validation) else "training"].append(item)
-    _check_own_labels([d for _, _, d in made], path)
+    check_own_labels([d for _, _, d in made], path)
     for vol, key, dst in made:  # (save is atomic)
         _write_label(vol, key, index, None, dst, "copy")
     doc["labels"] = {"0": "background"} | {

@@ -88,16 +88,18 @@ class OutdirLock:
     a hard-linked lock that another run holds is refused as a held lock), a folder is an
     :class:`~medproc.errors.OutputError`."""
 
-    def __init__(self, outdir: str, created: bool = False):
-        self.outdir, self.created = outdir, created
-        self.path = os.path.join(outdir, ".medproc.lock")
+    def __init__(self, outdir: str, created: bool = False, name: str = ".medproc.lock",
+                 busy: str = "is writing into this folder; wait for it to finish, or choose "
+                 "another -o"):  # fmt: skip
+        self.outdir, self.created, self.name, self.busy = outdir, created, name, busy
+        self.path = os.path.join(outdir, name)
         for _ in range(8):  # (another run replacing a link at the same moment: once more)
             fd = self._open()
             if fd is not None:
                 break
         else:
             raise OutputError(
-                "its lock file .medproc.lock keeps changing under this run; is another program "
+                f"its lock file {name} keeps changing under this run; is another program "
                 "writing into this folder? Choose another -o",
                 outdir,
             )
@@ -120,6 +122,9 @@ class OutdirLock:
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
                 return None  # (replaced meanwhile by a link or another kind of file)
+            if e.errno == errno.ENOENT:  # (the run before removed the folder it had made)
+                os.makedirs(self.outdir, exist_ok=True)
+                return None
             raise OutputError(f"cannot create its lock file: {e.strerror}", self.outdir) from None
         try:
             st = os.fstat(fd)
@@ -132,9 +137,7 @@ class OutdirLock:
                 holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
                 os.close(fd)
                 raise OutputError(
-                    f"another medproc convert (pid {holder}) is writing into this folder; wait "
-                    "for it to finish, or choose another -o",
-                    self.outdir,
+                    f"another medproc convert (pid {holder}) {self.busy}", self.outdir
                 ) from None
             now = os.lstat(self.path)
         except FileNotFoundError:  # (removed meanwhile)
@@ -148,7 +151,7 @@ class OutdirLock:
         return fd
 
     def _replace_odd(self) -> None:
-        """Remove a ``.medproc.lock`` that is not a regular file (a symbolic link, a FIFO, a
+        """Remove a lock file that is not a regular file (a symbolic link, a FIFO, a
         socket...: its name only); a folder is an error."""
         try:
             st = os.lstat(self.path)
@@ -158,7 +161,7 @@ class OutdirLock:
             raise OutputError(f"cannot look at its lock file: {e.strerror}", self.outdir) from None
         if stat.S_ISDIR(st.st_mode):
             raise OutputError(
-                ".medproc.lock, where medproc keeps its lock, is a folder: remove it, or choose "
+                f"{self.name}, where medproc keeps its lock, is a folder: remove it, or choose "
                 "another -o",
                 self.outdir,
             )
@@ -173,7 +176,7 @@ class OutdirLock:
             return
         except OSError as e:
             raise OutputError(
-                f".medproc.lock is {what}, not medproc's lock file, and cannot be replaced "
+                f"{self.name} is {what}, not medproc's lock file, and cannot be replaced "
                 f"({e.strerror}): remove it, or choose another -o",
                 self.outdir,
             ) from None
@@ -186,10 +189,11 @@ class OutdirLock:
 
     def release(self) -> None:
         """Remove the lock file, then unlock (closing the file releases the lock): a run never
-        leaves it behind, also one refused after it locked the folder. Safe against a run
-        waiting on the same file: after locking, :meth:`_open` checks that the name still
-        leads to the file it locked, and starts again when not. A folder this run made and
-        left empty goes too."""
+        leaves it behind, also one refused after it locked the folder. A run that opened the
+        file just before the unlink and locks it just after the close holds a file no name
+        leads to: :meth:`_open` checks after locking that the name still leads to the file it
+        locked, and starts again when not. A folder this run made and left empty goes too (a
+        run that finds it gone makes it again)."""
         if self._f.closed:
             return
         try:

@@ -187,3 +187,50 @@ def test_a_case_whose_label_cannot_be_used_is_left_out_and_the_rest_written(
     assert json.load(open(ds / "dataset.json"))["numTraining"] == 1
     doc = json.load(open(tmp_path / "out" / "datalist.json"))
     assert [x["image"] for x in doc["training"]] == ["case001.nii.gz"] and not doc["test"]
+
+
+def test_a_dataset_another_run_is_writing_is_refused_and_a_name_is_kept_only_from_its_source(
+    sample_data, tmp_path, capsys
+):
+    import subprocess
+    import sys
+
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    raw = tmp_path / "raw"
+    ds = raw / "Dataset507_Lock"
+    args = ["--layout", "nnunet", "--dataset", str(ds)]
+    assert _convert(images, labels, tmp_path / "a", *args, "--channel-name", "MR") == 0
+    assert not (raw / ".Dataset507_Lock.lock").exists()  # (released: removed)
+    # rewritten from another output folder (--force): its channel name is guessed again
+    assert _convert(images, labels, tmp_path / "b", *args, "--force") == 0
+    assert json.load(open(ds / "dataset.json"))["channel_names"] == {"0": "CT"}
+    # another process holds the dataset's lock: refused, naming it; its files untouched
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from medproc._layout_targets import dataset_lock as d; "
+         "lock = d(sys.argv[1]); print('held', flush=True); sys.stdin.read()", str(ds)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = _stamps(ds)
+        assert _convert(images, labels, tmp_path / "b", *args) == 1
+        assert "is writing the dataset Dataset507_Lock here" in capsys.readouterr().err
+        assert _stamps(ds) == before
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def test_both_layouts_read_the_labels_once(sample_data, tmp_path, monkeypatch):
+    """With both layouts the labels are read and put on the output grid once (every SEG's
+    series was loaded twice, and every warning about the labels said twice)."""
+    import medproc.layouts as lay
+
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    assert _convert(images, labels, tmp_path / "out") == 0
+    calls = []
+    real = lay.gather_labels
+    monkeypatch.setattr(lay, "gather_labels", lambda *a, **k: calls.append(1) or real(*a, **k))
+    args = ["--layout", "nnunet", "--dataset", str(tmp_path / "raw" / "Dataset508_Once")]
+    assert _convert(images, labels, tmp_path / "out", *args, "--layout", "monai") == 0
+    assert calls == [1]
