@@ -38,16 +38,18 @@ def _convert_one(
     nan: str = "error",
     decode_workers: int | None = None,
     record: dict | None = None,
+    say: list | None = None,
 ) -> dict:
     """Load, resample, write one case (runs in a worker process). ``record``: the options to
-    write into the ``<name>.json`` sidecar (none without it)."""
+    write into the ``<name>.json`` sidecar (none without it); ``say``: gets the notes for the
+    main process to print (also when the case fails later)."""
     from ._trace import span
     from .io import load
     from .io.dicom_read import read_series
     from .resample import check_label_grid, check_label_values, resample_batch
 
     t = time.perf_counter()
-    say: list[str] = []  # notes for the main process to print (the manifest records them all)
+    say = [] if say is None else say  # notes for the main process to print
     # with --device gpu the voxels go to the GPU once, decoded there where it is proven; in a
     # worker of the GPU service they are read here and resampled by the main process
     here = "cpu" if _SERVICE is not None else device
@@ -348,18 +350,19 @@ def plain_warning(message, category, filename, lineno, file=None, line=None):
 
 
 def _worker(args):
-    case = args[0]
+    case, say = args[0], []  # (the notes a case made before it failed are said too)
+    failed = {"worker": _worker_id(), "notes": say}
     try:
-        return case, "ok", _convert_one(*args), ""
+        return case, "ok", _convert_one(*args, say=say), ""
     except MedprocError as e:
-        return case, "failed", {"worker": _worker_id()}, str(e)
+        return case, "failed", failed, str(e)
     except MemoryError:
         msg = f"{case.source}: not enough memory for this case; free memory or use fewer -j"
-        return case, "failed", {"worker": _worker_id()}, msg
+        return case, "failed", failed, msg
     except Exception as e:  # noqa: BLE001 - one bad case never stops the batch
         import traceback
 
         # a bug, not bad input: its traceback goes to the main process, for -v (the row keeps
         # one line); a worker's own log may be lost (spawned workers, Dask)
-        info = {"worker": _worker_id(), "traceback": traceback.format_exc()}
-        return case, "failed", info, f"{case.source}: {type(e).__name__}: {e}"
+        failed["traceback"] = traceback.format_exc()
+        return case, "failed", failed, f"{case.source}: {type(e).__name__}: {e}"

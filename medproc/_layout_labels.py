@@ -138,19 +138,10 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
     names = lab.meta.get("segments") or lab.meta.get("rois")
     hdr = nibabel.load(row["output"])
     if lab.shape != hdr.shape[:3] or not np.allclose(lab.affine, hdr.affine, atol=1e-4):
-        top = max(_values(lab.array, src), default=0)  # (errors name the label file)
-        if top > 2**24:
-            raise MedprocError(
-                f"label values 0..{top} cannot be put on the output grid exactly (resampling "
-                "computes in float32, exact up to 2^24): renumber the classes 1..N",
-                src,
-            )
-        try:
-            lab = label_on_grid(lab, hdr.affine, hdr.shape, device)
-        except MedprocError:
-            raise
-        except ValueError as e:  # (the engine's, about values it cannot resample exactly)
-            raise MedprocError(str(e), src) from None
+        from .resample import check_label_values
+
+        check_label_values(lab, src)  # (what the engine resamples exactly; errors name src)
+        lab = label_on_grid(lab, hdr.affine, hdr.shape, device)
         if modality in _DICOM_LABELS and not np.any(lab.array):
             warnings.warn(
                 f"{src}: every labelled voxel lies outside the output grid of case "

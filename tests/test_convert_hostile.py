@@ -480,3 +480,19 @@ def test_integer_label_values_beyond_float32_fail_the_case_naming_the_label(samp
     err = _manifest(out)["case001"]["error"]
     assert err.startswith(str(labels / "case001.nii.gz")) and "16777217" in err
     assert "ValueError" not in err
+
+
+def test_a_note_made_before_a_case_failed_is_still_said(sample_data, tmp_path, monkeypatch, capsys):
+    """The notes travel back with the case's row: a case that clips (--dtype int8) and then
+    fails (its QC picture, here) says both."""
+    import medproc.qc
+
+    def qc_figure(*args, **kw):
+        raise OverflowError("boom")
+
+    monkeypatch.setattr(medproc.qc, "qc_figure", qc_figure)
+    img = os.path.join(_images(sample_data), "case001.nii.gz")
+    args = ["convert", img, "-o", str(tmp_path / "o"), "--spacing", "3", "--dtype", "int8"]
+    assert main([*args, "-j", "1", "--qc"]) == 1
+    err = capsys.readouterr().err
+    assert "reach the int8 output" in err and "boom" in err

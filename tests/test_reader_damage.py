@@ -129,6 +129,12 @@ NON_FINITE = {
     "nan_direction.nrrd": (_NRRD.format("(nan,0,0) (0,1,0) (0,0,2)"), "'nan'"),
     "inf_origin.nrrd": (_NRRD.format("(1,0,0) (0,1,0) (0,0,2)").replace("(0,0,0)", "(0,-inf,0)"),
                         "'-inf'"),
+    # NRRD's nan "no spacing" placeholder on a spatial axis (SimpleITK made it 1 mm)
+    "nan_spacings.nrrd": ("NRRD0004\ntype: short\ndimension: 3\nsizes: 8 6 5\nspacings: nan 2 3"
+                          "\nencoding: raw\nendian: little\n\n", "'nan'"),
+    "nan_spacings_kinds.nrrd": ("NRRD0004\ntype: short\ndimension: 3\nsizes: 8 6 5\nkinds: "
+                                "domain domain domain\nspacings: 1 nan 3\nencoding: raw\n"
+                                "endian: little\n\n", "'nan'"),
 }  # fmt: skip
 
 

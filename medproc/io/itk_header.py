@@ -51,13 +51,12 @@ _MET_BYTES = {
 _MAX_HEADER = 1 << 20  # a text header longer than 1 MiB is not a header
 
 #: the geometry fields (lower case) whose numbers must be finite: SimpleITK reads NaN in them as
-#: 0 (a MetaImage's TransformMatrix/ElementSpacing) or fails later with an unrelated message
+#: 0 (a MetaImage's TransformMatrix/ElementSpacing) or a made-up 1 mm (a NRRD's spacings)
 _GEOMETRY_FIELDS = (
     # NRRD
     "space directions",
     "space origin",
     "spacings",
-    "thicknesses",
     "axis mins",
     "axis maxs",
     # MetaImage
@@ -71,30 +70,35 @@ _GEOMETRY_FIELDS = (
     "orientation",
     "centerofrotation",
 )
+#: NRRD per-axis fields, where ``nan`` marks an axis without that quantity (the NRRD format):
+#: allowed only on an axis that is not spatial (its ``kinds`` entry; without one, beyond 3)
+_NRRD_PER_AXIS = ("spacings", "axis mins", "axis maxs")
+_SPATIAL_KINDS = ("domain", "space", "time")
 
 
 def _check_finite(fields: dict[str, str], path: str) -> None:
-    """Every number of a geometry field is finite; NRRD's per-axis fields may say ``nan`` for
-    an axis without that quantity, as the format allows (``none`` is a word, skipped)."""
+    """Every number of a geometry field is finite (``none`` is a word, skipped), but for the
+    ``nan`` of a NRRD axis that is not spatial."""
+    kinds = fields.get("kinds", "").split()
     for key in _GEOMETRY_FIELDS:
         val = fields.get(key)
         if val is None:
             continue
-        for tok in re.findall(r"[^\s(),]+", val):
+        for axis, tok in enumerate(re.findall(r"[^\s(),]+", val)):
             try:
                 x = float(tok)
             except ValueError:
                 continue
-            if not math.isfinite(x) and not (math.isnan(x) and key in _NRRD_PER_AXIS):
-                raise ReadError(
-                    f"its {key!r} field holds {tok!r} ({val[:80]!r}): the geometry must be "
-                    "finite numbers (the header is damaged)",
-                    path,
-                )
-
-
-#: NRRD per-axis fields where ``nan`` marks an axis without that quantity (the NRRD format)
-_NRRD_PER_AXIS = ("spacings", "thicknesses", "axis mins", "axis maxs")
+            if math.isfinite(x):
+                continue
+            spatial = kinds[axis].lower() in _SPATIAL_KINDS if axis < len(kinds) else axis < 3
+            if math.isnan(x) and key in _NRRD_PER_AXIS and not spatial:
+                continue
+            raise ReadError(
+                f"its {key!r} field holds {tok!r} ({val[:80]!r}): the geometry must be "
+                "finite numbers (the header is damaged)",
+                path,
+            )
 
 
 class ItkHeader:
