@@ -110,6 +110,25 @@ def label_on_grid(label: Volume, affine, shape, device: str = "cpu") -> Volume:
     return Volume(out, out_affine, {**label.meta, "resampled_onto_output_grid": True})
 
 
+def _input_grid(row: dict) -> Volume:
+    """The case's input as a grid without voxels (SEG frames and RTSTRUCT contours need only
+    its affine and shape): a DICOM series from its headers, the same geometry ``load`` gives
+    (reading every series' pixels again cost as much as converting it); other files loaded."""
+    from .io import kind_of, load
+
+    src, uid = row["source"], row.get("series_uid") or None
+    if kind_of(src) not in ("nifti", "itk"):
+        from .io.dicom_read import scan_dicom, select_series
+        from .io.headers import series_grid
+
+        found = scan_dicom(src).series
+        if found:
+            grid = series_grid(select_series(found, uid, src))
+            empty = np.broadcast_to(np.zeros((), np.uint8), grid.shape[:3])
+            return Volume(empty, grid.affine, {"source": src, "series_uid": uid or ""})
+    return load(src, series=uid)
+
+
 def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None]:
     """A case's label from a label map, DICOM SEG or RTSTRUCT, on the output grid, and names."""
     import nibabel
@@ -121,7 +140,7 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
     image_file = src.lower().endswith((".nii", ".nii.gz", ".nrrd", ".mha"))
     modality = None if image_file else getattr(_header(src), "Modality", None)
     if modality in _DICOM_LABELS:  # on the grid of the case's input (SEG frames placed on it)
-        image = load(row["source"], series=row.get("series_uid") or None)
+        image = _input_grid(row)
         if modality == "SEG":
             lab = seg_on_image(src, image)
         else:  # ROI numbers are identifiers (0, -1, 70000): values 1..N, named
