@@ -29,6 +29,8 @@ __all__ = [
     "row_files",
     "made_from",
     "input_identity",
+    "files_read_by",
+    "file_stamp",
     "input_changed",
     "side_files",
     "file_state",
@@ -108,24 +110,31 @@ def made_from(sidecar: str, case) -> bool:
 
 
 def _files_read(case) -> list[str]:
-    """The files converting ``case`` reads for its image: the series' files, or the image
-    (with a NRRD or MetaImage header's detached data)."""
-    if case.dicom is not None:
-        return list(case.dicom.files)
-    if os.path.isdir(case.source):
-        return sorted(os.path.join(d, n) for d, _, ns in os.walk(case.source) for n in ns)
-    files = [case.source]
-    if case.source.lower().endswith((".nhdr", ".mhd")):
+    """The files converting ``case`` reads for its image."""
+    return files_read_by(case.source, case.dicom)
+
+
+def files_read_by(source, dicom=None) -> list[str]:
+    """The files reading the image ``source`` reads: a scanned DICOM series' files (``dicom``),
+    every file under a folder, or the file (with a NRRD or MetaImage header's detached data)."""
+    source = os.fspath(source)
+    if dicom is not None:
+        return list(dicom.files)
+    if os.path.isdir(source):
+        return sorted(os.path.join(d, n) for d, _, ns in os.walk(source) for n in ns)
+    files = [source]
+    if source.lower().endswith((".nhdr", ".mhd")):
         try:
             from .io.itk_header import check_itk_header
 
-            files += list(check_itk_header(case.source).data_files)
+            files += list(check_itk_header(source).data_files)
         except Exception:  # noqa: BLE001 - a bad header fails the case when it is read
             pass
     return files
 
 
-def _stamp(files: list[str]) -> str:
+def file_stamp(files: list[str]) -> str:
+    """A short hash of the size and modification time (ns) of each of ``files``."""
     h = hashlib.sha1()
     for p in files:
         try:
@@ -140,7 +149,7 @@ def input_identity(case) -> str:
     """Short hashes of the size and modification time (ns) of every file ``case`` reads: its
     image's, then ``+`` its label map's. They change when an input is replaced, edited or
     touched, not when it is only read."""
-    return _stamp(_files_read(case)) + (f"+{_stamp([case.label])}" if case.label else "")
+    return file_stamp(_files_read(case)) + (f"+{file_stamp([case.label])}" if case.label else "")
 
 
 def input_changed(old: str, new: str) -> bool:

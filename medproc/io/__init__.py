@@ -113,6 +113,13 @@ def load(
 
 
 def _load(p: str, series, nan: str, workers, device: str) -> Volume:
+    if p.lower().endswith(".npy") and os.path.isfile(p):
+        raise ReadError(
+            "a .npy holds an array without its grid: medproc reads NIfTI, NRRD, MHA and DICOM. "
+            "A `medproc convert --format npy` output is the training cache: read it with "
+            "numpy.load (indexed (i, j, k)) and take its affine from the <name>.json beside it",
+            p,
+        )
     kind = kind_of(p)
     if kind in ("nifti", "itk") and series is not None:
         raise UsageError(f"series= picks one of a folder's DICOM series; {p} is one image file")

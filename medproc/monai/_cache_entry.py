@@ -1,5 +1,5 @@
 """PatchLoader's cache entries: one case resampled to the spec, in compact dtypes, with what
-patch sampling needs, and how an entry is written to and read from ``cache_dir``.
+patch sampling needs (:mod:`._cache_disk` writes it to and reads it from ``cache_dir``).
 
 Private to :mod:`medproc.monai` (:mod:`._patch_cache` builds the entries). An :class:`Entry`
 holds
@@ -16,16 +16,13 @@ holds
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..plan import make_plan, say_notes
 
-__all__ = ["Entry", "cache_key", "VERSION", "SPARSE"]
+__all__ = ["Entry", "VERSION", "SPARSE"]
 
 VERSION = "patch-cache-2"
 #: background sparser than this share of the volume is stored as an index list, not a bitmap
@@ -123,81 +120,6 @@ def _ijk_host(a) -> np.ndarray:
 
 def _itemsize(a) -> int:
     return a.element_size() if hasattr(a, "element_size") else a.dtype.itemsize
-
-
-# --- keys and files -------------------------------------------------------------------------
-def _stat(path) -> list:
-    try:
-        st = os.stat(path)
-        return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
-    except (OSError, TypeError):
-        return [str(path)]
-
-
-def cache_key(case: dict, spec, image_threshold) -> str:
-    """A case's entry name: its files (path, size, modification time), the spec, the
-    background threshold and the format version."""
-    doc = [
-        VERSION,
-        _stat(case["image"]),
-        _stat(case["label"]) if case.get("label") is not None else None,
-        repr(spec),
-        image_threshold,
-    ]
-    return hashlib.sha1(json.dumps(doc, default=str).encode()).hexdigest()[:20]
-
-
-def _write(entry: Entry, base: str) -> None:
-    """Write an entry as ``base``{_image.npy, _label.npy, _index.npz, .json}; the json last
-    (atomically): its presence means the entry is complete."""
-    from ..io import atomic_write
-
-    with atomic_write(base + "_image.npy") as tmp:
-        np.save(tmp, entry.host_image())
-    if entry.label is not None:
-        with atomic_write(base + "_label.npy") as tmp:
-            np.save(tmp, entry.host_label())
-    with atomic_write(base + "_index.npz") as tmp:
-        extra = {"bg_bits": entry.bg_bits} if entry.bg_bits is not None else {}
-        if entry.bg_index is not None:
-            extra["bg_index"] = entry.bg_index
-        np.savez(tmp, fg=entry.fg, **extra)
-    doc = {
-        "version": VERSION,
-        "image": str(entry.case["image"]),
-        "label": None if entry.case.get("label") is None else str(entry.case["label"]),
-        "shape": list(entry.shape),
-        "affine": entry.affine.tolist(),
-        "intensity": None if entry.intensity is None else list(entry.intensity),
-        "has_label": entry.label is not None,
-        "n_bg": entry.n_bg,
-    }
-    with atomic_write(base + ".json") as tmp, open(tmp, "w") as f:
-        json.dump(doc, f)
-
-
-def _read(case: dict, base: str) -> Entry | None:
-    """The entry written by :func:`_write`, memory-mapped; None when absent or damaged."""
-    try:
-        with open(base + ".json") as f:
-            doc = json.load(f)
-        if doc.get("version") != VERSION:
-            return None
-        idx = np.load(base + "_index.npz")
-        return Entry(
-            case=case,
-            shape=tuple(doc["shape"]),
-            affine=np.array(doc["affine"], dtype=np.float64),
-            intensity=None if doc["intensity"] is None else tuple(doc["intensity"]),
-            image=np.load(base + "_image.npy", mmap_mode="r"),
-            label=np.load(base + "_label.npy", mmap_mode="r") if doc["has_label"] else None,
-            fg=idx["fg"],
-            bg_bits=idx["bg_bits"] if "bg_bits" in idx.files else None,
-            bg_index=idx["bg_index"] if "bg_index" in idx.files else None,
-            n_bg=int(doc["n_bg"]),
-        )
-    except (OSError, ValueError, KeyError, json.JSONDecodeError):
-        return None
 
 
 def _cache_dtype(a, fill) -> str:
@@ -338,14 +260,6 @@ def _check_sampling(e: Entry, image_threshold) -> None:
             f"case {e.case['image']}: no voxel to centre a patch on (no foreground and no "
             f"background{cond})"
         )
-
-
-def _unlink(base: str) -> None:
-    for suffix in ("_image.npy", "_label.npy", "_index.npz", ".json"):
-        try:
-            os.unlink(base + suffix)
-        except FileNotFoundError:
-            pass
 
 
 def _plan(case, img_vol, lab_vol, spec):

@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ._cache_disk import _read, _scratch, _unlink, _writable, _write, cache_key
 from ._cache_entry import (
     Entry,
     _check_sampling,
@@ -27,10 +28,6 @@ from ._cache_entry import (
     _indices,
     _indices_np,
     _plan,
-    _read,
-    _unlink,
-    _write,
-    cache_key,
 )
 
 __all__ = ["Builder", "build_entries", "cpu_case", "gpu_budget", "GPU_CACHE_FRACTION"]
@@ -74,14 +71,6 @@ def _decode_pool(n: int):
         initializer=die_with_parent,
         initargs=(os.getpid(),),
     )
-
-
-def _scratch() -> str:
-    """A temporary folder for decoded voxels: in RAM (/dev/shm) when it has room."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    if base is not None and shutil.disk_usage(base).free < 4 << 30:
-        base = None
-    return tempfile.mkdtemp(prefix="medproc-patch-", dir=base)
 
 
 def cpu_case(case: dict, spec, image_threshold, base: str) -> str:
@@ -169,6 +158,7 @@ class Builder:
     ):
         self.spec, self.device, self.device_id = spec, device, device_id
         self.where, self.cache_dir = where, cache_dir
+        self.keep = cache_dir is not None  # (whether entries are written there: build says)
         self.image_threshold = image_threshold
         self.workers = max(1, int(workers))
         # cache="host": built on the CPU cores too, so that the GPU never holds a whole volume
@@ -180,9 +170,12 @@ class Builder:
         #: does (tests run the GPU route's code here)
         self.torch_route = False
 
-    def _base(self, case, scratch: str | None) -> str:
+    def _base(self, case, scratch: str | None, read: bool = False) -> str:
+        """Where a case's entry is (``read``) or goes: ``cache_dir`` when it keeps entries,
+        else ``scratch``."""
         key = cache_key(case, self.spec, self.image_threshold)
-        return os.path.join(self.cache_dir if self.cache_dir is not None else scratch, key)
+        kept = self.cache_dir is not None and (read or self.keep)
+        return os.path.join(self.cache_dir if kept else scratch, key)
 
     # -- GPU: one decoded case, finished here ------------------------------------------------
     def finish(self, case, img_vol, lab_vol) -> Entry:
@@ -228,7 +221,7 @@ class Builder:
             n_bg=n_bg,
         )
         _check_sampling(entry, self.image_threshold)
-        if self.cache_dir is not None:
+        if self.keep:
             _write(entry.on_host(), self._base(case, None))
         return self._place(entry)
 
@@ -280,12 +273,11 @@ class Builder:
         """Every case's entry, in order; built in parallel."""
         from ..io import kind_of
 
-        if self.cache_dir is not None:
-            os.makedirs(self.cache_dir, exist_ok=True)
+        self.keep = self.cache_dir is not None and _writable(self.cache_dir)
         found = {}
         if self.cache_dir is not None:
             for n, c in enumerate(cases):
-                e = _read(c, self._base(c, None))
+                e = _read(c, self._base(c, None, read=True))
                 if e is not None:
                     found[n] = e
         todo = [n for n in range(len(cases)) if n not in found]
@@ -293,7 +285,7 @@ class Builder:
         pool = None
         if sum(_size(cases[n]["image"]) for n in todo) >= PARALLEL_BYTES:
             pool = _decode_pool(min(self.workers, n_files if self.gpu else len(todo)))
-        scratch = _scratch() if todo and (pool is not None or self.cache_dir is None) else None
+        scratch = _scratch() if todo and (pool is not None or not self.keep) else None
         out: list = [None] * len(cases)
         try:
             if not self.gpu and not self.torch_route:
@@ -315,7 +307,7 @@ class Builder:
                         raise RuntimeError(
                             f"the cache entry of {cases[n]['image']} was not written"
                         )
-                    if self.cache_dir is None:
+                    if not self.keep:
                         _unlink(base)  # memory-mapped: the memory goes when the loader does
                         if base.startswith("/dev/shm/"):  # in memory: map its pages now
                             e.prefault()
