@@ -92,6 +92,22 @@ def _foreign(t: Todo, outdir: str, prior: dict) -> str:
     )
 
 
+def _not_whole(out_path: str, label_path: str | None) -> list[str]:
+    """What of a finished case's files is missing or cut short (its sidecar, a whole image or
+    label map): the case is converted again."""
+    from ._output_check import damaged
+
+    said = []
+    if not os.path.exists(sidecar_path(out_path)):
+        said.append("sidecar <name>.json")
+    for what, p in (("image", out_path), ("label map", label_path)):
+        why = damaged(p) if p and os.path.exists(p) else None
+        if why:
+            log.info("%s: %s: converted again", p, why)
+            said.append(f"whole {what} (cut short or replaced)")
+    return said
+
+
 def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) -> Batch:
     """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
     made with other options and ``force`` is not set."""
@@ -154,6 +170,8 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         }
         lacks = [what for what, p in adds.items() if p and not os.path.exists(p)]
         there = os.path.exists(out_path)
+        if there and recorded:  # (what a resume would keep must be whole, and say its grid)
+            lacks += _not_whole(out_path, label_path)
         done = there and not lacks  # (lacking a file this run adds: the case is redone)
         if there and recorded:
             made_with = _made_with(old)

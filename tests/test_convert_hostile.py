@@ -171,8 +171,8 @@ def test_dry_run_fails_the_cases_the_run_would_refuse_for_size(
     "bad, message",
     [
         (lambda a: a.astype(np.int16) - 3, "negative values"),
-        (lambda a: np.stack([a, a], -1), "must be 3-D"),
-        (lambda a: a.astype(np.float32) + 0.5, "non-integer values"),
+        (lambda a: np.stack([a, a], -1), "2 values per voxel"),
+        (lambda a: a.astype(np.float32) + 0.5, "must hold whole numbers"),
     ],
 )
 def test_label_maps_no_layout_can_hold_fail_it_naming_the_file(sample_data, tmp_path, bad, message):
