@@ -1,7 +1,8 @@
 """Whether a finished output still holds what was written: its size against what its own header
-declares (a ``.npy``'s header, a ``.nii``'s header, a ``.nii.gz``'s gzip trailer), so that a
-resumed run redoes a case whose output was cut short or replaced, instead of skipping it as
-done. Reads a few hundred bytes per file; damage that keeps the size is not seen."""
+declares (a ``.npy``'s header, a ``.nii``'s header, a ``.nii.gz``'s gzip trailer) and its
+header's shape and dtype against its sidecar's, so that a resumed run redoes a case whose output
+was cut short or replaced, instead of skipping it as done. Reads a few hundred bytes per file;
+damage that keeps the size and the header is not seen."""
 
 from __future__ import annotations
 
@@ -13,8 +14,24 @@ import numpy as np
 __all__ = ["damaged"]
 
 
-def damaged(path: str) -> str | None:
-    """Why the output ``path`` is not whole (None: its size is what its header declares)."""
+def damaged(path: str, shape=None, dtype=None) -> str | None:
+    """Why the output ``path`` is not whole (None: its size is what its header declares, and
+    its header's shape and dtype are ``shape`` and ``dtype`` where given: what its sidecar
+    recorded, so another case's file put in its place shows)."""
+    got = _header(path)
+    if isinstance(got, str):
+        return got
+    (hshape, hdtype), want, size = got
+    if shape is not None and tuple(hshape[:3]) != tuple(int(x) for x in shape[:3]):
+        return f"its header says shape {tuple(hshape)}, its sidecar {tuple(shape)}"
+    if dtype is not None and np.dtype(hdtype) != np.dtype(dtype):
+        return f"its header says dtype {np.dtype(hdtype)}, its sidecar {dtype}"
+    return None if want is None or size == want else _said(size, want)
+
+
+def _header(path: str):
+    """((shape, dtype), the bytes the header declares (None: not checked), the size), or why
+    it cannot be read."""
     try:
         size = os.path.getsize(path)
         low = path.lower()
@@ -28,7 +45,7 @@ def damaged(path: str) -> str | None:
                 )
                 shape, _, dtype = read(f)
                 want = f.tell() + int(np.prod(shape, dtype=object)) * dtype.itemsize
-            return None if size == want else _said(size, want)
+            return (shape, dtype), want, size
         if low.endswith((".nii", ".nii.gz")):
             import nibabel as nib
 
@@ -39,15 +56,18 @@ def damaged(path: str) -> str | None:
             want = int(hdr.get_data_offset()) + int(np.prod(shape, dtype=object)) * int(
                 hdr.get_data_dtype().itemsize
             )
+            head = (shape, hdr.get_data_dtype())
             if not gz:
-                return None if size == want else _said(size, want)
+                return head, want, size
             with open(path, "rb") as f:  # (one gzip member: its length modulo 2^32)
                 f.seek(-4, os.SEEK_END)
                 isize = int.from_bytes(f.read(4), "little")
-            return None if isize == want % (1 << 32) else "its gzip data ends early or late"
-    except (OSError, ValueError, EOFError) as e:
+            if isize != want % (1 << 32):
+                return "its gzip data ends early or late"
+            return head, None, size
+    except (OSError, ValueError, EOFError, TypeError) as e:
         return f"it cannot be read ({type(e).__name__}: {e})"
-    return None
+    return ((), "u1"), None, 0  # (another format: not checked)
 
 
 def _said(size: int, want: int) -> str:

@@ -97,11 +97,20 @@ def _not_whole(out_path: str, label_path: str | None) -> list[str]:
     label map): the case is converted again."""
     from ._output_check import damaged
 
-    said = []
-    if not os.path.exists(sidecar_path(out_path)):
-        said.append("sidecar <name>.json")
-    for what, p in (("image", out_path), ("label map", label_path)):
-        why = damaged(p) if p and os.path.exists(p) else None
+    said, side = [], sidecar_path(out_path)
+    try:
+        with open(side) as f:
+            out = json.load(f)["output"]
+        shape, dtype = out["shape"], out["dtype"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ["sidecar <name>.json"]
+    checks = [("image", out_path, dtype), ("label map", label_path, None)]
+    if out_path.endswith(".npy") and label_path:  # (a .npy label's own sidecar: its affine)
+        lab_side = os.path.splitext(label_path)[0] + ".json"
+        if not os.path.exists(lab_side):
+            said.append(f"label sidecar {os.path.basename(lab_side)}")
+    for what, p, dt in checks:
+        why = damaged(p, shape, dt) if p and os.path.exists(p) else None
         if why:
             log.info("%s: %s: converted again", p, why)
             said.append(f"whole {what} (cut short or replaced)")
