@@ -116,10 +116,31 @@ def _check_datalist_path(a, path: str) -> str:
     return path
 
 
-def check_cases(a, batch) -> None:
+def _cases_apart(batch, targets: dict) -> None:
+    """The layouts' folders hold none of the files this run reads: a case list (CSV) can name
+    inputs anywhere, which the check of the inputs before the scan did not see."""
+    from ._layout_targets import within
+    from .errors import UsageError
+
+    folders = [("--dataset", targets["nnunet"])] if "nnunet" in targets else []
+    if "monai" in targets:
+        labels = os.path.join(os.path.dirname(os.path.abspath(targets["monai"])), "labels")
+        folders.append(("--layout monai: its labels folder", labels))
+    for t in batch.todo:
+        for p in (t.case.source, t.case.label):
+            for flag, folder in folders:
+                if p and within(p, folder):
+                    raise UsageError(
+                        f"{flag} {folder} holds {p}, which case {t.row['case']} reads: choose a "
+                        "folder apart"
+                    )
+
+
+def check_cases(a, batch, targets: dict | None = None) -> None:
     """What --layout needs of the cases, checked once they are known (before any conversion):
-    a --validation name that is no case, or nnU-Net without any label (a label map, a DICOM
-    SEG or RTSTRUCT), is a usage error."""
+    a --validation name that is no case, nnU-Net without any label (a label map, a DICOM
+    SEG or RTSTRUCT), or a layout folder holding a file a case reads (``targets``: a case list
+    can name inputs anywhere), is a usage error."""
     from .errors import UsageError
     from .layouts import check_validation
 
@@ -139,6 +160,7 @@ def check_cases(a, batch) -> None:
                 "--labels FOLDER (label maps named as their images), or DICOM SEG/RTSTRUCT "
                 "files among the inputs"
             )
+    _cases_apart(batch, targets or {})
     cases = {r["case"] for r in rows}
     try:  # this run's cases and the earlier runs' the output folder holds: the datalist's
         check_validation(a.validation or (), cases)

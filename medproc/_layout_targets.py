@@ -45,7 +45,9 @@ def medproc_datalist(path) -> dict | None:
             doc = json.load(f)
     except (OSError, ValueError, RecursionError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("description") == _DESCRIPTION else None
+    ours = isinstance(doc, dict) and doc.get("description") == _DESCRIPTION
+    # (a datalist has its lists; medproc's nnU-Net dataset.json has the same description)
+    return doc if ours and isinstance(doc.get("training"), list) else None
 
 
 def within(path, folder) -> bool:

@@ -256,7 +256,7 @@ def _cmd_convert(a) -> int:
         nan=a.nan,
         dry_run=a.dry_run,
     ) as batch:
-        check_cases(a, batch)
+        check_cases(a, batch, targets)
         if a.dry_run:  # (status 1 when it lists cases that would fail, as the run's)
             print_plan(batch, plain_console())
             return int(any(r["status"] == "failed" for r in batch.decided))

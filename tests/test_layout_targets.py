@@ -234,3 +234,36 @@ def test_both_layouts_read_the_labels_once(sample_data, tmp_path, monkeypatch):
     args = ["--layout", "nnunet", "--dataset", str(tmp_path / "raw" / "Dataset508_Once")]
     assert _convert(images, labels, tmp_path / "out", *args, "--layout", "monai") == 0
     assert calls == [1]
+
+
+def test_a_datalist_never_replaces_medprocs_nnunet_dataset_json(sample_data, tmp_path, capsys):
+    """Both files carry medproc's description; only a datalist (with its lists) may be
+    rewritten as one (a re-probe replaced a dataset.json with a datalist, breaking the
+    nnU-Net dataset)."""
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    ds = tmp_path / "raw" / "Dataset509_J"
+    assert _convert(images, labels, tmp_path / "o", "--layout", "nnunet", "--dataset", str(ds)) == 0
+    before = (ds / "dataset.json").read_bytes()
+    more = ["--layout", "monai", "--dataset", str(ds / "dataset.json")]
+    assert _convert(images, labels, tmp_path / "o", *more) == 2
+    assert "not a datalist medproc wrote" in capsys.readouterr().err
+    assert (ds / "dataset.json").read_bytes() == before
+
+
+def test_files_a_case_list_names_inside_the_dataset_folder_are_refused(
+    sample_data, tmp_path, capsys
+):
+    """A CSV case list can name inputs anywhere: a dataset's own images named as inputs would
+    be deleted with it by --force (the check of the input folders did not see them)."""
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    ds = tmp_path / "raw" / "Dataset510_C"
+    args = ["--layout", "nnunet", "--dataset", str(ds)]
+    assert _convert(images, labels, tmp_path / "a", *args) == 0
+    cases = tmp_path / "cases.csv"
+    rows = [f"{ds}/imagesTr/{n}_0000.nii.gz,{ds}/labelsTr/{n}.nii.gz" for n in ("case001",)]
+    cases.write_text("image,label\n" + "\n".join(rows) + "\n")
+    before = _stamps(ds)
+    run = ["convert", str(cases), "-o", str(tmp_path / "b"), "--spacing", "4", "-q"]
+    assert main([*run, *args, "--force"]) == 2
+    assert "which case" in capsys.readouterr().err
+    assert _stamps(ds) == before

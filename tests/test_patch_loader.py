@@ -530,3 +530,11 @@ def test_runs_ahead_across_epochs_and_keeps_each_epoch_whole(tmp_path, monkeypat
     while _engine_threads() > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _engine_threads() == before
+
+
+def test_a_datalist_with_boxes_but_no_lesions_is_said(tmp_path):
+    """'box' is a detection datalist's: PatchLoader reads lesions from 'lesions' only, and
+    says so instead of training on patches without them."""
+    cases = [{**c, "box": [[0, 0, 0, 4, 4, 4]]} for c in datalist()]
+    with pytest.warns(medproc.MedprocWarning, match="2 case.*hold 'box'.*'lesions'"):
+        PatchLoader(cases, SPEC, (8, 8, 8))

@@ -20,6 +20,19 @@ def read_datalist(datalist) -> list[dict]:
 
         datalist = load_decathlon_datalist(str(datalist), data_list_key="training")
     cases = list(datalist)
+    boxed = [n for n, c in enumerate(cases) if isinstance(c, dict) and "box" in c]
+    if boxed and not any("lesions" in cases[n] for n in boxed):
+        import warnings
+
+        from ..errors import MedprocWarning
+
+        warnings.warn(
+            f"PatchLoader: {len(boxed)} case(s) hold 'box' (a detection datalist's boxes), which "
+            "PatchLoader does not read: its patches carry the lesions given under 'lesions' "
+            "(medproc Lesions, e.g. from medproc.annotations.read_json)",
+            MedprocWarning,
+            stacklevel=3,
+        )
     for n, case in enumerate(cases):
         if not isinstance(case, dict):
             raise UsageError(
