@@ -148,3 +148,28 @@ def test_loading_a_npy_says_what_it_is_and_how_to_read_it(tmp_path):
     np.save(p, np.zeros((4, 4, 4), np.int16))
     with pytest.raises(medproc.ReadError, match=r"case001.npy: a .npy holds an array.*numpy.load"):
         medproc.load(str(p))
+
+
+@pytest.mark.parametrize("damage", ["swap_same_shape", "label_as_float32", "image_as_uint16"])
+def test_entries_of_the_same_shape_swapped_or_retyped_are_rebuilt(tmp_path, damage):
+    """Another case's files of the same shape, or another dtype in the header, showed no
+    difference the json recorded: entries now carry samples of their bytes (and dtypes)."""
+    import nibabel as nib
+
+    cases = _cases(tmp_path)
+    img = nib.load(cases[0]["image"])
+    other = tmp_path / "images" / "case003.nii.gz"
+    nib.save(nib.Nifti1Image(np.asarray(img.dataobj)[::-1].copy(), img.affine), other)
+    cases = [cases[0], {"image": str(other), "label": cases[0]["label"]}]
+    cache = tmp_path / "c"
+    reference = _arrays(_loader(cases, cache))
+    images, labels = _entry_files(cache, "_image.npy"), _entry_files(cache, "_label.npy")
+    if damage == "swap_same_shape":
+        a, b = (open(p, "rb").read() for p in images)
+        open(images[0], "wb").write(b)
+        open(images[1], "wb").write(a)
+    elif damage == "label_as_float32":
+        np.save(labels[0], np.load(labels[0]).astype(np.float32))
+    else:
+        np.save(images[0], np.load(images[0]).astype(np.uint16))
+    _same(_arrays(_loader(cases, cache)), reference)  # rebuilt: as the first build

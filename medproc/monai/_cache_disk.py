@@ -47,12 +47,12 @@ def _write(entry: Entry, base: str) -> None:
     (atomically): its presence means the entry is complete."""
     from ..io import atomic_write
 
-    image = entry.host_image()
+    image, label = entry.host_image(), entry.host_label()
     with atomic_write(base + "_image.npy") as tmp:
         np.save(tmp, image)
-    if entry.label is not None:
+    if label is not None:
         with atomic_write(base + "_label.npy") as tmp:
-            np.save(tmp, entry.host_label())
+            np.save(tmp, label)
     with atomic_write(base + "_index.npz") as tmp:
         extra = {"bg_bits": entry.bg_bits} if entry.bg_bits is not None else {}
         if entry.bg_index is not None:
@@ -68,6 +68,9 @@ def _write(entry: Entry, base: str) -> None:
         "has_label": entry.label is not None,
         "n_bg": entry.n_bg,
         "order": _order(image),  # (a flipped fortran_order in the .npy header shows)
+        # dtype, shape and samples of the bytes of each array (another case's files of the same
+        # shape, or another dtype, show; see _sample)
+        "sample": {"image": _sample(image), "label": _sample(label), "fg": _sample(entry.fg)},
     }
     with atomic_write(base + ".json") as tmp, open(tmp, "w") as f:
         json.dump(doc, f)
@@ -80,6 +83,19 @@ def _order(a) -> str | None:
         if a.flags.f_contiguous and not a.flags.c_contiguous
         else ("C" if a.flags.c_contiguous else None)
     )
+
+
+def _sample(a, n: int = 16384) -> str | None:
+    """A short hash of ``a``'s dtype, shape and three runs of ``n`` values (its first, middle
+    and last, in memory order: a few pages of a memory-mapped entry, not the whole file)."""
+    if a is None:
+        return None
+    flat = np.asarray(a).ravel(order="K")
+    mid = max(0, flat.size // 2 - n // 2)
+    h = hashlib.sha1(f"{a.dtype.str}{tuple(a.shape)}".encode())
+    for part in (flat[:n], flat[mid : mid + n], flat[-n:]):
+        h.update(np.ascontiguousarray(part).tobytes())
+    return h.hexdigest()[:16]
 
 
 def _read(case: dict, base: str) -> Entry | None:
@@ -106,6 +122,9 @@ def _read(case: dict, base: str) -> Entry | None:
             fg = idx["fg"]
             bg_bits = idx["bg_bits"] if "bg_bits" in idx.files else None
             bg_index = idx["bg_index"] if "bg_index" in idx.files else None
+        got = {"image": _sample(image), "label": _sample(lab), "fg": _sample(fg)}
+        if doc.get("sample") != got:
+            return None
         n = int(np.prod(shape))
         for a in (fg, bg_index):
             if a is not None and a.size and (a.min() < 0 or a.max() >= n):

@@ -24,7 +24,7 @@ from ..plan import make_plan, say_notes
 
 __all__ = ["Entry", "VERSION", "SPARSE"]
 
-VERSION = "patch-cache-2"
+VERSION = "patch-cache-3"  # (3: entries carry samples of their bytes)
 #: background sparser than this share of the volume is stored as an index list, not a bitmap
 SPARSE = 1 / 64
 
