@@ -192,6 +192,26 @@ def test_contours_nest_overlap_or_repeat_without_losing_voxels(tmp_path, case):
         assert int(read_rtstruct(p, image).array.sum()) == 100 + 100 - 25
 
 
+def test_a_hole_poking_a_rim_past_the_outer_contour_is_still_a_hole():
+    """A notch drawn on the outer contour's edge, its coordinates a thousandth of a voxel past
+    it (as exported with 4 decimals), rasterises one column outside the outer's mask (a
+    re-probe got the notch filled: 1620 voxels instead of 1200). A rim of at most a tenth of
+    the inner contour, next to the outer one, still makes it a hole; a contour reaching
+    further out is an overlap, taken together."""
+    from medproc.annotations._overlap import combine_contours
+
+    outer = np.zeros((48, 48), bool)
+    outer[5:40, 5:40] = True
+    notch = np.zeros_like(outer)
+    notch[25:41, 15:31] = True  # (column 40: past the outer's last, 39)
+    got, said = combine_contours([outer, notch])
+    assert not said and int(got.sum()) == 35 * 35 - 15 * 16 and not got[40].any()
+    wide = np.zeros_like(outer)
+    wide[25:46, 15:31] = True  # (6 columns past: not a hole)
+    got, said = combine_contours([outer, wide])
+    assert "overlap, taken together" in said and int(got.sum()) == int((outer | wide).sum())
+
+
 def test_overlapping_segments_are_said_like_overlapping_rois(tmp_path, case):
     """SEG and RTSTRUCT share one overlap rule and its warning: a segment wholly under a higher
     one is said MISSING (it vanished silently before)."""
