@@ -168,7 +168,22 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
                 MedprocWarning,
                 stacklevel=2,
             )
-    return lab, {int(k): str(v) for k, v in names.items() if str(v)} if names else None
+    if not names:
+        return lab, None
+    named = {int(k): " ".join(str(v).split()) for k, v in names.items()}
+    what = "segment" if modality == "SEG" else "ROI"
+    unnamed = sorted(k for k, v in named.items() if not v and np.any(lab.array == k))
+    if unnamed:  # (classes are matched across cases by name)
+        raise MedprocError(
+            f"{what}(s) {unnamed} have no name: a layout matches classes across cases by "
+            f"name; name them in the file",
+            src,
+        )
+    if any(v.lower() == "background" for v in named.values()):
+        raise MedprocError(
+            f"a {what} is named 'background', the layouts' name for label 0: rename it", src
+        )
+    return lab, {k: v for k, v in named.items() if v}
 
 
 def _values(arr: np.ndarray, path: str) -> list[int]:
@@ -215,6 +230,7 @@ def gather_labels(rows, labels, label_names, device, failed: list | None = None)
     for text in stray:
         warnings.warn(f"{text}: left out", MedprocWarning, stacklevel=2)
     cases, first, from_dicom = [], {}, set()
+    spelled: dict = {}  # a class's name as first met, by its spelling without case and spaces
     for r in rows:
         src = labels.get(r["case"]) or labels.get(r.get("series_uid") or "\0")
         try:
@@ -230,6 +246,7 @@ def gather_labels(rows, labels, label_names, device, failed: list | None = None)
                 continue
             where = os.fspath(src) if src else _label_map_named(r)
             key = {v: (names or label_names).get(v, v) for v in _values(vol.array, where)}
+            key = {v: spelled.setdefault(_canon(k), k) for v, k in key.items()}
         except MedprocError as e:
             if failed is None:
                 raise
@@ -255,6 +272,12 @@ def gather_labels(rows, labels, label_names, device, failed: list | None = None)
         )
     order = sorted(first, key=lambda k: (first[k], str(k)))
     return cases, {k: n for n, k in enumerate(order, 1)}
+
+
+def _canon(key):
+    """How class names are matched across cases: without case and extra spaces ('GTV' and
+    'gtv ' are one class, named as first met); values stay values."""
+    return " ".join(key.split()).lower() if isinstance(key, str) else key
 
 
 def _label_map_named(row: dict) -> str:

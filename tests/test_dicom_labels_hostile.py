@@ -6,6 +6,7 @@ the geometry the test writes, not from the reader."""
 
 import json
 import os
+import re
 import warnings
 
 import nibabel as nib
@@ -351,3 +352,25 @@ def test_label_values_beyond_float32_name_the_label_file(tmp_path, case):
     with pytest.raises(MedprocError, match=r"huge.nii.gz: label values 0..16777217") as e:
         nnunet(case, tmp_path, p)
     assert e.value.path == p
+
+
+def test_class_names_match_without_case_and_spaces_and_bad_names_leave_the_case_out(case, tmp_path):
+    """'GTV' in one case and 'gtv ' in another are one class (they were two, silently); an ROI
+    named 'background' or one without a name leaves its case out, naming the file (the whole
+    layout failed, without naming it)."""
+    rows, _, _ = case
+    two = [rows[0], {**rows[0], "case": "twin"}]
+    a = write_rt(tmp_path / "a.dcm", [(1, "GTV")], [(1, 10, sq(20, 30))])
+    b = write_rt(tmp_path / "b.dcm", [(3, "gtv ")], [(3, 12, sq(20, 30))])
+    d = write_nnunet(two, tmp_path / "Dataset302_Names", labels={"ct": a, "twin": b})
+    assert json.load(open(os.path.join(d, "dataset.json")))["labels"] == {
+        "background": 0,
+        "GTV": 1,
+    }
+    for bad, says in (((1, "Background"), "named 'background'"), ((1, " "), r"\[1\] have no")):
+        p = write_rt(tmp_path / "bad.dcm", [bad], [(1, 10, sq(20, 30))])
+        failed = []
+        labels = {"ct": p, "twin": a}
+        write_nnunet(two, tmp_path / "Dataset303_Bad", labels=labels, failed=failed, overwrite=True)
+        assert len(failed) == 1 and failed[0].startswith("case ct: ") and "bad.dcm" in failed[0]
+        assert re.search(says, failed[0]), failed[0]
