@@ -126,6 +126,14 @@ def _cases_apart(batch, targets: dict) -> None:
     if "monai" in targets:
         labels = os.path.join(os.path.dirname(os.path.abspath(targets["monai"])), "labels")
         folders.append(("--layout monai: its labels folder", labels))
+    if "monai" in targets:  # (the datalist as one of this run's own outputs: a sidecar)
+        own = {os.path.abspath(p): t for t in batch.todo for p in t.outputs}
+        t = own.get(os.path.abspath(targets["monai"]))
+        if t is not None:
+            raise UsageError(
+                f"--layout monai: the datalist {targets['monai']} is a file case "
+                f"{t.row['case']} writes: give --dataset another name"
+            )
     for t in batch.todo:
         for p in (t.case.source, t.case.label):
             for flag, folder in folders:

@@ -267,3 +267,14 @@ def test_files_a_case_list_names_inside_the_dataset_folder_are_refused(
     assert main([*run, *args, "--force"]) == 2
     assert "which case" in capsys.readouterr().err
     assert _stamps(ds) == before
+
+
+def test_a_datalist_named_like_a_cases_own_sidecar_is_refused_before_any_work(
+    sample_data, tmp_path, capsys
+):
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    out = tmp_path / "o"
+    more = ["--layout", "monai", "--dataset", str(out / "case001.json")]
+    assert _convert(images, labels, out, *more) == 2
+    assert "is a file case case001 writes" in capsys.readouterr().err
+    assert not (out / "case001.nii.gz").exists()  # (nothing converted)
