@@ -408,27 +408,17 @@ def test_a_users_own_table_named_manifest_csv_is_refused_not_moved_aside(sample_
 
 
 def test_a_run_leaves_no_lock_file_and_a_held_lock_still_refuses(sample_data, tmp_path, capsys):
-    import subprocess
-    import sys
+    from holder import holding
 
     out = tmp_path / "out"
     args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3", "-q"]
     assert main(args) == 0
     assert ".medproc.lock" not in os.listdir(out)
     # another process holding the folder's lock: refused, its lock file left in place
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, medproc.manifest as m; "
-         "lock = m.OutdirLock(sys.argv[1]); print('held', flush=True); sys.stdin.read()", str(out)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with holding("medproc.manifest:OutdirLock", out):
         assert main([*args, "--force"]) == 2
         assert "another medproc convert" in capsys.readouterr().err
         assert (out / ".medproc.lock").exists()
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)
 
 
 @pytest.mark.parametrize("fmt", ["npy", "nii", "nii.gz"])

@@ -192,8 +192,7 @@ def test_a_case_whose_label_cannot_be_used_is_left_out_and_the_rest_written(
 def test_a_dataset_another_run_is_writing_is_refused_and_a_name_is_kept_only_from_its_source(
     sample_data, tmp_path, capsys
 ):
-    import subprocess
-    import sys
+    from holder import holding
 
     images, labels = _case_tree(sample_data, tmp_path / "data")
     raw = tmp_path / "raw"
@@ -205,20 +204,11 @@ def test_a_dataset_another_run_is_writing_is_refused_and_a_name_is_kept_only_fro
     assert _convert(images, labels, tmp_path / "b", *args, "--force") == 0
     assert json.load(open(ds / "dataset.json"))["channel_names"] == {"0": "CT"}
     # another process holds the dataset's lock: refused, naming it; its files untouched
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from medproc._layout_targets import dataset_lock as d; "
-         "lock = d(sys.argv[1]); print('held', flush=True); sys.stdin.read()", str(ds)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with holding("medproc._layout_targets:dataset_lock", ds):
         before = _stamps(ds)
         assert _convert(images, labels, tmp_path / "b", *args) == 1
         assert "is writing the dataset Dataset507_Lock here" in capsys.readouterr().err
         assert _stamps(ds) == before
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)
 
 
 def test_both_layouts_read_the_labels_once(sample_data, tmp_path, monkeypatch):
