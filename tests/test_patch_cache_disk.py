@@ -173,3 +173,17 @@ def test_entries_of_the_same_shape_swapped_or_retyped_are_rebuilt(tmp_path, dama
     else:
         np.save(images[0], np.load(images[0]).astype(np.uint16))
     _same(_arrays(_loader(cases, cache)), reference)  # rebuilt: as the first build
+
+
+def test_temporaries_a_killed_build_left_are_removed_by_the_next(tmp_path):
+    cases, cache = _cases(tmp_path), tmp_path / "c"
+    _loader(cases, cache)
+    old = cache / ".x_index.npz.abcd1234.part.npz"
+    new = cache / ".y_image.npy.abcd1234.part.npy"  # (another build may be writing it now)
+    mine = cache / "notes.part.txt"
+    for p in (old, new, mine):
+        p.write_bytes(b"x")
+    os.utime(old, (1, 1))
+    os.utime(mine, (1, 1))
+    _loader(cases, cache)
+    assert not old.exists() and new.exists() and mine.exists()

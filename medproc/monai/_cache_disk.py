@@ -155,18 +155,34 @@ def _unlink(base: str) -> None:
             pass
 
 
+#: a temporary of an entry older than this was left by a killed build (a build writes each
+#: file in seconds), and is removed by the next
+_LEFT_S = 3600
+
+
 def _writable(cache_dir: str) -> bool:
     """Make ``cache_dir``; False (said once) when entries cannot be written there: then the
-    entries it lacks are built in memory, and those it holds are still read."""
+    entries it lacks are built in memory, and those it holds are still read. Temporaries a
+    killed build left there (older than an hour) are removed."""
+    import time
     import warnings
 
     from ..errors import MedprocWarning
+    from ..io.atomic import is_temporary
 
     try:
         os.makedirs(cache_dir, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".medproc-write-test.", dir=cache_dir)
         os.close(fd)
         os.unlink(probe)
+        for name in os.listdir(cache_dir):
+            p = os.path.join(cache_dir, name)
+            if is_temporary(name, (".npy", ".npz", ".json")):
+                try:
+                    if time.time() - os.lstat(p).st_mtime > _LEFT_S:
+                        os.unlink(p)
+                except OSError:
+                    pass
         return True
     except OSError as e:
         warnings.warn(
