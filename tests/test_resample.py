@@ -329,3 +329,21 @@ def test_resample_batch_misuse_gets_a_usage_message_not_an_internal_error(tmp_pa
     medproc.save(v, str(tmp_path / "a.nii.gz"))
     with pytest.raises(medproc.UsageError, match="is one image file"):
         medproc.load(str(tmp_path / "a.nii.gz"), series="x")
+
+
+def test_label_maps_of_mixed_dtypes_in_one_batch_each_keep_their_own():
+    """One batch fed labels of one dtype and gave every label the first one's back: an int16
+    300 beside a uint8 label came back 44, a -1 came back 255 (found by an API probe)."""
+    aff = np.diag([1.7, 1.3, 2.2, 1.0])
+    labs = []
+    for value, dtype in ((1, np.uint8), (300, np.int16), (-1, np.int16), (70000, np.int32)):
+        a = np.zeros((8, 8, 8), dtype)
+        a[2:6, 2:6, 2:6] = value
+        labs.append(medproc.Volume(a, aff))
+    imgs = [medproc.Volume(np.ones((8, 8, 8), np.float32), aff) for _ in labs]
+    for order in (labs, labs[::-1]):
+        out = medproc.resample_batch(imgs, medproc.Spec(spacing=1.5), labels=order, device="cpu")
+        for lab, (_, got) in zip(order, out):
+            alone = medproc.resample(imgs[0], spacing=1.5, label=lab)[1]
+            assert got.array.dtype == lab.array.dtype
+            np.testing.assert_array_equal(got.array, alone.array)

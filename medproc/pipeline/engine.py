@@ -168,7 +168,7 @@ class Engine:
 
     def _check(self, jobs: list[Job], graph: Graph) -> tuple[list[Job], list[str]]:
         """Jobs in dtypes DALI takes (one dtype per input across the batch), and the label
-        dtypes to give back (labels keep theirs)."""
+        dtypes to give back, per job (labels keep theirs)."""
         for j in jobs:
             if tuple(j.image.shape[:3]) != tuple(j.plan.in_shape):
                 raise ValueError(
@@ -192,8 +192,9 @@ class Engine:
             Job(fed[0][n], j.plan, tuple(fed[c][n] for c in range(1, len(fed))))
             for n, j in enumerate(jobs)
         ]
-        restore = [
-            _dtype_name(lb) if _dtype_name(lb) != "bool" else "uint8" for lb in jobs[0].labels
+        restore = [  # per job: a batch may mix label dtypes (fed as one; each gets its own)
+            [_dtype_name(lb) if _dtype_name(lb) != "bool" else "uint8" for lb in j.labels]
+            for j in jobs
         ]
         return out, restore
 

@@ -326,8 +326,14 @@ def _from_dhwc(a):
     return a.permute(2, 1, 0, 3) if _is_torch(a) else a.transpose(2, 1, 0, 3)
 
 
-def _restored(res: list[tuple], restore: list[str]) -> list[tuple]:
-    """Labels back in the dtype they came in (they were fed in one DALI resamples exactly)."""
-    if not any(_dtype_name(row[c + 1]) != d for row in res[:1] for c, d in enumerate(restore)):
+def _restored(res: list[tuple], restore: list[list[str]]) -> list[tuple]:
+    """Each job's labels back in the dtypes they came in (``restore``: per job; they were fed
+    in one dtype DALI resamples exactly, the batch's: a uint8 label beside an int16 one came
+    back int16, or an int16 one beside a uint8 one wrapped, 300 -> 44)."""
+    if not any(
+        _dtype_name(x) != d for row, want in zip(res, restore) for x, d in zip(row[1:], want)
+    ):
         return res
-    return [(row[0], *(_astype(x, d) for x, d in zip(row[1:], restore))) for row in res]
+    return [
+        (row[0], *(_astype(x, d) for x, d in zip(row[1:], want))) for row, want in zip(res, restore)
+    ]
