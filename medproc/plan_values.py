@@ -49,6 +49,12 @@ def _sample(array, max_voxels: int = 4_000_000) -> np.ndarray:
     return s
 
 
+def _flat(spread: float, *values: float) -> bool:
+    """Whether a spread (a deviation, a range) is nothing next to the values: a constant
+    volume, whose z-score or scaling is undefined (float32 voxels resolve about 1e-7 of them)."""
+    return spread <= 1e-6 * max([1.0, *(abs(v) for v in values)])
+
+
 def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
     """(lo, hi, a, b): the executor computes ``a * clamp(x, lo, hi) + b``."""
     it = spec.intensity
@@ -65,9 +71,15 @@ def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
     if it.zscore:
         clipped = np.clip(sample, lo, hi)
         mean, std = float(clipped.mean()), float(clipped.std())
-        a, b = 1.0 / max(std, 1e-8), -mean / max(std, 1e-8)
+        if _flat(std, mean):  # (a constant volume: 0, as MONAI's NormalizeIntensity gives;
+            a, b = 0.0, 0.0  # dividing by ~0 blew interpolation's rounding up to 8192)
+        else:
+            a, b = 1.0 / std, -mean / std
     elif it.scale:
         wlo, whi = (lo, hi) if np.isfinite(lo) else (float(sample.min()), float(sample.max()))
-        a = (it.scale[1] - it.scale[0]) / max(whi - wlo, 1e-8)
-        b = it.scale[0] - a * wlo
+        if _flat(whi - wlo, wlo, whi):  # (constant: the range's low end, as MONAI's gives 0)
+            a, b = 0.0, float(it.scale[0])
+        else:
+            a = (it.scale[1] - it.scale[0]) / (whi - wlo)
+            b = it.scale[0] - a * wlo
     return float(lo), float(hi), float(a), float(b)
