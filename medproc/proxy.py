@@ -138,8 +138,23 @@ class ProxyTransform:
         return slot if slot is not None else _shareable(region)
 
     def __call__(self, sample: dict) -> dict:
+        from .errors import UsageError
+        from .volume import Volume
+
+        if not isinstance(sample, dict) or "image" not in sample:
+            raise UsageError(
+                f"the proxy's transform takes a dict with an 'image' Volume (and optionally "
+                f"'label', 'lesions'), got {type(sample).__name__}"
+            )
         img = sample["image"]
         lab = sample.get("label") if self.with_label is not False else None
+        for key, v in (("image", img), ("label", lab)):
+            if v is not None and not isinstance(v, Volume):
+                raise UsageError(
+                    f"sample[{key!r}] must be a medproc.Volume (its affine tells the grid), got "
+                    f"{type(v).__name__}: load it with medproc.load, or wrap an (i, j, k) array "
+                    "as medproc.Volume(array, affine) (a MONAI MetaTensor is channel-first)"
+                )
         if self.with_label and lab is None:
             raise ValueError(
                 f"the server was made with_label=True but sample "

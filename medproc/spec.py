@@ -247,6 +247,10 @@ class Spec:
             raise UsageError(f"dtype must be one of {', '.join(OUTPUT_DTYPES)}, got {self.dtype!r}")
         object.__setattr__(self, "dtype", name)  # one spelling ("f4" is "float32"): recorded
         _flag(self.antialias, "antialias")
+        if self.fill is not None:  # (float32 holds it: 1e40 became NaN in the padding)
+            ok = isinstance(self.fill, (int, float, np.number)) and not isinstance(self.fill, bool)
+            if not ok or abs(float(self.fill)) > 3.4e38:  # (NaN marks the padding: allowed)
+                raise UsageError(f"fill must be a number float32 holds (or NaN), got {self.fill!r}")
         if isinstance(self.intensity, dict):
             object.__setattr__(self, "intensity", Intensity(**self.intensity))
         if not isinstance(self.intensity, Intensity):

@@ -446,6 +446,9 @@ def test_arguments_checked():
         PatchLoader(datalist(), SPEC, (8, 6, 8), augment=Augment(rotate90_prob=0.5))
     with pytest.raises(TypeError, match="PosNeg"):
         PatchLoader(datalist(), SPEC, (8, 8, 8), sampling={"pos": 1})
+    for n in (0, -2, 1.5, True):  # (0 gave batches of 1, silently)
+        with pytest.raises(ValueError, match="batch_size must be a whole number >= 1"):
+            PatchLoader(datalist(), SPEC, (8, 8, 8), batch_size=n)
 
 
 def test_a_detection_datalist_is_a_clear_error_naming_the_case(tmp_path):

@@ -365,3 +365,32 @@ def test_a_constant_volume_z_scores_and_scales_to_the_low_end_not_noise(value):
     ):
         out = medproc.resample(vol, spec=medproc.Spec(spacing=1.5, intensity=it))
         assert np.unique(np.asarray(out.array)).tolist() == np.unique(ref.numpy()).tolist()
+
+
+def test_api_misuse_found_by_a_probe_is_refused_or_handled():
+    """Spec(fill=) is checked like the other fields ('x' failed deep inside, 1e40 padded with
+    NaN); big-endian arrays save to NRRD/MHA (SimpleITK refused '>i2' with a bare TypeError);
+    the proxy's transform says it takes Volumes (a MetaTensor was read as 20 channels)."""
+    import tempfile
+
+    import torch
+    from monai.data import MetaTensor
+
+    from medproc.proxy import ProxyTransform
+
+    for bad in ("x", 1e40, float("inf"), True):
+        with pytest.raises(medproc.UsageError, match="fill must be a number float32 holds"):
+            medproc.Spec(spacing=2.0, fill=bad)
+    be = np.arange(60, dtype=">i2").reshape(3, 4, 5)
+    with tempfile.TemporaryDirectory() as d:
+        for ext in ("nrrd", "mha"):
+            p = os.path.join(d, f"be.{ext}")
+            medproc.save(medproc.Volume(be, np.diag([1.0, 2.0, 3.0, 1.0])), p)
+            np.testing.assert_array_equal(medproc.load(p).array, be)
+    t = ProxyTransform(medproc.Spec(spacing=2.0))
+    image = MetaTensor(torch.zeros(1, 6, 6, 6))
+    for sample in ({"image": image}, {"image": np.zeros((6, 6, 6))}):
+        with pytest.raises(medproc.UsageError, match=r"sample\['image'\] must be a medproc.Volume"):
+            t(sample)
+    with pytest.raises(medproc.UsageError, match="takes a dict with an 'image' Volume"):
+        t(medproc.Volume(np.zeros((6, 6, 6)), np.eye(4)))

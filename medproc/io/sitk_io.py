@@ -111,6 +111,8 @@ def to_sitk(volume: Volume):
     arr = volume.numpy().array
     if arr.dtype == np.bool_:
         arr = arr.astype(np.uint8)
+    if not arr.dtype.isnative:  # (big-endian, as nibabel reads some NIfTI: ITK takes native)
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     zyx = arr.transpose(2, 1, 0) if arr.ndim == 3 else arr.transpose(2, 1, 0, 3)
     img = sitk.GetImageFromArray(zyx, isVector=arr.ndim == 4)
     lps = lps_to_ras(volume.affine)

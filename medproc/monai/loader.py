@@ -176,7 +176,13 @@ class PatchLoader:
                 f"Augment.rotate90_prob turns patches in the (i, j) plane: patch_size must be "
                 f"square in i and j, got {self.patch}"
             )
-        self.batch_size = max(1, int(batch_size))
+        if (
+            isinstance(batch_size, bool)
+            or not isinstance(batch_size, (int, np.integer))
+            or batch_size < 1
+        ):
+            raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+        self.batch_size = int(batch_size)
         self.sampling, self.augment = sampling, augment
         self.device = device
         self.device_id = torch.cuda.current_device() if device == "gpu" else 0
