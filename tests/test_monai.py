@@ -287,3 +287,15 @@ def test_loadvolumed_takes_loadimageds_switches_where_they_mean_what_it_does(sam
         LoadVolumed("image", ensure_channel_first=False)
     with pytest.raises(ValueError, match="gives MetaTensors"):
         LoadVolumed("image", image_only=False)
+
+
+def test_bfloat16_images_are_refused_naming_the_key_and_the_fix():
+    """numpy has no bfloat16: torch's "unsupported ScalarType BFloat16" named neither."""
+    import torch
+    from monai.data import MetaTensor
+
+    from medproc.monai import Resampled
+
+    d = {"image": MetaTensor(torch.zeros(1, 6, 6, 6, dtype=torch.bfloat16), affine=torch.eye(4))}
+    with pytest.raises(ValueError, match=r"key 'image'.*bfloat16.*float32"):
+        Resampled(["image"], spec=medproc.Spec(spacing=2.0), device="cpu")(d)

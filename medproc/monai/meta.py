@@ -105,6 +105,11 @@ def to_volume(x, affine=None) -> Volume:
     if torch.is_tensor(x):
         x = x.as_tensor() if isinstance(x, MetaTensor) else x
         x = x.detach()
+        if x.dtype in (torch.bfloat16, torch.complex64, torch.complex128):
+            raise ValueError(
+                f"{x.dtype} voxels cannot be resampled (numpy and DALI have no such type): cast "
+                "the image to float32 first (e.g. EnsureTyped(dtype=torch.float32))"
+            )
         a = x.numpy() if x.device.type == "cpu" else x
     else:
         a = np.asarray(x)
