@@ -120,12 +120,19 @@ def _cases_apart(batch, targets: dict) -> None:
     """The layouts' folders hold none of the files this run reads: a case list (CSV) can name
     inputs anywhere, which the check of the inputs before the scan did not see."""
     from ._layout_targets import within
-    from .errors import UsageError
+    from .errors import MedprocError, UsageError
 
     folders = [("--dataset", targets["nnunet"])] if "nnunet" in targets else []
     if "monai" in targets:
+        from ._layout_targets import check_own_labels
+
         labels = os.path.join(os.path.dirname(os.path.abspath(targets["monai"])), "labels")
         folders.append(("--layout monai: its labels folder", labels))
+        names = {t.row["case"] for t in batch.todo} | {r["case"] for r in batch.decided}
+        try:  # (where its relabelled maps would go: over no file of someone else's)
+            check_own_labels([os.path.join(labels, f"{n}.nii.gz") for n in names], targets["monai"])
+        except MedprocError as e:
+            raise UsageError(f"--layout monai: {e}") from None
     if "monai" in targets:  # (the datalist as one of this run's own outputs: a sidecar)
         own = {os.path.abspath(p): t for t in batch.todo for p in t.outputs}
         t = own.get(os.path.abspath(targets["monai"]))

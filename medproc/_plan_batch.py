@@ -107,7 +107,10 @@ def _not_whole(out_path: str, label_path: str | None) -> list[str]:
     checks = [("image", out_path, dtype), ("label map", label_path, None)]
     if out_path.endswith(".npy") and label_path:  # (a .npy label's own sidecar: its affine)
         lab_side = os.path.splitext(label_path)[0] + ".json"
-        if not os.path.exists(lab_side):
+        try:
+            with open(lab_side) as f:
+                json.load(f)["affine"]
+        except (OSError, ValueError, KeyError, TypeError):  # (gone, or cut short)
             said.append(f"label sidecar {os.path.basename(lab_side)}")
     for what, p, dt in checks:
         why = damaged(p, shape, dt) if p and os.path.exists(p) else None

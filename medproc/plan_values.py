@@ -77,7 +77,7 @@ def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
             a, b = 1.0 / std, -mean / std
     elif it.scale:
         wlo, whi = (lo, hi) if np.isfinite(lo) else (float(sample.min()), float(sample.max()))
-        if _flat(whi - wlo, wlo, whi):  # (constant: the range's low end, as MONAI's gives 0)
+        if _flat(whi - wlo, wlo, whi):  # (constant: the range's low end)
             a, b = 0.0, float(it.scale[0])
         else:
             a = (it.scale[1] - it.scale[0]) / (whi - wlo)

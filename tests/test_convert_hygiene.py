@@ -445,8 +445,9 @@ def test_a_resume_redoes_a_case_whose_files_were_cut_short_or_lost(
         pytest.skip("only a .npy label has a sidecar of its own")
     if damage == "sidecar_gone":
         os.remove(out / "case001.json")
-    elif damage == "label_sidecar_gone":
-        os.remove(out / "case001_label.json")
+    elif damage == "label_sidecar_gone":  # (cut short: no longer JSON)
+        side = out / "case001_label.json"
+        side.write_text(side.read_text()[:20])
     elif damage == "swapped":  # (another case's output in its place: another shape)
         os.replace(out / f"case002{ext}", tmp_path / "x")
         os.replace(out / f"case001{ext}", out / f"case002{ext}")

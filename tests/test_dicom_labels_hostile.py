@@ -374,3 +374,18 @@ def test_class_names_match_without_case_and_spaces_and_bad_names_leave_the_case_
         write_nnunet(two, tmp_path / "Dataset303_Bad", labels=labels, failed=failed, overwrite=True)
         assert len(failed) == 1 and failed[0].startswith("case ct: ") and "bad.dcm" in failed[0]
         assert re.search(says, failed[0]), failed[0]
+
+
+def test_read_seg_with_an_image_says_when_frames_are_off_its_slices(case, tmp_path):
+    """Frames half a slice off the image's slices: read_seg(image=) places each on the nearest
+    voxel (10 and 11 landed on 10 and 12) and now says so; on the image's own slices, nothing
+    is said."""
+    _, image, _ = case
+    p = write_seg(tmp_path / "off.dcm", [(10.5, 1, _square()), (11.5, 1, _square())], {1: "t"})
+    with pytest.warns(MedprocWarning, match=r"off.dcm: its pixels lie up to 0.50 voxel off"):
+        read_seg(p, image=image)
+    p = write_seg(tmp_path / "on.dcm", [(10, 1, _square()), (11, 1, _square())], {1: "t"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lab = read_seg(p, image=image).array
+    assert np.flatnonzero(lab.sum((0, 1))).tolist() == [10, 11]

@@ -268,3 +268,18 @@ def test_a_datalist_named_like_a_cases_own_sidecar_is_refused_before_any_work(
     assert _convert(images, labels, out, *more) == 2
     assert "is a file case case001 writes" in capsys.readouterr().err
     assert not (out / "case001.nii.gz").exists()  # (nothing converted)
+
+
+def test_a_foreign_file_where_a_relabelled_map_would_go_is_refused_before_any_work(
+    sample_data, tmp_path, capsys
+):
+    """It was refused only after the whole conversion (exit 1), as the docs' 'before any work'
+    did not hold (found by a docs check)."""
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    out = tmp_path / "o"
+    (out / "labels").mkdir(parents=True)
+    (out / "labels" / "case001.nii.gz").write_bytes(b"mine")
+    assert _convert(images, labels, out, "--layout", "monai") == 2
+    assert "no datalist of medproc's lists" in capsys.readouterr().err
+    assert not (out / "case001.nii.gz").exists()  # (nothing converted)
+    assert (out / "labels" / "case001.nii.gz").read_bytes() == b"mine"

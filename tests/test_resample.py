@@ -352,19 +352,20 @@ def test_label_maps_of_mixed_dtypes_in_one_batch_each_keep_their_own():
 @pytest.mark.parametrize("value", [7.0, 1000.0])
 def test_a_constant_volume_z_scores_and_scales_to_the_low_end_not_noise(value):
     """Its deviation (range) is 0: dividing by the 1e-8 floor blew interpolation's rounding
-    (1 ulp) up to 64, 128, 8192. MONAI's NormalizeIntensity gives 0 there, ScaleIntensity the
-    low end of its range."""
+    (1 ulp) up to 64, 128, 8192. z-score gives 0 there, as MONAI's NormalizeIntensity does;
+    scale without a window the low end of its range (MONAI's ScaleIntensity gives the input
+    times that low end)."""
     import torch
-    from monai.transforms import NormalizeIntensity, ScaleIntensity
+    from monai.transforms import NormalizeIntensity
 
     vol = medproc.Volume(np.full((8, 8, 8), value, np.float32), np.diag([1.7, 1.3, 2.2, 1.0]))
-    t = torch.full((1, 8, 8, 8), value)
-    for it, ref in (
-        (medproc.Intensity(zscore=True), NormalizeIntensity()(t)),
-        (medproc.Intensity(scale=(0.0, 1.0)), ScaleIntensity(0.0, 1.0)(t)),
+    ref = NormalizeIntensity()(torch.full((1, 8, 8, 8), value))
+    for it, want in (
+        (medproc.Intensity(zscore=True), np.unique(ref.numpy()).tolist()),
+        (medproc.Intensity(scale=(-1.0, 1.0)), [-1.0]),
     ):
         out = medproc.resample(vol, spec=medproc.Spec(spacing=1.5, intensity=it))
-        assert np.unique(np.asarray(out.array)).tolist() == np.unique(ref.numpy()).tolist()
+        assert np.unique(np.asarray(out.array)).tolist() == want
 
 
 def test_api_misuse_found_by_a_probe_is_refused_or_handled():

@@ -139,7 +139,8 @@ def _read_seg(path: str, image: Volume | None, how: str) -> Volume:
         if how == "place" or how == "auto" and _on_grid(frames, px.shape[1:], image):
             lab = _frames_on_image(frames, seg_of, px, image, names, path)
             return image.with_array(lab, source=path, format="dicom-seg", segments=names)
-        own = _own_grid(ds, frames, extra, seg_of, px, names, path)
+        hint = _GIVE_IMAGE if image is None else "export it on the grid of the series it segments"
+        own = _own_grid(ds, frames, extra, seg_of, px, names, path, hint)
     if how == "auto" and own.shape[2] > 1:  # (frames off the image's slices, no gaps)
         a = np.asarray(image.affine)[:3, :3]  # the image's spacing along the SEG's normal:
         along = np.abs(own.affine[:3, 2] / own.spacing[2] @ a)
@@ -176,7 +177,7 @@ def _on_grid(frames, rows_cols, image: Volume, tol: float = 0.05) -> bool:
     return True
 
 
-def _own_grid(ds, frames, extra, seg_of, px, names, path: str) -> Volume:
+def _own_grid(ds, frames, extra, seg_of, px, names, path: str, hint=_GIVE_IMAGE) -> Volume:
     """The SEG on its own grid: one slice per distinct frame position along the normal."""
     from ..io.dicom_geometry import series_geometry
     from ..io.dicom_scan import DicomSeries
@@ -190,7 +191,7 @@ def _own_grid(ds, frames, extra, seg_of, px, names, path: str) -> Volume:
         raise GeometryError(
             f"its frames lie up to {gap:g} mm apart where it declares {key} "
             f"{float(extra[key]):g} mm: it leaves out slices, and has no grid of its own: "
-            f"{_GIVE_IMAGE}",
+            f"{hint}",
             path,
         )
     info = {"Rows": ds.Rows, "Columns": ds.Columns, **extra}
@@ -200,8 +201,7 @@ def _own_grid(ds, frames, extra, seg_of, px, names, path: str) -> Volume:
         )
     except GeometryError as e:
         raise GeometryError(
-            f"{e.message}. A SEG that leaves out empty slices has no grid of its own: "
-            f"{_GIVE_IMAGE}",
+            f"{e.message}. A SEG that leaves out empty slices has no grid of its own: {hint}",
             path,
         ) from None
     slot_of_pos = {
@@ -227,13 +227,16 @@ def _frames_on_image(frames, seg_of, px, image: Volume, names, path: str) -> np.
     inv = np.linalg.inv(np.asarray(image.affine, dtype=np.float64))
     masks: dict[int, dict[int, np.ndarray]] = {}  # segment -> slice k -> (i, j) mask
     held = lost = 0  # frames holding pixels; of them, those wholly outside the image
+    off = 0.0  # how far (voxels) the furthest pixel centre lies from a voxel centre
     for f, seg, frame in zip(frames, seg_of, px):
         r, c = np.nonzero(frame)
         if f.pixel_spacing is None:
             raise ReadError("has no PixelSpacing for its frames: they cannot be placed", path)
         (rows, cols), o = f.pixel_spacing, f.orientation
         lps = f.position + np.outer(c * cols, o[:3]) + np.outer(r * rows, o[3:])
-        ijk = np.rint((lps * _FLIP) @ inv[:3, :3].T + inv[:3, 3]).astype(np.int64)
+        exact = (lps * _FLIP) @ inv[:3, :3].T + inv[:3, 3]
+        ijk = np.rint(exact).astype(np.int64)
+        off = max(off, float(np.abs(exact - ijk).max())) if len(exact) else off
         ok = np.all((ijk >= 0) & (ijk < image.shape[:3]), axis=1)
         held += len(r) > 0
         lost += len(r) > 0 and not ok.any()
@@ -249,6 +252,12 @@ def _frames_on_image(frames, seg_of, px, image: Volume, names, path: str) -> np.
         raise ReadError(f"{why}: is it the segmentation of another series than {src}?", path)
     if lost:
         _warn(f"{path}: {lost} of {held} frames lie outside {src}: left out")
+    if off > 0.25:  # (half a slice off: frames 10 and 11 landed on 10 and 12)
+        _warn(
+            f"{path}: its pixels lie up to {off:.2f} voxel off the voxel centres of {src}: each "
+            "placed on the nearest voxel (a SEG exported on another grid?), so slices may be "
+            "skipped or doubled"
+        )
     return out.astype(np.uint8 if out.max() < 256 else np.uint16)
 
 
