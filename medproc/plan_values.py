@@ -51,8 +51,9 @@ def _sample(array, max_voxels: int = 4_000_000) -> np.ndarray:
 
 def _flat(spread: float, *values: float) -> bool:
     """Whether a spread (a deviation, a range) is nothing next to the values: a constant
-    volume, whose z-score or scaling is undefined (float32 voxels resolve about 1e-7 of them)."""
-    return spread <= 1e-6 * max([1.0, *(abs(v) for v in values)])
+    volume, whose z-score or scaling is undefined (float32 voxels resolve about 1e-7 of them).
+    Relative only: an image of values around 1e-9 that vary is not flat."""
+    return spread <= 1e-6 * max(abs(v) for v in values)
 
 
 def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:

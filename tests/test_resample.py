@@ -366,6 +366,11 @@ def test_a_constant_volume_z_scores_and_scales_to_the_low_end_not_noise(value):
     ):
         out = medproc.resample(vol, spec=medproc.Spec(spacing=1.5, intensity=it))
         assert np.unique(np.asarray(out.array)).tolist() == want
+    # "constant" is relative: an image of values around 1e-9 that vary is z-scored
+    tiny = np.random.default_rng(0).random((8, 8, 8)).astype(np.float32) * 1e-9
+    spec = medproc.Spec(spacing=1.5, intensity=medproc.Intensity(zscore=True))
+    out = np.asarray(medproc.resample(medproc.Volume(tiny, vol.affine), spec=spec).array)
+    assert out.std() > 0.3 and abs(out.mean()) < 0.2
 
 
 def test_api_misuse_found_by_a_probe_is_refused_or_handled():
