@@ -103,7 +103,7 @@ def _not_whole(out_path: str, label_path: str | None) -> list[str]:
             out = json.load(f)["output"]
         shape, dtype = out["shape"], out["dtype"]
     except (OSError, ValueError, KeyError, TypeError):
-        return ["sidecar <name>.json"]
+        return ["sidecar <name>.json (missing, unreadable, or an older medproc's)"]
     checks = [("image", out_path, dtype), ("label map", label_path, None)]
     if out_path.endswith(".npy") and label_path:  # (a .npy label's own sidecar: its affine)
         lab_side = os.path.splitext(label_path)[0] + ".json"

@@ -382,5 +382,10 @@ def options_diff(old: dict, new: dict) -> list[str]:
     return [
         f"{k}: {_show(a.get(k))} before, {_show(b.get(k))} now"
         for k in list(b) + [k for k in a if k not in b]
-        if a.get(k) != b.get(k)
+        if a.get(k) != b.get(k) and not (_nan(a.get(k)) and _nan(b.get(k)))
     ]
+
+
+def _nan(v) -> bool:
+    """Whether ``v`` is NaN (a NaN fill is the same option on both sides)."""
+    return isinstance(v, float) and v != v

@@ -49,11 +49,11 @@ def _sample(array, max_voxels: int = 4_000_000) -> np.ndarray:
     return s
 
 
-def _flat(spread: float, *values: float) -> bool:
-    """Whether a spread (a deviation, a range) is nothing next to the values: a constant
-    volume, whose z-score or scaling is undefined (float32 voxels resolve about 1e-7 of them).
-    Relative only: an image of values around 1e-9 that vary is not flat."""
-    return spread <= 1e-6 * max(abs(v) for v in values)
+def _flat(values) -> bool:
+    """Whether the (clipped) sample holds one value only: its z-score or scaling is undefined.
+    Exact, by its minimum and maximum (a deviation computed in float32 need not be 0 there; a
+    relative threshold took 1000 and 1000.001 for one value)."""
+    return values.size == 0 or bool(values.min() == values.max())
 
 
 def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
@@ -72,13 +72,14 @@ def intensity_params(spec: Spec, array) -> tuple[float, float, float, float]:
     if it.zscore:
         clipped = np.clip(sample, lo, hi)
         mean, std = float(clipped.mean()), float(clipped.std())
-        if _flat(std, mean):  # (a constant volume: 0, as MONAI's NormalizeIntensity gives;
+        if _flat(clipped):  # (a constant volume: 0, as MONAI's NormalizeIntensity gives;
             a, b = 0.0, 0.0  # dividing by ~0 blew interpolation's rounding up to 8192)
         else:
             a, b = 1.0 / std, -mean / std
     elif it.scale:
         wlo, whi = (lo, hi) if np.isfinite(lo) else (float(sample.min()), float(sample.max()))
-        if _flat(whi - wlo, wlo, whi):  # (constant: the range's low end)
+        if whi <= wlo or not np.isfinite(lo) and _flat(sample):  # (constant, or a percentile
+            # window that collapsed: the range's low end; a clip window has lo < hi, checked)
             a, b = 0.0, float(it.scale[0])
         else:
             a = (it.scale[1] - it.scale[0]) / (whi - wlo)

@@ -248,9 +248,14 @@ class Spec:
         object.__setattr__(self, "dtype", name)  # one spelling ("f4" is "float32"): recorded
         _flag(self.antialias, "antialias")
         if self.fill is not None:  # (float32 holds it: 1e40 became NaN in the padding)
-            ok = isinstance(self.fill, (int, float, np.number)) and not isinstance(self.fill, bool)
-            if not ok or abs(float(self.fill)) > 3.4e38:  # (NaN marks the padding: allowed)
-                raise UsageError(f"fill must be a number float32 holds (or NaN), got {self.fill!r}")
+            ok = isinstance(self.fill, (int, float, np.integer, np.floating))
+            ok = ok and not isinstance(self.fill, bool)
+            if not ok or abs(float(self.fill)) > float(np.finfo(np.float32).max):
+                raise UsageError(  # (NaN marks the padding: allowed)
+                    f"fill must be a number float32 holds (or NaN), got {self.fill!r}"
+                )
+            if isinstance(self.fill, np.generic):  # (recorded as JSON with the options)
+                object.__setattr__(self, "fill", self.fill.item())
         if isinstance(self.intensity, dict):
             object.__setattr__(self, "intensity", Intensity(**self.intensity))
         if not isinstance(self.intensity, Intensity):

@@ -10,8 +10,10 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
+import medproc
 from medproc.cli import main
 
 
@@ -468,3 +470,15 @@ def test_a_resume_redoes_a_case_whose_files_were_cut_short_or_lost(
     for f in first:
         if not f.endswith(".json"):  # (the sidecar's record of the run may differ)
             assert again[f] == first[f], f
+
+
+@pytest.mark.parametrize("fill", [np.float32(-1024), np.int16(-5), float("nan")])
+def test_a_fill_given_as_a_numpy_scalar_or_nan_converts_and_resumes(sample_data, tmp_path, fill):
+    """A numpy scalar failed to be recorded (not JSON); a NaN fill never resumed (NaN differs
+    from NaN: 'fill: nan before, nan now'). Found by a late re-probe."""
+    from medproc.convert import convert
+
+    spec = medproc.Spec(spacing=3.0, crop=(120, 120, 40), fill=fill)
+    out = str(tmp_path / "o")
+    assert {r["status"] for r in convert([_images(sample_data)], out, spec)} == {"ok"}
+    assert {r["status"] for r in convert([_images(sample_data)], out, spec)} == {"skipped"}

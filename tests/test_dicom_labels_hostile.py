@@ -211,6 +211,12 @@ def test_a_hole_poking_a_rim_past_the_outer_contour_is_still_a_hole():
     wide[25:46, 15:31] = True  # (6 columns past: not a hole)
     got, said = combine_contours([outer, wide])
     assert "overlap, taken together" in said and int(got.sum()) == int((outer | wide).sum())
+    # nearly the same outline twice (each inside the other by that rim): taken together, not
+    # two holes (a late re-probe got an empty slice)
+    again = np.zeros_like(outer)
+    again[5:41, 5:40] = True
+    got, said = combine_contours([outer, again])
+    assert "overlap, taken together" in said and int(got.sum()) == int((outer | again).sum())
 
 
 def test_overlapping_segments_are_said_like_overlapping_rois(tmp_path, case):

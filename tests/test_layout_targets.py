@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 import medproc
@@ -270,16 +271,28 @@ def test_a_datalist_named_like_a_cases_own_sidecar_is_refused_before_any_work(
     assert not (out / "case001.nii.gz").exists()  # (nothing converted)
 
 
-def test_a_foreign_file_where_a_relabelled_map_would_go_is_refused_before_any_work(
+def test_a_foreign_file_in_the_datalists_labels_folder_is_never_replaced(
     sample_data, tmp_path, capsys
 ):
-    """It was refused only after the whole conversion (exit 1), as the docs' 'before any work'
-    did not hold (found by a docs check)."""
+    """Label maps that need no renumbering are listed where they are: the run goes on and the
+    user's file stays. One that needs renumbering finds the file at the layout step (exit 1,
+    nothing replaced); labels from SEG/RTSTRUCT, which always go there, are refused before
+    any work (a re-probe found the pre-check refusing runs that wrote nothing there)."""
+    import nibabel as nib
+
     images, labels = _case_tree(sample_data, tmp_path / "data")
     out = tmp_path / "o"
     (out / "labels").mkdir(parents=True)
     (out / "labels" / "case001.nii.gz").write_bytes(b"mine")
-    assert _convert(images, labels, out, "--layout", "monai") == 2
-    assert "no datalist of medproc's lists" in capsys.readouterr().err
-    assert not (out / "case001.nii.gz").exists()  # (nothing converted)
+    assert _convert(images, labels, out, "--layout", "monai") == 0
     assert (out / "labels" / "case001.nii.gz").read_bytes() == b"mine"
+    src = nib.load(labels / "case001.nii.gz")  # values 5 and 9: renumbered to 1 and 2
+    lab = np.asarray(src.dataobj).astype(np.uint8)
+    nib.save(nib.Nifti1Image(np.where(lab > 0, lab + 4, 0).astype(np.uint8), src.affine),
+             labels / "case001.nii.gz")  # fmt: skip
+    assert _convert(images, labels, tmp_path / "o2") == 0
+    (tmp_path / "o2" / "labels").mkdir()
+    (tmp_path / "o2" / "labels" / "case001.nii.gz").write_bytes(b"mine")
+    assert _convert(images, labels, tmp_path / "o2", "--layout", "monai") == 1
+    assert "no datalist of medproc's lists" in capsys.readouterr().err
+    assert (tmp_path / "o2" / "labels" / "case001.nii.gz").read_bytes() == b"mine"

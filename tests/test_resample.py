@@ -366,7 +366,13 @@ def test_a_constant_volume_z_scores_and_scales_to_the_low_end_not_noise(value):
     ):
         out = medproc.resample(vol, spec=medproc.Spec(spacing=1.5, intensity=it))
         assert np.unique(np.asarray(out.array)).tolist() == want
-    # "constant" is relative: an image of values around 1e-9 that vary is z-scored
+    # only one value is flat: 1000 and 1000.001 (a relative threshold took them for one)
+    two = np.full((8, 8, 8), 1000.0, np.float32)
+    two[:4] = np.float32(1000.001)
+    spec = medproc.Spec(spacing=1.5, intensity=medproc.Intensity(scale=(0.0, 1.0)))
+    out = np.asarray(medproc.resample(medproc.Volume(two, vol.affine), spec=spec).array)
+    assert out.min() < 0.1 and out.max() > 0.9  # (float32 resolves 1000.001 to ~6%: not 0)
+    # an image of values around 1e-9 that vary is z-scored
     tiny = np.random.default_rng(0).random((8, 8, 8)).astype(np.float32) * 1e-9
     spec = medproc.Spec(spacing=1.5, intensity=medproc.Intensity(zscore=True))
     out = np.asarray(medproc.resample(medproc.Volume(tiny, vol.affine), spec=spec).array)
@@ -384,9 +390,11 @@ def test_api_misuse_found_by_a_probe_is_refused_or_handled():
 
     from medproc.proxy import ProxyTransform
 
-    for bad in ("x", 1e40, float("inf"), True):
+    for bad in ("x", 1e40, float("inf"), True, np.complex64(1 + 2j)):
         with pytest.raises(medproc.UsageError, match="fill must be a number float32 holds"):
             medproc.Spec(spacing=2.0, fill=bad)
+    assert type(medproc.Spec(fill=np.float32(-1024)).fill) is float  # (JSON-recorded)
+    medproc.Spec(fill=float(np.finfo(np.float32).max))  # (float32 holds it)
     be = np.arange(60, dtype=">i2").reshape(3, 4, 5)
     with tempfile.TemporaryDirectory() as d:
         for ext in ("nrrd", "mha"):

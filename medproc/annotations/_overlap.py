@@ -26,8 +26,11 @@ def combine_contours(masks: list[np.ndarray]) -> tuple[np.ndarray, str]:
             twice += 1
         else:
             uniq.append(m)
-    held = [[j for j, o in enumerate(uniq) if j != i and _inside(m, o)] for i, m in
-            enumerate(uniq)]  # fmt: skip
+    inside = {(i, j) for i, m in enumerate(uniq) for j, o in enumerate(uniq)
+              if i != j and _inside(m, o)}  # fmt: skip
+    # (each inside the other, by the tolerance: nearly the same outline twice, not a hole)
+    held = [[j for j in range(len(uniq)) if (i, j) in inside and (j, i) not in inside]
+            for i in range(len(uniq))]  # fmt: skip
     depth = [len(h) for h in held]
     out = np.zeros_like(uniq[0])
     for d in sorted(set(depth)):
