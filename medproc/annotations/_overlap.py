@@ -20,14 +20,18 @@ def combine_contours(masks: list[np.ndarray]) -> tuple[np.ndarray, str]:
     loses the overlap and the second cancels the contour); the returned text says so ("" if
     neither happened)."""
     uniq: list[np.ndarray] = []
+    boxes: list[np.ndarray] = []  # (their bounding boxes: pairs far apart are not compared)
     twice = 0
     for m in masks:
-        if any(np.array_equal(m, u) for u in uniq):
+        b = _box(m)
+        if any((b == c).all() and np.array_equal(m, u) for u, c in zip(uniq, boxes)):
             twice += 1
         else:
             uniq.append(m)
+            boxes.append(b)
+    near = [[_near(boxes[i], boxes[j]) for j in range(len(uniq))] for i in range(len(uniq))]
     inside = {(i, j) for i, m in enumerate(uniq) for j, o in enumerate(uniq)
-              if i != j and _inside(m, o)}  # fmt: skip
+              if i != j and near[i][j] and _inside(m, o)}  # fmt: skip
     # (each inside the other, by the tolerance: nearly the same outline twice, not a hole)
     held = [[j for j in range(len(uniq)) if (i, j) in inside and (j, i) not in inside]
             for i in range(len(uniq))]  # fmt: skip
@@ -41,11 +45,23 @@ def combine_contours(masks: list[np.ndarray]) -> tuple[np.ndarray, str]:
         1
         for i in range(len(uniq))
         for j in range(i + 1, len(uniq))
-        if depth[i] == depth[j] and (uniq[i] & uniq[j]).any()
+        if depth[i] == depth[j] and near[i][j] and (uniq[i] & uniq[j]).any()
     )
     said = [f"{twice} contour(s) given twice, drawn once"] * bool(twice)
     said += [f"{partial} pair(s) of contours overlap, taken together"] * bool(partial)
     return out, "; ".join(said)
+
+
+def _box(m: np.ndarray) -> np.ndarray:
+    """A mask's bounding box (i0, i1, j0, j1), inclusive."""
+    i, j = np.flatnonzero(m.any(1)), np.flatnonzero(m.any(0))
+    return np.array([i[0], i[-1], j[0], j[-1]]) if i.size else np.array([0, -1, 0, -1])
+
+
+def _near(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two boxes touch or overlap (within one voxel): only then can one mask hold, or
+    overlap, the other (a slice of many contours compared every pair in full)."""
+    return bool(a[0] <= b[1] + 1 and b[0] <= a[1] + 1 and a[2] <= b[3] + 1 and b[2] <= a[3] + 1)
 
 
 def _inside(m: np.ndarray, o: np.ndarray) -> bool:
