@@ -128,16 +128,16 @@ def _cases_apart(batch, targets: dict) -> None:
 
         labels = os.path.join(os.path.dirname(os.path.abspath(targets["monai"])), "labels")
         folders.append(("--layout monai: its labels folder", labels))
-        # (labels made from SEG/RTSTRUCT always go there, to any series' case; whether a
-        # label map is renumbered is known once converted: the layout step checks those)
-        dicom = bool(batch.annotations)
-        names = {t.row["case"] for t in batch.todo} | {r["case"] for r in batch.decided}
-        names = names if dicom else set()
-        try:  # (where its relabelled maps would go: over no file of someone else's)
-            check_own_labels([os.path.join(labels, f"{n}.nii.gz") for n in names], targets["monai"])
-        except MedprocError as e:
-            raise UsageError(f"--layout monai: {e}") from None
-    if "monai" in targets:  # (the datalist as one of this run's own outputs: a sidecar)
+        # labels made from SEG/RTSTRUCT always go there, to any series' case (whether a label
+        # map is renumbered is known once converted: the layout step checks those)
+        if batch.annotations:
+            names = {t.row["case"] for t in batch.todo} | {r["case"] for r in batch.decided}
+            try:  # (where its relabelled maps would go: over no file of someone else's)
+                paths = [os.path.join(labels, f"{n}.nii.gz") for n in names]
+                check_own_labels(paths, targets["monai"])
+            except MedprocError as e:
+                raise UsageError(f"--layout monai: {e}") from None
+        # the datalist as one of this run's own outputs (a case's sidecar)
         own = {os.path.abspath(p): t for t in batch.todo for p in t.outputs}
         t = own.get(os.path.abspath(targets["monai"]))
         if t is not None:

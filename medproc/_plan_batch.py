@@ -92,6 +92,11 @@ def _foreign(t: Todo, outdir: str, prior: dict) -> str:
     )
 
 
+def _few(names) -> str:
+    """The first three of ``names``, sorted, for a message ("a, b, c, ...")."""
+    return ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+
+
 def _not_whole(out_path: str, label_path: str | None) -> list[str]:
     """What of a finished case's files is missing or cut short (its sidecar, a whole image or
     label map): the case is converted again."""
@@ -244,28 +249,26 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         )
     if elsewhere and not force:
         first = sorted({d for ds in elsewhere.values() for d in ds})
-        files = ", ".join(sorted(os.path.basename(prior[n]["output"]) for n in elsewhere)[:3])
+        files = _few([os.path.basename(prior[n]["output"]) for n in elsewhere])
         raise UsageError(
-            f"holds {len(elsewhere)} output(s) of these inputs under other names ({files}"
-            f"{', ...' if len(elsewhere) > 3 else ''}) made with other options "
+            f"holds {len(elsewhere)} output(s) of these inputs under other names ({files}) "
+            "made with other options "
             f"({'; '.join(first)}). Add --force to convert them with these options as well "
             "(the manifest then marks the older ones superseded; their files stay), or choose "
             "another -o",
             outdir,
         )
     if changed:
-        some = ", ".join(sorted(changed)[:3]) + (", ..." if len(changed) > 3 else "")
         warnings.warn(
             f"{outdir}: the input of {len(changed)} case(s) changed since an earlier run "
-            f"converted it ({some}): converted again",
+            f"converted it ({_few(changed)}): converted again",
             MedprocWarning,
             stacklevel=2,
         )
     if redo:
         what = sorted({w for ws in redo.values() for w in ws})
-        some = ", ".join(sorted(redo)[:3]) + (", ..." if len(redo) > 3 else "")
         warnings.warn(
-            f"{outdir}: {len(redo)} case(s) converted by an earlier run ({some}) lack the "
+            f"{outdir}: {len(redo)} case(s) converted by an earlier run ({_few(redo)}) lack the "
             f"{' / '.join(what)} this run writes: they are converted again",
             MedprocWarning,
             stacklevel=2,
