@@ -126,6 +126,24 @@ if want convert; then
     --ext "$ext" --out "$OUT/convert_h200$sfx.json" > "$OUT/bench_convert$sfx.log" 2>&1
   grep -E "median|SimpleITK at its best|^  |per-stage" "$OUT/bench_convert$sfx.log"
 fi
+if want convab; then
+  # whole `medproc convert` processes alternated: the CPU route, the GPU route, and the GPU
+  # route with its .nii.gz compressed by the workers (MEDPROC_GPU_GZIP=0); CONVAB_ROUNDS rounds
+  conv_data
+  for r in $(seq "${CONVAB_ROUNDS:-3}"); do
+    for run in cpu:X=0 gpu:X=0 gpu:MEDPROC_GPU_GZIP=0; do
+      IFS=: read -r dev envs <<< "$run"
+      rm -rf /tmp/conv_out
+      s=$(date +%s.%N)
+      env $envs python -m medproc -v convert /tmp/conv_all -o /tmp/conv_out --spacing 1.5 \
+        --device "$dev" > "$OUT/convab_${dev}_${envs}_$r.log" 2>&1
+      rc=$?; e=$(date +%s.%N)
+      echo "round $r $dev $envs: rc $rc $(python3 -c "print(round($e - $s, 3))") s," \
+        "$(du -sb --exclude='*.json' --exclude='*.csv' /tmp/conv_out | cut -f1) bytes;" \
+        "$(grep -o 'compressing [0-9]* .nii.gz' "$OUT/convab_${dev}_${envs}_$r.log" | head -1)"
+    done
+  done
+fi
 if want decode; then
   # prove the GPU decode support table on this machine, test it, then benchmark
   # synthetic series at two sizes (512^2 and the tests' 96^2) plus pydicom's and pydicom-data's files
