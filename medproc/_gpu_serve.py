@@ -33,6 +33,7 @@ class Server:
         #: compress), and the members it made
         self.gz = None
         self.gzipped = 0
+        self.in_batch = 0  # requests of the batch being answered
         #: the arena page-locked in this process as it is used (``medproc.pipeline.hostmem``;
         #: None: copies through pageable memory), and the pieces outputs were copied into
         #: straight from the GPU, by their address, not yet handed to a worker
@@ -89,6 +90,7 @@ class Server:
             try:
                 self._take(first)
                 stop = _gather(s.requests, batch, config.BATCH, self._take)
+                self.in_batch = len(batch)
                 ran = True
                 if error is not None:
                     self.refuse(batch, error)
@@ -318,7 +320,7 @@ class Server:
                     with s._no_room.get_lock():
                         s._no_room.value += 1
                 else:
-                    if self.gz is not None:
+                    if self.gz is not None and self.idle_after():
                         packed = self.member(outs[0], slots[0])
                     notes = outs[0].meta.get("warnings") or []
                     s._send(r, (slots, outs[0].affine, notes, packed))
@@ -333,6 +335,14 @@ class Server:
                 raise
             answered.add(id(r))
         self.seconds["out"] += time.perf_counter() - t
+
+    def idle_after(self) -> bool:
+        """Whether no request waits beyond this batch: only then does this service compress
+        an output (~15 ms of its time per 512 x 512 x 150 series on the H200 node, against
+        ~0.15 s of a worker's CPU). On the node, compressing every output made the one
+        service the batch's bottleneck: 32 series took 2.55-2.77 s against 2.32-2.47 s with
+        the workers compressing (``docs/benchmarks.md``)."""
+        return self.s.policy.pending.value <= self.in_batch
 
     def member(self, out, slot):
         """The ``.nii.gz`` gzip member of the output ``out`` (its voxels in the arena piece

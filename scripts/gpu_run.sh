@@ -136,11 +136,12 @@ if want convab; then
       rm -rf /tmp/conv_out
       s=$(date +%s.%N)
       env $envs python -m medproc -v convert /tmp/conv_all -o /tmp/conv_out --spacing 1.5 \
-        --device "$dev" > "$OUT/convab_${dev}_${envs}_$r.log" 2>&1
+        --device "$dev" > "$OUT/convab_${dev}_${envs//=/-}_$r.log" 2>&1
       rc=$?; e=$(date +%s.%N)
       echo "round $r $dev $envs: rc $rc $(python3 -c "print(round($e - $s, 3))") s," \
         "$(du -sb --exclude='*.json' --exclude='*.csv' /tmp/conv_out | cut -f1) bytes;" \
-        "$(grep -o 'compressing [0-9]* .nii.gz' "$OUT/convab_${dev}_${envs}_$r.log" | head -1)"
+        "$(grep -o 'compressing [0-9]* .nii.gz' "$OUT/convab_${dev}_${envs//=/-}_$r.log" | head -1)"
+      grep -o "GPU service: .*" "$OUT/convab_${dev}_${envs//=/-}_$r.log" | cut -c1-240
     done
   done
 fi

@@ -74,6 +74,8 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             services=2 if mode in ("plain", "share") else 1,
             gzip=HostGzip if mode.startswith("gzip") else False,
         )
+        if mode.startswith("gzip"):  # every output compressed by the service, backlog or not
+            Server.idle_after = lambda self: True
         if mode == "gzip-other-head":  # a member whose header is not the worker's
 
             class OtherHead(HostGzip):
@@ -225,6 +227,15 @@ def test_a_member_the_service_compressed_is_the_file_when_its_header_is_right(
         # the service's member for images (not for the other header), the worker's for labels
         assert xfl == (2 if image and mode == "gzip" else 0), f
         assert damaged(path) is None
+
+
+def test_the_service_compresses_only_when_no_request_waits_beyond_its_batch():
+    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", gzip=HostGzip)
+    server = Server(service, 0)
+    server.in_batch = 2
+    for pending, idle in [(0, True), (2, True), (3, False), (9, False)]:
+        service.policy.pending.value = pending
+        assert server.idle_after() is idle, pending
 
 
 def test_the_services_planning_notes_come_back_to_the_worker(sample_data, tmp_path):
