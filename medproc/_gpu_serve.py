@@ -342,6 +342,8 @@ class Server:
         ~0.15 s of a worker's CPU). On the node, compressing every output made the one
         service the batch's bottleneck: 32 series took 2.55-2.77 s against 2.32-2.47 s with
         the workers compressing (``docs/benchmarks.md``)."""
+        if os.environ.get("MEDPROC_GPU_GZIP", "").strip() == "all":  # (for comparison)
+            return True
         return self.s.policy.pending.value <= self.in_batch
 
     def member(self, out, slot):

@@ -131,7 +131,7 @@ if want convab; then
   # route with its .nii.gz compressed by the workers (MEDPROC_GPU_GZIP=0); CONVAB_ROUNDS rounds
   conv_data
   for r in $(seq "${CONVAB_ROUNDS:-3}"); do
-    for run in cpu:X=0 gpu:X=0 gpu:MEDPROC_GPU_GZIP=0; do
+    for run in ${CONVAB_RUNS:-cpu:X=0 gpu:X=0 gpu:MEDPROC_GPU_GZIP=0}; do
       IFS=: read -r dev envs <<< "$run"
       rm -rf /tmp/conv_out
       s=$(date +%s.%N)
