@@ -203,7 +203,6 @@ def whole_process(
 def stage_breakdown(series_dir, device, repeats, tmp) -> dict:
     """Seconds per stage of one case, in-process with the public functions (median of
     ``repeats``; the resample pipeline is built first and its build time reported apart)."""
-    import numpy as np
     from isal import igzip
 
     import medproc
@@ -213,16 +212,8 @@ def stage_breakdown(series_dir, device, repeats, tmp) -> dict:
     from medproc.io.nifti import to_nibabel
 
     gpu = device == "gpu"
-    nv = None  # the GPU service's compressor, where nvCOMP is installed
     if gpu:
         import torch
-
-        from medproc._gpu_gzip import GpuGzip, nifti_head, wanted
-
-        try:
-            nv = GpuGzip() if wanted("nii.gz") else None
-        except ImportError:
-            pass
 
     def sync():
         if gpu:
@@ -252,16 +243,9 @@ def stage_breakdown(series_dir, device, repeats, tmp) -> dict:
         dev = timed("host -> device", lambda h=host: h.to("gpu")) if gpu else host
         (out,) = timed("resample", lambda v=dev: medproc.resample_batch([v], spec, device=device))
         out_h = timed("device -> host", lambda o=out: o.numpy()) if gpu else out
-        cpu_gz = "compress (NIfTI bytes + igzip)"
-        if nv is not None:  # the service compresses (a worker's igzip shown as a check)
-            cpu_gz = "compress on a CPU instead (check)"
-            raw = np.ascontiguousarray(out_h.array.transpose(2, 1, 0))  # (its arena piece)
-            timed(
-                "compress on the GPU (nvCOMP gzip)",
-                lambda o=out_h, r=raw: nv.compress(nifti_head(o), r, lambda n: np.empty(n, "u1")),
-            )
         gz = timed(
-            cpu_gz, lambda o=out_h: igzip.compress(to_nibabel(o).to_bytes(), compresslevel=1)
+            "compress (NIfTI bytes + igzip)",
+            lambda o=out_h: igzip.compress(to_nibabel(o).to_bytes(), compresslevel=1),
         )
 
         def write(gz=gz):

@@ -82,9 +82,9 @@ def _convert_one(
         if _SERVICE is not None:
             _SERVICE.policy.resampled_here(time.perf_counter() - t_here)
         out, out_lab = res if lab is not None else (res, None)
-        release = member = None
+        release = None
     else:
-        out, out_lab, release, member = got  # (member: the service's .nii.gz of out)
+        out, out_lab, release = got
     for note in out.meta.get("warnings") or []:  # planning's notes (the input's are there)
         _note(vol, note, say)
     try:
@@ -103,7 +103,6 @@ def _convert_one(
                 lesions,
                 qc_path,
                 dali_threads,
-                member,
             )
     finally:
         if release is not None:  # the arena's pieces holding the outputs
@@ -169,27 +168,12 @@ def _dtype_clips(vol, spec: Spec) -> str | None:
 
 
 def _write_case(
-    case,
-    vol,
-    lab,
-    out,
-    out_lab,
-    out_path,
-    label_path,
-    record,
-    lesions,
-    qc_path,
-    threads,
-    member=None,
+    case, vol, lab, out, out_lab, out_path, label_path, record, lesions, qc_path, threads
 ) -> str:
-    """Write a resampled case's files; returns the number of lesions written ("" if none).
-    ``member``: the output's ``.nii.gz`` as a GPU service compressed it, written as it is
-    where it holds the header this worker would write."""
-    from ._gpu_gzip import write_member
+    """Write a resampled case's files; returns the number of lesions written ("" if none)."""
     from .io import save
 
-    if member is None or not write_member(out, member, out_path):
-        save(out, out_path, threads=threads)  # gzip threads: this case's share of the cores
+    save(out, out_path, threads=threads)  # gzip threads: this case's share of the cores
     if out_lab is not None:
         save(out_lab, label_path, threads=threads)
     n_les = ""

@@ -28,12 +28,7 @@ class Server:
         self.served = 0  # cases this process answered (the shared counters count all)
         #: seconds of the busy time spent resampling (host -> device, DALI, device -> host) and
         #: copying outputs into the arena (``-v`` reports them)
-        self.seconds = {"resample": 0.0, "out": 0.0, "gzip": 0.0}
-        #: the compressor of ``.nii.gz`` members (:mod:`medproc._gpu_gzip`; None: the workers
-        #: compress), and the members it made
-        self.gz = None
-        self.gzipped = 0
-        self.in_batch = 0  # requests of the batch being answered
+        self.seconds = {"resample": 0.0, "out": 0.0}
         #: the arena page-locked in this process as it is used (``medproc.pipeline.hostmem``;
         #: None: copies through pageable memory), and the pieces outputs were copied into
         #: straight from the GPU, by their address, not yet handed to a worker
@@ -70,15 +65,12 @@ class Server:
                 pinned = self.pins.locked if self.pins else 0
                 log.info(
                     "GPU service%s: %d case(s), %.2f s busy (%.2f resampling, %.2f copying "
-                    "out, of which %.2f compressing %d .nii.gz), %s; %d case(s) resampled by "
-                    "the workers so far",
+                    "out), %s; %d case(s) resampled by the workers so far",
                     f" {self.k + 1} of {s.n_services}" if s.n_services > 1 else "",
                     self.served,
                     busy,
                     self.seconds["resample"],
                     self.seconds["out"],
-                    self.seconds["gzip"],
-                    self.gzipped,
                     f"page-locking stopped ({self.pins_stopped})"
                     if self.pins_stopped
                     else f"{pinned >> 20} MiB of the arena page-locked",
@@ -90,7 +82,6 @@ class Server:
             try:
                 self._take(first)
                 stop = _gather(s.requests, batch, config.BATCH, self._take)
-                self.in_batch = len(batch)
                 ran = True
                 if error is not None:
                     self.refuse(batch, error)
@@ -139,32 +130,7 @@ class Server:
                 if hostmem.available():
                     a = self.s.arena
                     self.pins = hostmem.Registered(a.bytes.ctypes.data, a.nbytes)
-            self.gz = self.compressor()
         log.info("GPU service ready in %.2f s (DALI, CUDA, pipeline)", time.perf_counter() - t)
-
-    def compressor(self):
-        """What compresses ``.nii.gz`` members here: nvCOMP on the GPU where it is installed
-        and works (a tiny member made and checked first), a factory given instead (tests), or
-        None: the workers compress on their CPUs, as they do anyway where this fails."""
-        want = self.s.gzip
-        if not want:
-            return None
-        if want is not True:
-            return want()
-        if self.s.device != "gpu":
-            return None
-        from ._gpu_gzip import GpuGzip, head_matches
-
-        try:
-            gz = GpuGzip()
-            probe = np.arange(4096, dtype=np.uint8)
-            out = gz.compress(b"medproc", probe, lambda n: np.empty(n, np.uint8))
-            if not head_matches(out, b"medproc" + probe.tobytes()):
-                raise RuntimeError("its member did not decompress to its input")
-        except Exception as e:  # noqa: BLE001 - not installed, or not usable here: said
-            log.info("GPU service: .nii.gz compressed by the workers (nvCOMP: %s)", e)
-            return None
-        return gz
 
     def resample(self, vols, labs):
         from .resample import resample_batch
@@ -308,7 +274,6 @@ class Server:
         for r, res in zip(part, results):
             outs = res if with_label else (res,)
             slots: list = []
-            packed = None
             try:
                 with span("copy_out"):
                     for o in outs:
@@ -320,68 +285,18 @@ class Server:
                     with s._no_room.get_lock():
                         s._no_room.value += 1
                 else:
-                    if self.gz is not None and self.idle_after():
-                        packed = self.member(outs[0], slots[0])
-                    notes = outs[0].meta.get("warnings") or []
-                    s._send(r, (slots, outs[0].affine, notes, packed))
+                    s._send(r, (slots, outs[0].affine, outs[0].meta.get("warnings") or []))
                     self.served += 1
                     with s._served.get_lock():
                         s._served.value += 1
             except BaseException as e:  # its pieces go back, unless its worker has them
-                s._give_back([x for x in [*slots, packed] if x is not None])
+                s._give_back([x for x in slots if x is not None])
                 if isinstance(e, OSError):  # that worker is gone: no one to answer
                     answered.add(id(r))
                     continue
                 raise
             answered.add(id(r))
         self.seconds["out"] += time.perf_counter() - t
-
-    def idle_after(self) -> bool:
-        """Whether no request waits beyond this batch: only then does this service compress
-        an output (~15 ms of its time per 512 x 512 x 150 series on the H200 node, against
-        ~0.15 s of a worker's CPU). On the node, compressing every output made the one
-        service the batch's bottleneck: 32 series took 2.55-2.77 s against 2.32-2.47 s with
-        the workers compressing (``docs/benchmarks.md``)."""
-        if os.environ.get("MEDPROC_GPU_GZIP", "").strip() == "all":  # (for comparison)
-            return True
-        return self.s.policy.pending.value <= self.in_batch
-
-    def member(self, out, slot):
-        """The ``.nii.gz`` gzip member of the output ``out`` (its voxels in the arena piece
-        ``slot``), in an arena piece of its own; None if there is no room for it. If making
-        one fails, the workers compress from then on (said once)."""
-        from ._gpu_gzip import nifti_head
-
-        taken: list = []
-
-        def take(n: int):
-            got = self.s.arena.take((n,), np.uint8)
-            if got is None:
-                return None
-            taken.append(got[0])
-            if self.pins is not None:
-                self.pins.ensure(got[0].offset, n)
-            return got[1]
-
-        t = time.perf_counter()
-        try:
-            with span("gzip_member"):
-                made = self.gz.compress(nifti_head(out), self.s.arena.raw(slot), take)
-        except Exception as e:  # noqa: BLE001 - the workers compress instead
-            self.s._give_back(taken)
-            log.warning(
-                "GPU service: a .nii.gz could not be compressed here (%s: %s); the workers "
-                "compress from now on",
-                type(e).__name__,
-                e,
-            )
-            self.gz = None
-            return None
-        self.seconds["gzip"] += time.perf_counter() - t
-        if made is None:
-            return None
-        self.gzipped += 1
-        return taken[0]
 
     def to_host(self, t: np.ndarray):
         """The arena piece of an output: the one it was copied into from the GPU, else a

@@ -84,7 +84,6 @@ class GpuService:
         device: str = "gpu",
         share: bool | None = None,
         services: int = 1,
-        gzip=False,
     ):
         import multiprocessing
 
@@ -97,9 +96,6 @@ class GpuService:
         #: ``MEDPROC_GPU_PIN=0``: copies through pageable memory, for comparison)
         self.pin = pinned_copies()
 
-        #: outputs compressed into ``.nii.gz`` members by the services (:mod:`medproc._gpu_gzip`):
-        #: True (on the GPU, where nvCOMP is installed), False, or a factory of the compressor
-        self.gzip = gzip
         ctx = self._ctx = multiprocessing.get_context("fork")
         self.spec, self.device = spec, device  # "cpu": the same protocol on DALI's CPU backend
         nbytes = nbytes or min(max(arena_bytes(), 64 * 2**20), workers * PER_WORKER)
@@ -138,10 +134,9 @@ class GpuService:
         """Resample ``vol`` (and its label map ``lab``) with the service's spec, on the
         service's device.
 
-        Returns ``(out, out_lab, release, member)``: volumes whose voxels are views of the
-        arena, the function that gives them back (call it once they are written), and the
-        ``.nii.gz`` gzip member of ``out`` the service made (a view of the arena; None if it
-        made none); or None: resample it here (the service has ended, is warming up or would answer later than this worker
+        Returns ``(out, out_lab, release)``: volumes whose voxels are views of the arena, and
+        the function that gives them back (call it once they are written); or None: resample
+        it here (the service has ended, is warming up or would answer later than this worker
         resamples, or the arena has no room for the case or its output)."""
         from .errors import MedprocError
 
@@ -167,12 +162,9 @@ class GpuService:
             return None
         if isinstance(reply, str):
             raise MedprocError(reply, vol.meta.get("source", ""))
-        kept, affine, notes, packed = reply
-        if packed is not None:
-            kept = [*kept, packed]  # (given back with the outputs)
+        kept, affine, notes = reply
         try:
-            views = [self.arena.array(s) for s in kept[: 2 if lab is not None else 1]]
-            member = None if packed is None else self.arena.raw(packed)
+            views = [self.arena.array(s) for s in kept]
             meta = {"resampled_from": vol.meta.get("source"), "device": self.device}
             if notes:  # planning's, in the service (e.g. crop_foreground found nothing)
                 meta["warnings"] = [*(vol.meta.get("warnings") or []), *notes]
@@ -186,7 +178,7 @@ class GpuService:
             while kept:
                 self.arena.release(kept.pop())
 
-        return out, out_lab, release, member
+        return out, out_lab, release
 
     def _reply(self, source: str, inputs: list):
         """The reply to this worker's last request (stale ones dropped). If the service has
@@ -212,7 +204,7 @@ class GpuService:
             if seq == self._seq:
                 return reply
             if isinstance(reply, tuple):  # a reply to an earlier request: never used
-                self._give_back([*reply[0], *([reply[3]] if reply[3] is not None else [])])
+                self._give_back(reply[0])
 
     def _give_back(self, slots) -> None:
         for s in slots:

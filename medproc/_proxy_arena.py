@@ -159,11 +159,6 @@ class Arena:
             populate(self._map, slot.offset, n, write)
         return self.bytes[slot.offset : slot.offset + n].view(dt).reshape(slot.shape)
 
-    def raw(self, slot: Slot) -> np.ndarray:
-        """The piece's data as the C-ordered array it was taken for (DALI's layout, or bytes),
-        a view."""
-        return self._dhw(slot)
-
     def array(self, slot: Slot) -> np.ndarray:
         """The piece's data as an ``(i, j, k[, C])`` numpy view (no copy), its pages mapped
         into this process."""

@@ -211,7 +211,6 @@ def prepare(
     import time
 
     t0 = time.perf_counter()
-    from ._gpu_gzip import wanted as gpu_gzip_wanted
     from ._gpu_service import GpuService
     from ._gpu_share import service_count, service_wanted
     from ._procs import _cores, auto_workers, can_fork, check_dask, dask_executor, start_pool
@@ -239,8 +238,7 @@ def prepare(
             cores = auto_workers(fork=True)
             n = service_count(cores)
             want = max(1, cores - n) if workers == "auto" else workers
-            gz = gpu_gzip_wanted(fmt)  # .nii.gz compressed on the GPU (where nvCOMP is)
-            service, fork = GpuService(want, spec, services=n, gzip=gz), True
+            service, fork = GpuService(want, spec, services=n), True
         else:
             fork = can_fork(device)
             want = auto_workers(fork=fork) if workers == "auto" else workers

@@ -127,11 +127,11 @@ if want convert; then
   grep -E "median|SimpleITK at its best|^  |per-stage" "$OUT/bench_convert$sfx.log"
 fi
 if want convab; then
-  # whole `medproc convert` processes alternated: the CPU route, the GPU route, and the GPU
-  # route with its .nii.gz compressed by the workers (MEDPROC_GPU_GZIP=0); CONVAB_ROUNDS rounds
+  # whole `medproc convert` processes alternated, CONVAB_ROUNDS rounds: by default the CPU
+  # route and the GPU route; CONVAB_RUNS: "<device>:<env>" items (env X=0 for none)
   conv_data
   for r in $(seq "${CONVAB_ROUNDS:-3}"); do
-    for run in ${CONVAB_RUNS:-cpu:X=0 gpu:X=0 gpu:MEDPROC_GPU_GZIP=0}; do
+    for run in ${CONVAB_RUNS:-cpu:X=0 gpu:X=0}; do
       IFS=: read -r dev envs <<< "$run"
       rm -rf /tmp/conv_out
       s=$(date +%s.%N)
@@ -139,8 +139,7 @@ if want convab; then
         --device "$dev" > "$OUT/convab_${dev}_${envs//=/-}_$r.log" 2>&1
       rc=$?; e=$(date +%s.%N)
       echo "round $r $dev $envs: rc $rc $(python3 -c "print(round($e - $s, 3))") s," \
-        "$(du -sb --exclude='*.json' --exclude='*.csv' /tmp/conv_out | cut -f1) bytes;" \
-        "$(grep -o 'compressing [0-9]* .nii.gz' "$OUT/convab_${dev}_${envs//=/-}_$r.log" | head -1)"
+        "$(du -sb --exclude='*.json' --exclude='*.csv' /tmp/conv_out | cut -f1) bytes"
       grep -o "GPU service: .*" "$OUT/convab_${dev}_${envs//=/-}_$r.log" | cut -c1-240
     done
   done

@@ -72,17 +72,7 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
             device="cpu",
             share=mode == "share",
             services=2 if mode in ("plain", "share") else 1,
-            gzip=HostGzip if mode.startswith("gzip") else False,
         )
-        if mode.startswith("gzip"):  # every output compressed by the service, backlog or not
-            Server.idle_after = lambda self: True
-        if mode == "gzip-other-head":  # a member whose header is not the worker's
-
-            class OtherHead(HostGzip):
-                def compress(self, head, voxels, take):
-                    return super().compress(head[:-1] + b"x", voxels, take)
-
-            service.gzip = OtherHead
         if mode == "share":  # warm once the workers took two cases to resample themselves
             # workers that have resampled before (DALI imported, a pipeline built: forked
             # with this flag); workers without one wait for a service warming up
@@ -158,21 +148,6 @@ def _serve_main(sample_data, out, spacing, n, nbytes, mode):
     print(json.dumps({"rows": rows, **counts}))
 
 
-class HostGzip:
-    """The service's ``.nii.gz`` compressor on the CPU (:class:`medproc._gpu_gzip.GpuGzip`'s
-    interface), at zlib's level 9: its members are told from a worker's by their header's
-    XFL byte (2)."""
-
-    def compress(self, head, voxels, take):
-        import gzip
-
-        made = gzip.compress(head + voxels.tobytes(), 9, mtime=0)
-        dst = take(len(made))
-        if dst is not None:
-            dst[:] = np.frombuffer(made, np.uint8)
-        return dst
-
-
 def _outputs(folder):
     return sorted(f for f in os.listdir(folder) if f.endswith(".nii.gz"))
 
@@ -197,45 +172,6 @@ def test_service_outputs_equal_the_workers_own_and_every_piece_comes_back(sample
     names = _outputs(tmp_path / "here")
     assert names == _outputs(tmp_path / "served") and len(names) >= 5  # images and labels
     _same_files(tmp_path / "here", tmp_path / "served", names)
-
-
-@pytest.mark.parametrize("mode", ["gzip", "gzip-other-head"])
-def test_a_member_the_service_compressed_is_the_file_when_its_header_is_right(
-    sample_data, tmp_path, mode
-):
-    """With ``--device gpu`` the service compresses each ``.nii.gz`` (nvCOMP on the GPU; here
-    zlib in the CPU-mode service): the worker writes that member as the file when it starts
-    with the header the worker would write, else compresses on its own. Either way the files
-    hold the worker's own voxels and header, every arena piece (the members' too) comes back,
-    and a resume finds them whole."""
-    from medproc._output_check import damaged
-
-    with _plan(sample_data, tmp_path / "here", Spec(spacing=2.0)) as here:
-        for t in here.todo:
-            assert _worker(here._args(t))[1] == "ok"
-    got = _served(sample_data, tmp_path / "served", 2.0, mode=mode)
-    assert [r[1] for r in got["rows"]] == ["ok"] * len(here.todo), got
-    assert got["served"] == len(here.todo)
-    names = _outputs(tmp_path / "here")
-    _same_files(tmp_path / "here", tmp_path / "served", names)
-    images = [t.out_path for t in here.todo]
-    for f in names:
-        path = os.path.join(tmp_path / "served", f)
-        with open(path, "rb") as fh:
-            xfl = fh.read(9)[8]
-        image = any(os.path.basename(p) == f for p in images)
-        # the service's member for images (not for the other header), the worker's for labels
-        assert xfl == (2 if image and mode == "gzip" else 0), f
-        assert damaged(path) is None
-
-
-def test_the_service_compresses_only_when_no_request_waits_beyond_its_batch():
-    service = GpuService(1, Spec(spacing=2.0), nbytes=1 << 20, device="cpu", gzip=HostGzip)
-    server = Server(service, 0)
-    server.in_batch = 2
-    for pending, idle in [(0, True), (2, True), (3, False), (9, False)]:
-        service.policy.pending.value = pending
-        assert server.idle_after() is idle, pending
 
 
 def test_the_services_planning_notes_come_back_to_the_worker(sample_data, tmp_path):
@@ -392,12 +328,10 @@ def test_a_service_that_is_killed_is_noticed(monkeypatch):
 def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path):
     """The command as a user runs it (a fresh process: the service runs without PyTorch),
     images and label maps, against the CPU route's outputs."""
-    import importlib.util
     import re
     import subprocess
     import sys
 
-    from medproc._output_check import damaged
     from medproc.pipeline import gpu_available, hostmem
 
     if not gpu_available():
@@ -414,9 +348,6 @@ def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path)
             if hostmem.available():  # copies to and from the GPU through page-locked pieces
                 locked = re.findall(r"(\d+) MiB of the arena page-locked", r.stderr)
                 assert locked and max(int(x) for x in locked) > 0, r.stderr[-3000:]
-            if importlib.util.find_spec("nvidia.nvcomp") is not None:  # gzip on the GPU
-                made = re.findall(r"compressing (\d+) \.nii\.gz", r.stderr)
-                assert made and sum(int(x) for x in made) > 0, r.stderr[-3000:]
     names = _outputs(tmp_path / "cpu")
     assert names == _outputs(tmp_path / "gpu") and any("_label" in f for f in names)
     for f in names:
@@ -427,12 +358,6 @@ def test_convert_on_the_gpu_service_matches_the_cpu_route(sample_data, tmp_path)
             assert np.mean(a != b) < 1e-3
         else:
             np.testing.assert_allclose(a, b, atol=0.05 * (np.ptp(a) or 1) + 1e-3)
-        assert damaged(str(tmp_path / "gpu" / f)) is None  # (one gzip member, whole)
-        if importlib.util.find_spec("SimpleITK") is not None:  # zlib's reader agrees
-            import SimpleITK as sitk
-
-            c = sitk.GetArrayFromImage(sitk.ReadImage(str(tmp_path / "gpu" / f)))
-            np.testing.assert_array_equal(c.transpose(2, 1, 0), b)
 
 
 def _kernel_at_least(major: int, minor: int) -> bool:
