@@ -33,9 +33,10 @@ from .manifest import write_manifest
 
 log = logging.getLogger("medproc.convert")
 
-__all__ = ["Batch", "Todo", "INTERRUPTED"]
+__all__ = ["Batch", "Todo", "INTERRUPTED", "NOT_STARTED", "STOPPED"]
 
-#: the error of a case a second Ctrl-C stopped (redone by the next run)
+#: the status of a case a second Ctrl-C stopped, and its error (redone by the next run)
+STOPPED = "interrupted"
 INTERRUPTED = "interrupted (Ctrl-C) before it finished; run the same command again to convert it"
 #: the status of a case a Ctrl-C kept from starting (converted when the command is run again)
 NOT_STARTED = "not started"
@@ -268,7 +269,7 @@ class Batch:
             try:
                 res = _worker(self._args(t))
             except KeyboardInterrupt:  # a second Ctrl-C: this case stops where it is
-                finish((t.case, "failed", {}, f"{t.case.source}: {INTERRUPTED}"), t)
+                finish((t.case, STOPPED, {}, f"{t.case.source}: {INTERRUPTED}"), t)
                 raise
             finish(res, t)
 
@@ -329,7 +330,7 @@ class Batch:
                 # (a killed worker could not clean up after itself: finish takes back what
                 # it wrote, temporaries included)
                 err = f"{t.case.source}: {INTERRUPTED}"
-                finish((t.case, "failed", {}, err), t, write=False)
+                finish((t.case, STOPPED, {}, err), t, write=False)
             raise  # (the manifest is written once, by run())
 
 

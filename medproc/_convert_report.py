@@ -56,13 +56,17 @@ def summary_line(a, batch, s: dict, seconds: float) -> str:
     """The run's one-line summary: counts, time, workers, the manifest, what was skipped."""
     n_ann = len(batch.annotations)
     others = _other_skipped(batch)
+    listed = "listed above" if getattr(a, "verbose", False) else "-v lists them"
+    stopped = "".join(  # (after a Ctrl-C: the cases it stopped or kept from starting)
+        f", {s[k]} {k.replace('_', ' ')}" for k in ("interrupted", "not_started") if s.get(k)
+    )
     return (
-        f"{s['ok']} converted, {s['skipped']} skipped (already done), {s['failed']} failed, "
-        f"of {len(batch.decided) + len(batch.todo)} case(s) in {seconds:.1f} s with "
+        f"{s['ok']} converted, {s['skipped']} skipped (already done), {s['failed']} failed"
+        f"{stopped}, of {len(batch.decided) + len(batch.todo)} case(s) in {seconds:.1f} s with "
         f"{batch.workers} worker(s); manifest: "
         f"{os.path.join(a.outdir, 'manifest.csv')}"
         + (f"; {n_ann} annotation file(s) (DICOM SEG/RTSTRUCT) not converted" if n_ann else "")
-        + (f"; {len(others)} file(s) skipped (-v lists them)" if others else "")
+        + (f"; {len(others)} path(s) skipped, not images ({listed})" if others else "")
     )
 
 
@@ -139,11 +143,12 @@ class _Bar:
             self.done += 1
             rate = self.done / max(time.perf_counter() - self.t0, 1e-9)
             self.bar.update(self.task, advance=1, rate=rate)
-        if row["status"] == "failed":
+        if row["status"] in ("failed", "interrupted"):
             from rich.text import Text
 
             msg = row["error"] or row["source"]
-            self.console().print(Text("failed", style="red"), msg, soft_wrap=True)
+            style = "red" if row["status"] == "failed" else "yellow"
+            self.console().print(Text(row["status"], style=style), msg, soft_wrap=True)
 
     def stop(self) -> None:
         """Leave the bar's last state on the screen."""

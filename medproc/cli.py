@@ -102,7 +102,7 @@ def _cmd_inspect(a) -> int:
     width = a.width or (None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 1000)
     con = plain_console(width=width)  # piped: wide rows that grep and less show whole
     shown = [e for e in entries if e.kind != "skipped"]
-    t = Table(title=f"{len(vols)} volume(s) found, {len(failed)} in error", show_lines=False)
+    t = Table(title=_inspect_title(shown, vols, failed), show_lines=False)
     for col in (
         "#",
         "kind",
@@ -151,12 +151,21 @@ def _cmd_inspect(a) -> int:
             con.print(_styled("error", "red"), f"#{n} {e.source}: {e.error}", soft_wrap=True)
     skipped = [e for e in entries if e.kind == "skipped"]
     if skipped and not a.quiet:
-        con.print(f"{len(skipped)} file(s) skipped (not images, or other names of files listed):")
+        con.print(f"{len(skipped)} path(s) skipped (not images, or other names of files listed):")
         for e in skipped[: a.max_skipped]:
             con.print(f"  {e.source}: {e.error}", soft_wrap=True)
         if len(skipped) > a.max_skipped:
             con.print(f"  ... and {len(skipped) - a.max_skipped} more (--max-skipped)")
     return rc
+
+
+def _inspect_title(shown, vols, failed) -> str:
+    """The table's title, its rows counted: e.g. "13 row(s): 9 readable volume(s), 4 in
+    error"."""
+    ann = sum(e.kind == "annotation" for e in shown)
+    parts = [f"{len(vols)} readable volume(s)", f"{len(failed)} in error"]
+    parts += [f"{ann} annotation file(s) (not images)"] if ann else []
+    return f"{len(shown)} row(s): " + ", ".join(parts)
 
 
 def _cmd_trace(a) -> int:
@@ -168,9 +177,10 @@ def _cmd_trace(a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``medproc`` (subcommands ``inspect``, ``convert``, ``trace``)."""
     from . import __version__
+    from ._cli_parser import Parser
     from .convert_cli import HelpFormatter, add_convert_parser
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="medproc",
         description="Fast, exact medical-imaging preprocessing.",
         formatter_class=HelpFormatter,

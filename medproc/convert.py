@@ -224,6 +224,9 @@ def prepare(
         check_dask(dask)
     check_inputs(inputs, labels_dir)
     check_not_an_input(inputs, outdir)
+    if annotations and not os.path.isfile(annotations):  # (a mistyped path: the command's)
+        what = "is not a file" if os.path.exists(annotations) else "does not exist"
+        raise UsageError(f"the annotation file (--annotations) {what}; check the path", annotations)
     table = read_annotation_table(annotations) if annotations else None  # fails before work
     if dry_run:
         check_outdir(outdir)
@@ -382,8 +385,10 @@ def _in_worker(todo) -> bool:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Counts of a run's manifest rows by status, and the mean seconds per converted case."""
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "skipped", "failed")}
+    """Counts of a run's manifest rows by status (``not_started`` for "not started"), and the
+    mean seconds per converted case."""
+    statuses = ("ok", "skipped", "failed", "interrupted", "not started")
+    counts = {s.replace(" ", "_"): sum(r["status"] == s for r in rows) for s in statuses}
     counts["total"] = len(rows)
     secs = [float(r["seconds"]) for r in rows if r.get("seconds")]
     counts["mean_seconds"] = float(np.mean(secs)) if secs else 0.0

@@ -222,8 +222,21 @@ def _spec(a):
                 clip=a.clip, percentiles=a.percentiles, scale=a.scale, zscore=a.zscore
             ),
         )
-    except (ValueError, TypeError) as e:
-        raise UsageError(f"invalid options: {e}") from None
+    except (ValueError, TypeError) as e:  # said with the flag, not the Spec field
+        msg = str(e)
+        for field in sorted(_FLAG_OF, key=len, reverse=True):
+            if msg.startswith(f"{field} "):
+                msg = _FLAG_OF[field] + msg[len(field) :]
+                break
+        raise UsageError(f"invalid options: {msg}") from None
+
+
+#: the option of each Spec field whose messages name it
+_FLAG_OF = {
+    f: "--" + f.removeprefix("Intensity.")
+    for f in ("spacing", "shape", "orientation", "interp", "antialias", "grid", "crop", "dtype")
+    + ("Intensity.clip", "Intensity.percentiles", "Intensity.scale", "Intensity.zscore")
+}
 
 
 def _cmd_convert(a) -> int:
@@ -283,13 +296,12 @@ def _cmd_convert(a) -> int:
                     "every case's",
                     file=sys.stderr,
                 )
-        ok = {r["case"] for r in rows if r["status"] == "ok"}
-        left = sum(t.row["case"] not in ok for t in batch.todo)
+        left = s["interrupted"] + s["not_started"]  # (not the failed: a rerun fails them again)
         if interrupted and left == 0:  # Ctrl-C after the last case: nothing to redo
             print("medproc convert: interrupted after every case was done", file=sys.stderr)
         elif interrupted:
             print(
-                f"medproc convert: interrupted; {left} case(s) not converted: run the same "
+                f"medproc convert: interrupted; {left} case(s) not converted yet: run the same "
                 "command again to continue",
                 file=sys.stderr,
             )

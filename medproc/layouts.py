@@ -267,7 +267,8 @@ def write_monai_datalist(
     ``{"training": [{"image": ..., "label": ...}], "validation": [...], "test": [{"image"}]}``
     (each list always there, maybe empty) with paths relative to the JSON's folder
     (``load_decathlon_datalist`` resolves them there), and the decathlon's properties ("labels",
-    "name", "description", "tensorImageSize", "numTraining", "numTest"). Cases named in
+    "name", "description", "tensorImageSize", "numTraining", "numValidation", "numTest": each
+    the length of its list). Cases named in
     ``validation`` go to "validation" (a name that is no case of the manifest is an error; one
     whose case failed is left out, with a warning), cases without a label to "test".
     ``labels`` and ``label_names`` as in :func:`write_nnunet`; labels made from DICOM SEG or
@@ -326,7 +327,8 @@ def write_monai_datalist(
         "name": os.path.basename(base),
         "description": _DESCRIPTION,
         "tensorImageSize": "3D",
-        "numTraining": len(doc["training"]) + len(doc["validation"]),
+        "numTraining": len(doc["training"]),  # (each count is its list's length)
+        "numValidation": len(doc["validation"]),
         "numTest": len(doc["test"]),
     }
     with atomic_write(path) as t, open(t, "w") as f:

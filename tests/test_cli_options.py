@@ -420,6 +420,37 @@ def test_negative_values_in_scientific_notation_are_numbers(sample_data, tmp_pat
     assert "within float32's range" in capsys.readouterr().err
 
 
+def test_usage_errors_name_the_option_and_suggest_the_closest(sample_data, tmp_path, capsys):
+    """A value out of range names the flag (not the Spec field), a missing --annotations file
+    is a usage error, and a mistyped option or command gets a suggestion and a short usage."""
+    import pytest
+
+    out = tmp_path / "o"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3"]
+    assert main([*args, "--clip", "400", "-1000"]) == 2
+    err = capsys.readouterr().err
+    assert "usage error: invalid options: --clip must be (lo, hi) with lo < hi" in err
+    assert "Intensity" not in err
+    assert main([*args, "--orientation", "XYZ"]) == 2
+    assert "invalid options: --orientation must be three codes" in capsys.readouterr().err
+    assert main([*args, "--annotations", str(tmp_path / "nope.csv")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"usage error: {tmp_path / 'nope.csv'}: the annotation file (--annotations) does not" in err
+    )
+    assert not out.exists()
+    for argv, hint in (
+        ([*args, "--spacng", "1"], "unrecognized arguments: --spacng 1; did you mean --spacing?"),
+        ([*args, "--orientaton=RAS"], "did you mean --orientation?"),
+        (["convrt", _images(sample_data)], "did you mean convert?"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and hint in err, err
+        assert len(err.splitlines()) == 2, err  # the short usage and the error, not 13 lines
+
+
 def test_layout_and_dask_needs_are_checked_before_any_work(
     sample_data, tmp_path, capsys, monkeypatch
 ):

@@ -99,6 +99,8 @@ def test_ctrl_c_finishes_running_cases_records_them_and_resume_continues(data, t
     assert 1 <= len(rows) < 6 and waiting, every
     assert {r["status"] for r in waiting} == {"not started"}, waiting
     assert all("not started: a Ctrl-C came first" in r["error"] for r in waiting)
+    assert f"{len(waiting)} case(s) not converted yet" in err  # (the summary counts them too)
+    assert f", {len(waiting)} not started, of 6 case(s)" in err
     for r in rows:  # every recorded case finished: its output is complete
         assert medproc.load(r["output"]).shape == tuple(map(int, r["out_shape"].split("x")))
     files = os.listdir(out)
@@ -119,11 +121,13 @@ def test_a_second_ctrl_c_stops_the_running_cases_at_once(data, tmp_path):
     rc, err = _convert_then_ctrl_c(data, out, "2", presses=2, spacing="0.3")
     assert rc == 130 and "Traceback" not in err, err[-2000:]
     every = _rows(out)
-    assert len(every) == 6 and {r["status"] for r in every} <= {"ok", "failed", "not started"}
+    assert len(every) == 6 and {r["status"] for r in every} <= {"ok", "interrupted", "not started"}
     rows = [r for r in every if r["status"] != "not started"]
-    assert "failed" in {r["status"] for r in rows} and len(rows) <= 2, rows
+    assert "interrupted" in {r["status"] for r in rows} and len(rows) <= 2, rows
+    left = sum(r["status"] != "ok" for r in every)
+    assert f"interrupted; {left} case(s) not converted yet" in err, err[-2000:]
     for r in rows:
-        if r["status"] == "failed":
+        if r["status"] == "interrupted":
             assert "interrupted (Ctrl-C) before it finished" in r["error"]
             if os.path.exists(r["output"]):  # renamed into place just before the kill: whole
                 medproc.load(r["output"])
@@ -134,7 +138,7 @@ def test_a_second_ctrl_c_stops_the_running_cases_at_once(data, tmp_path):
     after = {r["case"]: r for r in _rows(out)}
     assert len(after) == 6 and {r["status"] for r in after.values()} <= {"ok", "skipped"}
     for r in rows:  # the interrupted cases are redone
-        assert after[r["case"]]["status"] == ("ok" if r["status"] == "failed" else "skipped")
+        assert after[r["case"]]["status"] == ("ok" if r["status"] == "interrupted" else "skipped")
 
 
 def test_ctrl_c_after_the_last_case_is_not_an_interruption(
@@ -156,3 +160,30 @@ def test_ctrl_c_after_the_last_case_is_not_an_interruption(
     rc = main(["convert", images, "-o", str(tmp_path / "o"), "--spacing", "3", "-j", "1"])
     err = capsys.readouterr().err
     assert rc == 0 and "interrupted after every case was done" in err and "again" not in err
+
+
+def test_after_a_ctrl_c_the_counts_tell_failed_from_not_converted_yet():
+    """The newcomer's run: 2 ok, 5 failed (bad input, a rerun fails them again), 1 stopped by
+    a second Ctrl-C, 5 not started: 6 are left to convert, and the summary says each count."""
+    from types import SimpleNamespace
+
+    from medproc._convert_report import summary_line
+    from medproc.convert import summary
+
+    statuses = ["ok"] * 2 + ["failed"] * 5 + ["interrupted"] + ["not started"] * 5
+    rows = [{"case": f"c{i}", "status": s, "seconds": ""} for i, s in enumerate(statuses)]
+    s = summary(rows)
+    assert (s["ok"], s["failed"], s["interrupted"], s["not_started"], s["total"]) == (
+        2,
+        5,
+        1,
+        5,
+        13,
+    )
+    batch = SimpleNamespace(decided=[], todo=rows, workers=2, skipped=[("notes", "a folder")])
+    batch.annotations = []
+    line = summary_line(SimpleNamespace(outdir="out", verbose=False), batch, s, 1.0)
+    assert line.startswith("2 converted, 0 skipped (already done), 5 failed, 1 interrupted, ")
+    assert "5 not started, of 13 case(s)" in line and "1 path(s) skipped, not images (-v" in line
+    verbose = summary_line(SimpleNamespace(outdir="out", verbose=True), batch, s, 1.0)
+    assert "(listed above)" in verbose and "-v lists them" not in verbose

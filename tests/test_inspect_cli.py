@@ -12,14 +12,14 @@ def test_inspect_sample_data(sample_data, capsys):
 
     assert main(["inspect", sample_data, "--width", "300"]) == 0
     out = capsys.readouterr().out
-    assert "6 volume(s) found, 0 in error" in out
+    assert "6 row(s): 6 readable volume(s), 0 in error" in out
     # sizes and spacings in (i, j, k) = (columns, rows, slices) order, as nibabel shows them
     assert "CT chest axial" in out and "112x112x40" in out and "2.9 x 2.9 x 2.5" in out
     # each series by its folder, and its UID
     assert os.path.join(sample_data, "dicom", "ct_axial") in out
     assert "1.2.826.0.1.3680043.8.498.2026.1.1" in out
     # stray files are accounted for: listed as skipped, with the reason
-    assert "1 file(s) skipped" in out
+    assert "1 path(s) skipped" in out
     assert f"{os.path.join(sample_data, 'lesions.csv')}: not a DICOM or image file" in out
     assert main(["inspect", sample_data, "--width", "300", "-q"]) == 0
     assert "lesions.csv" not in capsys.readouterr().out  # -q: the table and errors only
@@ -84,7 +84,10 @@ def test_inspect_shows_warnings(tmp_path, capsys):
     assert "1 warning(s)" in out and "gantry tilt of 20.000 degrees" in out
     assert "16x16x6" in out
     (tmp_path / "empty").mkdir()
-    assert main(["inspect", str(tmp_path / "empty")]) == 1
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "empty"), "--width", "300"]) == 1
+    out = capsys.readouterr().out  # the empty folder is the one row, in error
+    assert "1 row(s): 0 readable volume(s), 1 in error" in out and "holds no file at all" in out
 
 
 def test_inspect_exits_1_when_anything_is_in_error_and_lists_it(sample_data, tmp_path, capsys):
@@ -98,7 +101,7 @@ def test_inspect_exits_1_when_anything_is_in_error_and_lists_it(sample_data, tmp
     capsys.readouterr()
     assert main(["inspect", str(tmp_path), "--width", "300"]) == 1
     out = capsys.readouterr().out
-    assert "1 volume(s) found, 1 in error" in out and f"{bad}:" in out
+    assert "2 row(s): 1 readable volume(s), 1 in error" in out and f"{bad}:" in out
     assert f"{tmp_path / 'notes.txt'}: not a DICOM or image file" in out
 
 

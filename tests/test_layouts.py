@@ -247,8 +247,9 @@ def test_monai_datalist_reads_with_monai(converted, sample_data, tmp_path):
     )
     for x in json.load(open(p))["training"]:  # relative paths: the folder can move
         assert not os.path.isabs(x["image"]) and not os.path.isabs(x["label"])
-    props = load_decathlon_properties(p, ["labels", "numTraining", "numTest", "name"])
-    assert props["numTraining"] == 2 and props["numTest"] == len(test)
+    keys = ["labels", "numTraining", "numValidation", "numTest", "name"]
+    props = load_decathlon_properties(p, keys)  # each count is its list's length
+    assert (props["numTraining"], props["numValidation"], props["numTest"]) == (1, 1, len(test))
     assert props["labels"]["0"] == "background"
     # every list is there, empty or not; a validation name that is no case is an error
     p0 = write_monai_datalist(out, os.path.join(out, "all.json"))

@@ -1,0 +1,50 @@
+"""The argument parser's errors: one line that says what is wrong, the closest option or command
+when a name is mistyped ("did you mean --spacing?"), and a short usage (the arguments it needs,
+not every option; ``--help`` lists those)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+
+__all__ = ["Parser", "did_you_mean"]
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are short (its subcommands' parsers too)."""
+
+    def error(self, message: str):
+        """Print the short usage and ``PROG: error: MESSAGE`` (with a suggestion), exit 2."""
+        self.exit(
+            2, f"{self.short_usage()}{self.prog}: error: {message}{did_you_mean(self, message)}\n"
+        )
+
+    def short_usage(self) -> str:
+        """The usage line of the positional arguments and the required options only."""
+        needed = [a for a in self._actions if a.required or not a.option_strings]
+        fmt = self._get_formatter()
+        fmt.add_usage(self.usage, needed, [])
+        more = len(needed) < len(self._actions)
+        return (
+            fmt.format_help().rstrip("\n")
+            + (" [options]" if more else "")
+            + (f"  ({self.prog} --help lists {'them' if more else 'the arguments'})\n")
+        )
+
+
+def did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
+    """ "; did you mean X?" for the mistyped options or command named in an argparse error
+    ``message`` (empty when nothing is close)."""
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        words = {choice.group(1): re.findall(r"'([^']*)'", choice.group(2))}
+    elif message.startswith("unrecognized arguments: "):
+        options = list(parser._option_string_actions)  # (argparse keeps them there)
+        given = message.removeprefix("unrecognized arguments: ").split()
+        words = {w.split("=")[0]: options for w in given if w.startswith("-")}
+    else:
+        return ""
+    hits = [difflib.get_close_matches(w, known, n=1, cutoff=0.6) for w, known in words.items()]
+    hits = [h[0] for h in hits if h]
+    return f"; did you mean {' or '.join(hits)}?" if hits else ""
