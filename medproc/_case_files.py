@@ -22,6 +22,7 @@ import os
 
 from ._convert_case import annotations_path, sidecar_path
 from .io.atomic import is_temporary
+from .manifest import is_finished
 
 log = logging.getLogger("medproc.convert")
 
@@ -53,7 +54,7 @@ def row_files(row: dict | None) -> set[str]:
     its image, sidecar, annotations, label and QC picture; none for a row that never wrote
     (failed before it started, e.g. because one of those files was someone else's: it has no
     ``options``)."""
-    if not row or not (row.get("options") or row.get("status") in ("ok", "skipped")):
+    if not row or not (row.get("options") or is_finished(row)):
         return set()
     out = os.path.basename(row.get("output") or "")
     names = {out, os.path.basename(sidecar_path(out)), os.path.basename(annotations_path(out))}

@@ -8,7 +8,7 @@ import argparse
 import difflib
 import re
 
-__all__ = ["Parser", "did_you_mean"]
+__all__ = ["Parser", "did_you_mean", "exit_status"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -48,3 +48,30 @@ def did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
     hits = [difflib.get_close_matches(w, known, n=1, cutoff=0.6) for w, known in words.items()]
     hits = [h[0] for h in hits if h]
     return f"; did you mean {' or '.join(hits)}?" if hits else ""
+
+
+def exit_status(
+    ok: str,
+    usage: str,
+    failed: str | None = None,
+    interrupted: str = "interrupted (Ctrl-C)",
+    head: str = "exit status:",
+) -> str:
+    """A command's table of exit statuses (its ``--help`` epilog): what 0, 1, 2 and 130 mean
+    for it, with what every command shares (1 also for a bug, 141); docs/cli.md has the
+    table."""
+    import textwrap
+
+    bug = "an unexpected error (a bug: the message says to report it)"
+    rows = [
+        ("0", ok),
+        ("1", f"{failed}; or {bug}" if failed else bug),
+        ("2", usage),
+        ("130", interrupted),
+        ("141", "the reader of the output went away (a closed pipe)"),
+    ]
+    lines = [head]
+    for code, text in rows:
+        wrapped = textwrap.wrap(text, 82)
+        lines += [f"  {code:5s}{wrapped[0]}"] + [f"       {w}" for w in wrapped[1:]]
+    return "\n".join(lines)

@@ -162,10 +162,12 @@ def check_cases(a, batch, targets: dict | None = None) -> None:
     can name inputs anywhere), is a usage error."""
     from .errors import UsageError
     from .layouts import check_validation
+    from .manifest import is_finished
 
     rows = batch.kept + batch.decided + [t.row for t in batch.todo]
     if "nnunet" in (a.layout or ()) and not batch.annotations:
-        if not any(r.get("label_output") for r in rows if r.get("status") != "failed"):
+        usable = [t.row for t in batch.todo] + [r for r in rows if is_finished(r)]
+        if not any(r.get("label_output") for r in usable):
             from ._layout_labels import unreadable_dicom_labels
 
             bad = unreadable_dicom_labels(rows)

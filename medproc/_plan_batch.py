@@ -29,7 +29,7 @@ from ._case_files import (
 from ._convert_case import annotations_path, sidecar_path
 from .errors import MedprocError, MedprocWarning
 from .io.walk import file_identity
-from .manifest import options_diff
+from .manifest import is_finished, options_diff
 
 __all__ = ["plan_cases", "foresee"]
 
@@ -176,7 +176,7 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         row["input_id"] = input_identity(c)
         old = prior.get(nm, {})
         recorded = (
-            old.get("status") in ("ok", "skipped")
+            is_finished(old)
             and os.path.basename(old.get("output", "")) == os.path.basename(out_path)
             and _same_file(old.get("source", ""), c.source)
         )
@@ -227,7 +227,7 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
     sources = {file_identity(t.case.source) for t in todo}
     elsewhere: dict[str, list[str]] = {}
     for nm, old in prior.items():
-        if nm in conflicts or old.get("status") not in ("ok", "skipped"):
+        if nm in conflicts or not is_finished(old):
             continue
         if not old.get("source") or file_identity(old["source"]) not in sources:
             continue

@@ -22,17 +22,26 @@ import traceback
 
 __all__ = ["main", "run", "build_parser", "plain_console"]
 
-_EXIT_ALL = """exit status (each command's --help says more):
-  0    everything worked
-  1    some cases or files failed
-  2    the command could not start: bad arguments or inputs (the message says which)
-  130  interrupted (Ctrl-C)
-  141  the reader of the output went away (a closed pipe)"""
-_EXIT = """exit status:
-  0    every volume was read
-  1    some series or files are in error (listed), or none was found
-  2    bad arguments, or a path that does not exist
-  141  the reader of the output went away (a closed pipe)"""
+
+def _exit_all() -> str:
+    from ._cli_parser import exit_status
+
+    return exit_status(
+        "everything worked",
+        "the command could not start: bad arguments or inputs (the message says which)",
+        "some cases or files failed",
+        head="exit status (each command's --help says more):",
+    )
+
+
+def _exit_inspect() -> str:
+    from ._cli_parser import exit_status
+
+    return exit_status(
+        "every volume was read",
+        "bad arguments, or a path that does not exist",
+        "some series or files are in error (listed), or none was found",
+    )
 
 
 def _at_least(lowest: int):
@@ -177,14 +186,14 @@ def _cmd_trace(a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``medproc`` (subcommands ``inspect``, ``convert``, ``trace``)."""
     from . import __version__
-    from ._cli_parser import Parser
+    from ._cli_parser import Parser, exit_status
     from .convert_cli import HelpFormatter, add_convert_parser
 
     p = Parser(
         prog="medproc",
         description="Fast, exact medical-imaging preprocessing.",
         formatter_class=HelpFormatter,
-        epilog=_EXIT_ALL,
+        epilog=_exit_all(),
     )
     p.add_argument("--version", action="version", version=f"medproc {__version__}")
     _add_verbosity(p, argparse.SUPPRESS)
@@ -200,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
             88,
         ),
         formatter_class=HelpFormatter,
-        epilog=_EXIT,
+        epilog=_exit_inspect(),
     )
     i.add_argument("paths", nargs="+", help="DICOM folders/files, NIfTI, NRRD or MHA files")
     i.add_argument("--json", action="store_true", help="machine-readable output")
@@ -226,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
             88,
         ),
         formatter_class=HelpFormatter,
-        epilog="exit status:\n  0    the report was printed\n  2    no trace in DIR (or two runs)",
+        epilog=exit_status("the report was printed", "no trace in DIR (or two runs in it)"),
     )
     t.add_argument("folder", metavar="DIR", help="the folder MEDPROC_TRACE named")
     t.add_argument(

@@ -52,7 +52,7 @@ from .cases import (
     read_annotation_table,
 )
 from .errors import MedprocError, UsageError, check_device
-from .manifest import MANIFEST_FIELDS, output_options, prepare_outdir, read_manifest
+from .manifest import MANIFEST_FIELDS, STATUSES, output_options, prepare_outdir, read_manifest
 from .spec import Spec
 
 log = logging.getLogger(__name__)
@@ -387,9 +387,8 @@ def _in_worker(todo) -> bool:
 def summary(rows: list[dict]) -> dict:
     """Counts of a run's manifest rows by status (``not_started`` for "not started"), and the
     mean seconds per converted case."""
-    statuses = ("ok", "skipped", "failed", "interrupted", "not started")
-    counts = {s.replace(" ", "_"): sum(r["status"] == s for r in rows) for s in statuses}
+    counts = {s.replace(" ", "_"): sum(r["status"] == s for r in rows) for s in STATUSES}
     counts["total"] = len(rows)
-    secs = [float(r["seconds"]) for r in rows if r.get("seconds")]
+    secs = [float(r["seconds"]) for r in rows if r["status"] == "ok" and r.get("seconds")]
     counts["mean_seconds"] = float(np.mean(secs)) if secs else 0.0
     return counts

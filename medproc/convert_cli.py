@@ -12,18 +12,20 @@ import re
 import sys
 import textwrap
 
+from ._cli_parser import exit_status
+
 __all__ = ["add_convert_parser", "HelpFormatter", "EXIT_CODES"]
 
-#: the exit statuses of medproc's commands (shown in the help)
-EXIT_CODES = """exit status:
-  0    every case converted (or already done)
-  1    some cases failed (see manifest.csv; --dry-run: it lists cases that would fail), the
-       manifest could not be written during the run (a full disk), or a layout could not be
-       written
-  2    the command could not start: a bad option, a missing input, an output folder that
-       cannot be used, or outputs there made with other options (the message says which)
-  130  interrupted (Ctrl-C): running cases finished and recorded; rerun to continue
-  141  the reader of the output went away (a closed pipe)"""
+#: the exit statuses of ``medproc convert`` (shown in its help)
+EXIT_CODES = exit_status(
+    "every case converted (or already done)",
+    "the command could not start: a bad option, a missing input, an output folder that cannot "
+    "be used, or outputs there made with other options (the message says which)",
+    "some cases failed (see manifest.csv; --dry-run: it lists cases that would fail), the "
+    "manifest could not be written during the run (a full disk), or a layout could not be "
+    "written",
+    "interrupted (Ctrl-C): the running cases finished and recorded; rerun to continue",
+)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -83,14 +85,15 @@ def add_convert_parser(sub) -> None:
     add("inputs", nargs="+", metavar="INPUT", help="folders, image/DICOM files or CSV case lists")
     add("-o", "--outdir", required=True, help="output folder (created; locked while running)")
     g = c.add_argument_group("output grid and voxels (recorded; a rerun must match them)")
-    g.add_argument(
+    one = g.add_mutually_exclusive_group()  # (pairs said by argparse, naming both flags)
+    one.add_argument(
         "--spacing",
         type=float,
         nargs="+",
         metavar="MM",
         help="1 or 3 values (i j k) (default: keep the input's)",
     )
-    g.add_argument("--shape", type=int, nargs=3, metavar="N", help="output size instead")
+    one.add_argument("--shape", type=int, nargs=3, metavar="N", help="output size instead")
     g.add_argument("--orientation", help="axis codes such as RAS (default: keep the input's)")
     g.add_argument(
         "--interp",
@@ -106,16 +109,18 @@ def add_convert_parser(sub) -> None:
         help="where a --spacing grid lies: centred on the field of view, or MONAI Spacingd's",
     )
     g.add_argument("--crop", type=int, nargs=3, metavar="N", help="centred crop/pad (i j k)")
-    g.add_argument("--clip", type=float, nargs=2, metavar=("LO", "HI"), help="intensity window")
-    g.add_argument(
+    one = g.add_mutually_exclusive_group()
+    one.add_argument("--clip", type=float, nargs=2, metavar=("LO", "HI"), help="intensity window")
+    one.add_argument(
         "--percentiles",
         type=float,
         nargs=2,
         metavar=("LO", "HI"),
         help="clip to these percentiles of each volume",
     )
-    g.add_argument("--scale", type=float, nargs=2, metavar=("LO", "HI"), help="map to range")
-    g.add_argument(
+    one = g.add_mutually_exclusive_group()
+    one.add_argument("--scale", type=float, nargs=2, metavar=("LO", "HI"), help="map to range")
+    one.add_argument(
         "--zscore",
         action="store_true",
         help="subtract the mean and divide by the deviation of the input volume (computed before resampling)",
@@ -296,7 +301,8 @@ def _cmd_convert(a) -> int:
                     "every case's",
                     file=sys.stderr,
                 )
-        left = s["interrupted"] + s["not_started"]  # (not the failed: a rerun fails them again)
+        # (the failed are counted apart, in the summary line: each error says why)
+        left = s["interrupted"] + s["not_started"]
         if interrupted and left == 0:  # Ctrl-C after the last case: nothing to redo
             print("medproc convert: interrupted after every case was done", file=sys.stderr)
         elif interrupted:

@@ -39,6 +39,7 @@ from ._layout_targets import (
 )
 from .errors import MedprocError, MedprocWarning
 from .io.atomic import atomic_dir
+from .manifest import is_finished
 from .volume import Volume
 
 __all__ = [
@@ -73,9 +74,10 @@ def gather_layout_labels(source, labels=None, label_names=None, device="cpu", fa
 def _finished_rows(source, rows=None) -> list[dict]:
     """Manifest rows whose case finished (status ok or skipped) and whose output exists."""
     rows = _manifest_rows(source) if rows is None else rows
-    done = [r for r in rows if r.get("status") in ("ok", "skipped") and os.path.exists(r["output"])]
+    done = [r for r in rows if is_finished(r) and os.path.exists(r["output"])]
     if not done:
-        raise MedprocError("no finished case in the manifest (status ok or skipped)", str(source))
+        where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the rows given"
+        raise MedprocError("no finished case in the manifest (status ok or skipped)", where)
     return sorted(done, key=lambda r: r["case"])
 
 
@@ -288,10 +290,10 @@ def write_monai_datalist(
     every = _manifest_rows(source)
     check_validation(validation, {r["case"] for r in every})
     rows = _finished_rows(source, every)
-    failed = sorted(set(validation) - {r["case"] for r in rows})
-    if failed:  # in the manifest, not converted: the list is written without them
+    unconverted = sorted(set(validation) - {r["case"] for r in rows})
+    if unconverted:  # in the manifest, not converted: the list is written without them
         warnings.warn(
-            f"validation case(s) {', '.join(failed)} did not convert (see manifest.csv): "
+            f"validation case(s) {', '.join(unconverted)} did not convert (see manifest.csv): "
             "left out of the datalist",
             MedprocWarning,
             stacklevel=2,

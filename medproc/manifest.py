@@ -45,7 +45,22 @@ __all__ = [
     "OutdirLock",
     "output_options",
     "options_diff",
+    "STATUSES",
+    "FINISHED",
+    "is_finished",
 ]
+
+#: the statuses of a case in manifest.csv (docs/cli.md says what each means)
+STATUSES = ("ok", "skipped", "failed", "interrupted", "not started", "superseded")
+#: the statuses of a case whose outputs are whole, made with the options its row records
+FINISHED = ("ok", "skipped")
+
+
+def is_finished(row: dict) -> bool:
+    """Whether a manifest row's case finished (status ok or skipped): the only rows a rerun
+    skips and a layout uses."""
+    return row.get("status") in FINISHED
+
 
 MANIFEST_FIELDS = [
     "case",
@@ -371,7 +386,8 @@ def _show(v) -> str:
 
 
 def options_diff(old: dict, new: dict) -> list[str]:
-    """What differs between two :func:`output_options`, in words.
+    """What differs between two :func:`output_options`, in words, each named as its option
+    of ``medproc convert`` (and its argument of Spec or Intensity).
 
     >>> from medproc.spec import Spec
     >>> options_diff(output_options(Spec(spacing=2), "nii.gz", "error"),
@@ -380,7 +396,7 @@ def options_diff(old: dict, new: dict) -> list[str]:
     """
     a, b = _flat(old), _flat(new)
     return [
-        f"{k}: {_show(a.get(k))} before, {_show(b.get(k))} now"
+        f"{k.removeprefix('intensity.')}: {_show(a.get(k))} before, {_show(b.get(k))} now"
         for k in list(b) + [k for k in a if k not in b]
         if a.get(k) != b.get(k) and not (_nan(a.get(k)) and _nan(b.get(k)))
     ]

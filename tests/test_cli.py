@@ -5,6 +5,7 @@ process itself is what is tested."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ def _subparser(name):
     return p, sub.choices[name]
 
 
-@pytest.mark.parametrize("command", ["convert", "inspect"])
+@pytest.mark.parametrize("command", ["convert", "inspect", "trace"])
 def test_help_shows_every_default_and_the_exit_codes(command, capsys):
     _, parser = _subparser(command)
     fmt = HelpFormatter("medproc")
@@ -34,7 +35,12 @@ def test_help_shows_every_default_and_the_exit_codes(command, capsys):
         main([command, "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "exit status:" in out and "\n  2 " in out
+    # every command's table has the codes of docs/cli.md's table, each once
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "cli.md")).read()
+    codes = re.findall(r"^\| (\d+) \|", doc, flags=re.M)
+    assert codes == ["0", "1", "2", "130", "141"], codes
+    table = out[out.index("exit status:") :]
+    assert [c for c in re.findall(r"^  (\d+) ", table, flags=re.M)] == codes, table
     if command == "convert":
         assert "130" in out and "(default: auto)" in out and "(default: linear)" in out
         assert "(default: none)" in out and "{folder}" not in out and "folder:" in out

@@ -51,6 +51,9 @@ def test_options_are_recorded_and_a_rerun_with_other_options_refuses(sample_data
     assert "holds 2 case(s) converted with other options" in err
     assert "spacing: 3 x 3 x 3 before, 2 x 2 x 2 now" in err
     assert "orientation: none before, RAS now" in err and "--force" in err
+    assert main(args + ["--clip", "-1000", "400"]) == 2  # said as the option is named
+    err = capsys.readouterr().err
+    assert "clip: none before, -1000 x 400 now" in err and "intensity." not in err
     assert {f: os.stat(out / f).st_mtime_ns for f in stamps} == stamps  # untouched
     assert main(args) == 0  # the same options: resumed, nothing redone
     assert {r["status"] for r in _manifest(out).values()} == {"skipped"}
@@ -431,6 +434,17 @@ def test_usage_errors_name_the_option_and_suggest_the_closest(sample_data, tmp_p
     err = capsys.readouterr().err
     assert "usage error: invalid options: --clip must be (lo, hi) with lo < hi" in err
     assert "Intensity" not in err
+    for pair, said in (
+        (
+            ["--clip", "1", "2", "--percentiles", "1", "99"],
+            "--percentiles: not allowed with argument --clip",
+        ),
+        (["--shape", "9", "9", "9"], "--shape: not allowed with argument --spacing"),
+        (["--scale", "0", "1", "--zscore"], "--zscore: not allowed with argument --scale"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(args + pair)
+        assert e.value.code == 2 and said in capsys.readouterr().err
     assert main([*args, "--orientation", "XYZ"]) == 2
     assert "invalid options: --orientation must be three codes" in capsys.readouterr().err
     assert main([*args, "--annotations", str(tmp_path / "nope.csv")]) == 2

@@ -188,6 +188,18 @@ def test_a_case_whose_label_cannot_be_used_is_left_out_and_the_rest_written(
     assert json.load(open(ds / "dataset.json"))["numTraining"] == 1
     doc = json.load(open(tmp_path / "out" / "datalist.json"))
     assert [x["image"] for x in doc["training"]] == ["case001.nii.gz"] and not doc["test"]
+    # the library: without failed= the bad label raises (for both layouts); with a list, the
+    # case is left out and its error handed back
+    from medproc.errors import MedprocError
+    from medproc.layouts import write_monai_datalist, write_nnunet
+
+    out = str(tmp_path / "out")
+    for write, dst in ((write_monai_datalist, "lib.json"), (write_nnunet, "Dataset508_Lib")):
+        with pytest.raises(MedprocError, match="case002"):
+            write(out, str(tmp_path / dst))
+        failed = []
+        write(out, str(tmp_path / dst), failed=failed)
+        assert len(failed) == 1 and "case002" in str(failed[0]), failed
 
 
 def test_a_dataset_another_run_is_writing_is_refused_and_a_name_is_kept_only_from_its_source(
