@@ -14,7 +14,6 @@ from .volume import Volume
 
 __all__ = ["find_dicom_labels", "label_on_grid", "gather_labels", "unreadable_dicom_labels"]
 
-_DICOM_LABELS = ("SEG", "RTSTRUCT")
 _MAX_CLASSES = 65535
 
 
@@ -39,7 +38,7 @@ def find_dicom_labels(roots) -> dict[str, str]:
         seen.add(os.path.realpath(p))
         ds = _header(p)
         uid = _referenced_series(ds) if ds is not None else None
-        if uid is None or ds.get("Modality") not in _DICOM_LABELS:
+        if uid is None or _label_kind(ds) is None:
             continue
         if uid not in out:
             out[uid], sop[uid] = p, ds.get("SOPInstanceUID")
@@ -64,8 +63,17 @@ def unreadable_dicom_labels(rows) -> list[str]:
         for r in rows
         if r.get("status") == "failed"
         and os.path.isfile(r.get("source") or "")
-        and getattr(_header(r["source"]), "Modality", None) in _DICOM_LABELS
+        and _label_kind(_header(r["source"])) is not None
     ]
+
+
+def _label_kind(ds) -> str | None:
+    """ "SEG", "RTSTRUCT" (by Modality or SOP Class UID) or None, of a header (or None)."""
+    from .io.dicom_records import dicom_label_kind
+
+    if ds is None:
+        return None
+    return dicom_label_kind(ds.get("Modality"), ds.get("SOPClassUID"))
 
 
 def _header(path: str):
@@ -138,8 +146,8 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
     from .io import load
 
     image_file = src.lower().endswith((".nii", ".nii.gz", ".nrrd", ".mha"))
-    modality = None if image_file else getattr(_header(src), "Modality", None)
-    if modality in _DICOM_LABELS:  # on the grid of the case's input (SEG frames placed on it)
+    modality = None if image_file else _label_kind(_header(src))
+    if modality is not None:  # on the grid of the case's input (SEG frames placed on it)
         image = _input_grid(row)
         if modality == "SEG":
             lab = seg_on_image(src, image)
@@ -161,7 +169,7 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
 
         check_label_values(lab, src)  # (what the engine resamples exactly; errors name src)
         lab = label_on_grid(lab, hdr.affine, hdr.shape, device)
-        if modality in _DICOM_LABELS and not np.any(lab.array):
+        if modality is not None and not np.any(lab.array):
             warnings.warn(
                 f"{src}: every labelled voxel lies outside the output grid of case "
                 f"{row['case']} (cropped away?): its label is empty",

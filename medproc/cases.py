@@ -51,7 +51,6 @@ NAME_FIELDS = {
 }
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f/\\]")  # (C0, DEL and C1 controls, separators)
 _DESCRIPTION_KEEP = re.compile(r"[^\w.+-]+")
-_SEG_CLASS = "1.2.840.10008.5.1.4.1.1.66.4"
 _ANNOTATION = "annotation: "
 
 
@@ -278,7 +277,7 @@ def find_cases(
     )
     for s in scan.series if scan else []:
         files = s.files
-        if _is_seg(s.info):
+        if is_seg(s.info):
             for f in files:
                 skipped.append((f, f"{_ANNOTATION}a DICOM SEG (segmentation), not an image: not "
                                    "converted (--layout uses it as a label)"))  # fmt: skip
@@ -335,13 +334,18 @@ def find_cases(
     return cases, list(once.values())
 
 
-def _is_seg(info: dict) -> bool:
-    return info.get("Modality") == "SEG" or str(info.get("SOPClassUID") or "") == _SEG_CLASS
+def is_seg(info: dict) -> bool:
+    """Whether a scanned series' attributes (``DicomSeries.info``) are a DICOM SEG's."""
+    from .io.dicom_records import dicom_label_kind
+
+    return dicom_label_kind(info.get("Modality"), info.get("SOPClassUID")) == "SEG"
 
 
 def _annotation_reason(reason: str) -> str:
     """RTSTRUCT files (skipped by the scan: no image) are reported as annotations."""
-    if "RT Structure Set" in reason:
+    from .io.dicom_records import RTSTRUCT_SKIPPED
+
+    if reason == RTSTRUCT_SKIPPED:
         return (
             f"{_ANNOTATION}a DICOM RTSTRUCT (contours), not an image: not converted (--layout "
             "uses it as a label)"

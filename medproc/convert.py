@@ -224,9 +224,10 @@ def prepare(
         check_dask(dask)
     check_inputs(inputs, labels_dir)
     check_not_an_input(inputs, outdir)
-    if annotations and not os.path.isfile(annotations):  # (a mistyped path: the command's)
-        what = "is not a file" if os.path.exists(annotations) else "does not exist"
-        raise UsageError(f"the annotation file (--annotations) {what}; check the path", annotations)
+    if annotations and not os.path.exists(annotations):  # (a mistyped path: the command's)
+        raise UsageError(
+            "no such file (the annotation file, --annotations); check the path", annotations
+        )
     table = read_annotation_table(annotations) if annotations else None  # fails before work
     if dry_run:
         check_outdir(outdir)

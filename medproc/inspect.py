@@ -70,6 +70,8 @@ def inspect_paths(paths) -> list[Entry]:
     Files that cannot be used are entries of kind ``"error"`` with the reason; stray files that
     are not images are entries of kind ``"skipped"``. Reads headers only (and never opens a
     FIFO or a device)."""
+    from .cases import is_seg
+    from .io.dicom_records import RTSTRUCT_SKIPPED
     from .io.dicom_scan import scan_dicom, series_source
     from .io.headers import series_grid, series_shape
     from .io.walk import file_identity, walk_inputs
@@ -93,7 +95,7 @@ def inspect_paths(paths) -> list[Entry]:
         src = series_source(files)
         ts = i.get("TransferSyntaxUID")
         e = Entry(
-            "annotation" if _is_seg(i) else "dicom",
+            "annotation" if is_seg(i) else "dicom",
             src,
             series=s.key,
             modality=str(i.get("Modality") or ""),
@@ -130,19 +132,13 @@ def inspect_paths(paths) -> list[Entry]:
             out.append(Entry("error", p, error=reason))
     for p, reason in scan.skipped if scan else []:
         if not p.lower().endswith(_IMAGE_EXT):
-            if "RT Structure Set" in reason:
+            if reason == RTSTRUCT_SKIPPED:
                 out.append(Entry("annotation", p, modality="RTSTRUCT", files=1))
             else:
                 out.append(Entry("skipped", p, error=reason))
     out = _named_inputs_accounted(paths, _stray_files(paths, out, accounted))
     once = {(e.kind, e.source, e.error): e for e in out}.values()  # (both walks skip a folder)
     return sorted(once, key=lambda e: (e.kind == "skipped", e.source))  # by path, skipped last
-
-
-def _is_seg(info: dict) -> bool:
-    from .cases import _is_seg
-
-    return _is_seg(info)
 
 
 def _stray_files(paths, out: list[Entry], accounted: set) -> list[Entry]:

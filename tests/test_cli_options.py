@@ -261,15 +261,39 @@ def test_a_file_system_without_inodes_still_tells_files_apart(tmp_path, monkeypa
     assert len(w.files) == 5 and w.skipped == []
 
 
-def _tree_with_seg(sample_data, tmp_path):
+def _tree_with_seg(sample_data, tmp_path, modality=True):
+    """A CT series and a DICOM SEG of it (without Modality: known by its SOP Class UID)."""
+    import pydicom
     from test_layouts import _axial_label, _write_seg
 
     tree = tmp_path / "collection"
     shutil.copytree(os.path.join(sample_data, "dicom", "ct_axial"), tree / "ct")
     image, lab = _axial_label(sample_data)
     (tree / "seg").mkdir()
-    _write_seg(str(tree / "seg" / "seg.dcm"), image, lab, {1: "nodule right", 2: "nodule left"})
+    seg = str(tree / "seg" / "seg.dcm")
+    _write_seg(seg, image, lab, {1: "nodule right", 2: "nodule left"})
+    if not modality:
+        ds = pydicom.dcmread(seg)
+        del ds.Modality
+        ds.save_as(seg)
     return tree
+
+
+def test_a_seg_known_only_by_its_sop_class_is_an_annotation_and_a_label(
+    sample_data, tmp_path, capsys
+):
+    """Convert, inspect and the layouts tell a SEG the same way (Modality or SOP Class UID):
+    one without Modality was an annotation for convert but read as an image by the layout."""
+    tree = _tree_with_seg(sample_data, tmp_path, modality=False)
+    out, ds = tmp_path / "out", tmp_path / "raw" / "Dataset009_Sop"
+    args = ["convert", str(tree), "-o", str(out), "--spacing", "3", "--orientation", "RAS"]
+    assert main(args + ["--layout", "nnunet", "--dataset", str(ds)]) == 0, capsys.readouterr()
+    assert "1 annotation file(s) (DICOM SEG/RTSTRUCT) not converted" in capsys.readouterr().err
+    doc = json.load(open(ds / "dataset.json"))
+    assert doc["labels"] == {"background": 0, "nodule right": 1, "nodule left": 2}
+    assert main(["inspect", str(tree), "--json"]) == 0
+    kinds = {os.path.basename(e["source"]): e["kind"] for e in json.loads(capsys.readouterr().out)}
+    assert kinds == {"ct": "dicom", "seg.dcm": "annotation"}
 
 
 def test_seg_files_are_annotations_and_layouts_use_them(sample_data, tmp_path, capsys):
@@ -450,7 +474,7 @@ def test_usage_errors_name_the_option_and_suggest_the_closest(sample_data, tmp_p
     assert main([*args, "--annotations", str(tmp_path / "nope.csv")]) == 2
     err = capsys.readouterr().err
     assert (
-        f"usage error: {tmp_path / 'nope.csv'}: the annotation file (--annotations) does not" in err
+        f"usage error: {tmp_path / 'nope.csv'}: no such file (the annotation file, --annot" in err
     )
     assert not out.exists()
     for argv, hint in (

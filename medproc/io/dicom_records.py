@@ -24,7 +24,35 @@ from ..errors import ReadError
 from .dicom_header import _fast_pixels, _number, _val, frames_of, n_frames, read_header
 from .safety import check_declared, check_file, os_error
 
-__all__ = ["scan_file", "INFO_KEYS", "pixel_element", "expected_pixel_bytes"]
+__all__ = [
+    "scan_file",
+    "INFO_KEYS",
+    "pixel_element",
+    "expected_pixel_bytes",
+    "dicom_label_kind",
+    "RTSTRUCT_SKIPPED",
+]
+
+_SEG_CLASS = "1.2.840.10008.5.1.4.1.1.66.4"  # Segmentation Storage
+_RTSTRUCT_CLASS = "1.2.840.10008.5.1.4.1.1.481.3"  # RT Structure Set Storage
+#: the reason the scan gives for skipping an RTSTRUCT file (an annotation, not an image)
+RTSTRUCT_SKIPPED = "no image in it (SOP class RT Structure Set Storage)"
+
+
+def dicom_label_kind(modality, sop_class_uid) -> str | None:
+    """``"SEG"`` or ``"RTSTRUCT"`` for a DICOM segmentation or structure set, by its Modality
+    or its SOP Class UID (either is enough); None for anything else.
+
+    >>> dicom_label_kind(None, "1.2.840.10008.5.1.4.1.1.66.4"), dicom_label_kind("CT", None)
+    ('SEG', None)
+    """
+    sop = str(sop_class_uid or "")
+    if modality == "SEG" or sop == _SEG_CLASS:
+        return "SEG"
+    if modality == "RTSTRUCT" or sop == _RTSTRUCT_CLASS:
+        return "RTSTRUCT"
+    return None
+
 
 #: SOP classes (by keyword of their name) that carry no image: loading them is refused.
 _NON_IMAGE_MODALITIES = {"SR", "RTPLAN", "RTSTRUCT", "ECG", "KO", "PR", "REG", "DOC"}
@@ -146,6 +174,8 @@ def scan_file(path: str, strict: bool = False) -> tuple:
     sop_class = ds.get("SOPClassUID")
     name = str(getattr(sop_class, "name", sop_class))
     modality = _val(ds, "Modality")
+    if dicom_label_kind(modality, sop_class) == "RTSTRUCT":
+        return ("skip", path, RTSTRUCT_SKIPPED)
     if "Rows" not in ds or modality in _NON_IMAGE_MODALITIES:
         if "Rows" not in ds and "Image Storage" in name and modality not in _NON_IMAGE_MODALITIES:
             reason = f"declares an image ({name}) but has no Rows: the header is damaged"
