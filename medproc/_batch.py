@@ -33,7 +33,7 @@ from .manifest import write_manifest
 
 log = logging.getLogger("medproc.convert")
 
-__all__ = ["Batch", "Todo", "INTERRUPTED", "NOT_STARTED", "STOPPED"]
+__all__ = ["Batch", "Todo", "INTERRUPTED", "NOT_STARTED", "STOPPED", "close_all"]
 
 #: the status of a case a second Ctrl-C stopped, and its error (redone by the next run)
 STOPPED = "interrupted"
@@ -108,16 +108,7 @@ class Batch:
     def close(self) -> None:
         """Stop the pool this batch started and release the output folder; a Ctrl-C meanwhile
         cuts short the step it lands in, not the others (then it is raised)."""
-        interrupted = False
-        while self.closers:
-            close = self.closers.pop(0)
-            try:
-                with span("close", what=getattr(close, "__qualname__", "")):
-                    close()
-            except KeyboardInterrupt:
-                interrupted = True
-        if interrupted:
-            raise KeyboardInterrupt
+        close_all(self.closers)
 
     def __enter__(self) -> Batch:
         return self
@@ -332,6 +323,22 @@ class Batch:
                 err = f"{t.case.source}: {INTERRUPTED}"
                 finish((t.case, STOPPED, {}, err), t, write=False)
             raise  # (the manifest is written once, by run())
+
+
+def close_all(closers: list) -> None:
+    """Call and remove each of ``closers`` in turn (stop the pool, release the output folder's
+    lock...); a Ctrl-C meanwhile cuts short the step it lands in, not the others (then it is
+    raised): two quick Ctrl-Cs never leave the lock behind."""
+    interrupted = False
+    while closers:
+        close = closers.pop(0)
+        try:
+            with span("close", what=getattr(close, "__qualname__", "")):
+                close()
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def _ok(fut) -> bool:

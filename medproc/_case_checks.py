@@ -1,6 +1,6 @@
 """Checks of the cases found, that say what would otherwise pass unsaid (:mod:`medproc.cases`):
-labels paired by file name that fit two images or none, lesion-table keys that match no case;
-and an output folder that is also an input folder."""
+labels paired by file name that fit two images or none, lesion-table keys that match no case,
+images in a folder named like label maps; and an output folder that is also an input folder."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import warnings
 
 from .errors import MedprocWarning
 
-__all__ = ["check_label_pairs", "warn_unmatched", "check_not_an_input"]
+__all__ = ["check_label_pairs", "warn_unmatched", "warn_label_like", "check_not_an_input"]
 
 
 def _same_dir(a: str, b: str) -> bool:
@@ -52,6 +52,31 @@ def warn_unmatched(cases: list, table: dict | None) -> None:
         warnings.warn(
             f"--annotations: {len(left)} image key(s) of the lesion file match no case, their "
             f"lesions are not used: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}",
+            MedprocWarning,
+            stacklevel=2,
+        )
+
+
+#: folder names that hold label maps in the layouts users copy (nnU-Net, the decathlon, ...)
+_LABEL_FOLDERS = {"labels", "labelstr", "labelsts", "label", "masks", "mask", "segmentations"}
+
+
+def warn_label_like(cases: list) -> None:
+    """Say when images to convert lie in a folder named like label maps (``labels``,
+    ``labelsTr``, ``masks``...): given as an input, a label map is resampled as an image (linear
+    interpolation) unless its folder is given with --labels."""
+    odd = [
+        c.source
+        for c in cases
+        if not c.error and not c.series
+        and os.path.basename(os.path.dirname(os.path.abspath(c.source))).lower() in _LABEL_FOLDERS
+    ]  # fmt: skip
+    if odd:
+        warnings.warn(
+            f"{len(odd)} image(s) to convert lie in a folder named like label maps "
+            f"({', '.join(odd[:3])}{', ...' if len(odd) > 3 else ''}): they are converted as "
+            "images (linear interpolation); if they are labels, give their folder with --labels "
+            "and only the images' folder as the input",
             MedprocWarning,
             stacklevel=2,
         )

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 
-__all__ = ["Parser", "did_you_mean", "exit_status"]
+__all__ = ["Parser", "did_you_mean", "exit_status", "EXIT_ALL", "EXIT_INSPECT", "EXIT_TRACE"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -16,9 +17,8 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         """Print the short usage and ``PROG: error: MESSAGE`` (with a suggestion), exit 2."""
-        self.exit(
-            2, f"{self.short_usage()}{self.prog}: error: {message}{did_you_mean(self, message)}\n"
-        )
+        hint = did_you_mean(self, message) or _swallowed(self, message)
+        self.exit(2, f"{self.short_usage()}{self.prog}: error: {message}{hint}\n")
 
     def short_usage(self) -> str:
         """The usage line of the positional arguments and the required options only."""
@@ -75,3 +75,42 @@ def exit_status(
         wrapped = textwrap.wrap(text, 82)
         lines += [f"  {code:5s}{wrapped[0]}"] + [f"       {w}" for w in wrapped[1:]]
     return "\n".join(lines)
+
+
+def _swallowed(parser: argparse.ArgumentParser, message: str) -> str:
+    """The hint for an option of several values (``--spacing 1.5 DIR``) that took the inputs
+    after it: "invalid float value: 'DIR'" for a path, or INPUT missing."""
+    several = [
+        a.option_strings[-1] for a in parser._actions if a.option_strings and a.nargs in ("+", "*")
+    ]
+    if not several:
+        return ""
+    value = re.search(r"invalid \w+ value: '([^']*)'", message)
+    if value and os.path.exists(value.group(1)):
+        opt = re.search(r"argument ([-\w/]+):", message)
+        opt = opt.group(1).split("/")[-1] if opt else "--option"
+        return (
+            f"; {value.group(1)!r} is a path: put the inputs before the options, or write "
+            f"{opt}=VALUE for one value"
+        )
+    if "arguments are required: INPUT" in message:
+        return (
+            f"; an option that takes several values ({', '.join(several)}) takes every word "
+            "after it: put the inputs before the options"
+        )
+    return ""
+
+
+#: the exit statuses ``medproc --help`` lists, and those of ``inspect`` and ``trace``
+EXIT_ALL = exit_status(
+    "everything worked",
+    "the command could not start: bad arguments or inputs (the message says which)",
+    "some cases or files failed",
+    head="exit status (each command's --help says more):",
+)
+EXIT_INSPECT = exit_status(
+    "every volume was read",
+    "bad arguments, or a path that does not exist",
+    "some series or files are in error (listed), or none was found",
+)
+EXIT_TRACE = exit_status("the report was printed", "no trace in DIR (or two runs in it)")

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 
 __all__ = ["check_layouts", "check_cases", "write_layouts"]
-
-_NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
 
 
 def check_layouts(a) -> dict:
@@ -37,20 +34,15 @@ def check_layouts(a) -> dict:
                 "--layout nnunet needs --dataset $nnUNet_raw/DatasetNNN_Name (e.g. "
                 "/data/nnUNet_raw/Dataset501_Lungs)"
             )
-        if not _NNUNET_NAME.match(os.path.basename(os.path.abspath(a.dataset))):
-            raise UsageError(
-                f"--dataset {a.dataset}: nnU-Net finds raw datasets by name: the folder must be "
-                "named like Dataset501_Lungs (Dataset + 3 digits + _ + name)"
-            )
-        from ._layout_targets import is_medproc_dataset, written_from
+        from ._layout_targets import check_nnunet_target, written_from
 
         _apart(a, a.dataset, "--dataset")
-        if os.path.lexists(a.dataset) and not is_medproc_dataset(a.dataset):
-            raise UsageError(
-                f"--dataset {a.dataset} exists and is not a dataset medproc wrote: medproc never "
-                "replaces a folder it did not write (not even with --force); move it away or "
-                "choose another name"
-            )
+        try:
+            check_nnunet_target(a.dataset)
+        except ValueError as e:
+            raise UsageError(f"--dataset {a.dataset}: {e}") from None
+        except FileExistsError as e:
+            raise UsageError(f"--dataset {e}") from None
         if os.path.exists(a.dataset) and not a.force and not written_from(a.dataset, a.outdir):
             raise UsageError(
                 f"--dataset {a.dataset} exists and was written from another output folder; add "

@@ -11,9 +11,10 @@ from .errors import printable
 __all__ = ["print_plan", "print_skipped", "run_with_bar", "summary_line", "Mute"]
 
 
-def print_plan(batch, con) -> None:
+def print_plan(batch, con, targets: dict | None = None) -> None:
     """--dry-run's report: each case, what would be done with it, the files it would write and
-    those of an earlier run it would remove."""
+    those of an earlier run it would remove; then the training layouts (``targets``: {kind:
+    path}) it would write after them."""
     for r in sorted(batch.decided, key=lambda r: r["case"]):
         what = "skip (done)" if r["status"] == "skipped" else "fail"
         tail = r["error"] if r["status"] == "failed" else f"{r['source']} -> {r['output']}"
@@ -28,6 +29,10 @@ def print_plan(batch, con) -> None:
         con.print(f"{'annotation':12s} {p}: {reason}", soft_wrap=True)
     for p, reason in _other_skipped(batch):
         con.print(f"{'skip':12s} {p}: {reason}", soft_wrap=True)
+    what = {"nnunet": "nnU-Net raw dataset (dataset.json, imagesTr/, labelsTr/, imagesTs/)",
+            "monai": "MONAI datalist"}  # fmt: skip
+    for kind, path in (targets or {}).items():
+        con.print(f"{'layout':12s} {os.path.abspath(path)}: {what[kind]}", soft_wrap=True)
     n_skip = sum(r["status"] == "skipped" for r in batch.decided)
     con.print(
         f"{len(batch.todo)} to convert, {n_skip} already done, "

@@ -14,6 +14,7 @@ from .errors import MedprocError
 _DESCRIPTION = "written by medproc from a converted dataset (manifest.csv)"
 
 __all__ = [
+    "check_nnunet_target",
     "is_medproc_dataset",
     "is_medproc_datalist",
     "medproc_datalist",
@@ -24,6 +25,25 @@ __all__ = [
     "dataset_lock",
     "drop_leftovers",
 ]
+
+
+_NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
+
+
+def check_nnunet_target(target: str) -> None:
+    """Raise ValueError for a dataset folder nnU-Net would not find (by its name), and
+    FileExistsError for one that exists and that medproc did not write (never replaced)."""
+    name = os.path.basename(os.path.abspath(target))
+    if not _NNUNET_NAME.match(name):
+        raise ValueError(
+            f"nnU-Net finds raw datasets by name: {name!r} must look like 'Dataset501_Lungs' "
+            "(Dataset + 3 digits + _ + name), inside $nnUNet_raw"
+        )
+    if os.path.lexists(target) and not is_medproc_dataset(target):
+        raise FileExistsError(
+            f"{target} exists and is not a dataset medproc wrote: medproc never replaces a folder "
+            "it did not write (not even with --force); move it away or choose another name"
+        )
 
 
 def is_medproc_dataset(folder) -> bool:

@@ -27,9 +27,10 @@ from ._case_files import (
     taken,
 )
 from ._convert_case import annotations_path, sidecar_path
+from ._options import options_diff
 from .errors import MedprocError, MedprocWarning
 from .io.walk import file_identity
-from .manifest import is_finished, options_diff
+from .manifest import is_finished
 
 __all__ = ["plan_cases", "foresee"]
 
@@ -236,9 +237,9 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         if not old.get("output") or not os.path.exists(old["output"]):
             continue
         made_with = _made_with(old)
-        diff = options_diff(made_with, options) if made_with is not None else []
-        if diff:
-            elsewhere[nm] = diff
+        # (with the same options too: the folder, and a layout made from it, would hold the
+        # input twice; a --validation case could be in training under its other name)
+        elsewhere[nm] = options_diff(made_with, options) if made_with is not None else []
     if conflicts and not force:
         first = sorted({d for ds in conflicts.values() for d in ds})
         raise UsageError(
@@ -250,12 +251,20 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
     if elsewhere and not force:
         first = sorted({d for ds in elsewhere.values() for d in ds})
         files = _few([os.path.basename(prior[n]["output"]) for n in elsewhere])
+        made = (
+            f"made with other options ({'; '.join(first)})"
+            if first
+            else (
+                "made with these options: converted again, each input would be in the folder (and "
+                "in a --layout made from it) twice. Rerun with the --name they were made with to "
+                "resume"
+            )
+        )
         raise UsageError(
             f"holds {len(elsewhere)} output(s) of these inputs under other names ({files}) "
-            "made with other options "
-            f"({'; '.join(first)}). Add --force to convert them with these options as well "
-            "(the manifest then marks the older ones superseded; their files stay), or choose "
-            "another -o",
+            f"{made}. Add --force to convert them under these names (the manifest then marks "
+            "the older ones superseded, and layouts leave them out; their files stay), or "
+            "choose another -o",
             outdir,
         )
     if changed:
@@ -277,7 +286,7 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         prior[nm] = {
             **prior[nm],
             "status": "superseded",
-            "error": "made with other options; this input was converted again with --force",
+            "error": "this input was converted again under another name, with --force",
         }
     this_run = {r["case"] for r in decided} | {t.row["case"] for t in todo}
     kept = [r for c, r in prior.items() if c not in this_run]  # earlier runs' cases stay listed

@@ -23,27 +23,6 @@ import traceback
 __all__ = ["main", "run", "build_parser", "plain_console"]
 
 
-def _exit_all() -> str:
-    from ._cli_parser import exit_status
-
-    return exit_status(
-        "everything worked",
-        "the command could not start: bad arguments or inputs (the message says which)",
-        "some cases or files failed",
-        head="exit status (each command's --help says more):",
-    )
-
-
-def _exit_inspect() -> str:
-    from ._cli_parser import exit_status
-
-    return exit_status(
-        "every volume was read",
-        "bad arguments, or a path that does not exist",
-        "some series or files are in error (listed), or none was found",
-    )
-
-
 def _at_least(lowest: int):
     """An argparse type: a whole number >= ``lowest``."""
 
@@ -186,14 +165,14 @@ def _cmd_trace(a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``medproc`` (subcommands ``inspect``, ``convert``, ``trace``)."""
     from . import __version__
-    from ._cli_parser import Parser, exit_status
+    from ._cli_parser import EXIT_ALL, EXIT_INSPECT, EXIT_TRACE, Parser
     from .convert_cli import HelpFormatter, add_convert_parser
 
     p = Parser(
         prog="medproc",
         description="Fast, exact medical-imaging preprocessing.",
         formatter_class=HelpFormatter,
-        epilog=_exit_all(),
+        epilog=EXIT_ALL,
     )
     p.add_argument("--version", action="version", version=f"medproc {__version__}")
     _add_verbosity(p, argparse.SUPPRESS)
@@ -209,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
             88,
         ),
         formatter_class=HelpFormatter,
-        epilog=_exit_inspect(),
+        epilog=EXIT_INSPECT,
     )
     i.add_argument("paths", nargs="+", help="DICOM folders/files, NIfTI, NRRD or MHA files")
     i.add_argument("--json", action="store_true", help="machine-readable output")
@@ -235,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
             88,
         ),
         formatter_class=HelpFormatter,
-        epilog=exit_status("the report was printed", "no trace in DIR (or two runs in it)"),
+        epilog=EXIT_TRACE,
     )
     t.add_argument("folder", metavar="DIR", help="the folder MEDPROC_TRACE named")
     t.add_argument(
@@ -315,7 +294,8 @@ def _command(a) -> int:
     try:
         return a.func(a)
     except KeyboardInterrupt:
-        print(f"medproc {a.command}: interrupted", file=sys.stderr)
+        again = "; run the same command again to continue" if a.command == "convert" else ""
+        print(f"medproc {a.command}: interrupted{again}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader of our output went away (medproc inspect | head)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

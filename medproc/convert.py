@@ -32,8 +32,8 @@ from concurrent.futures import BrokenExecutor
 
 import numpy as np
 
-from ._batch import INTERRUPTED, Batch
-from ._case_checks import check_not_an_input, warn_unmatched
+from ._batch import INTERRUPTED, Batch, close_all
+from ._case_checks import check_not_an_input, warn_label_like, warn_unmatched
 from ._convert_case import (
     _init_worker,
     _warm_up,
@@ -42,6 +42,7 @@ from ._convert_case import (
     plain_warning,
     sidecar_path,
 )
+from ._options import output_options
 from ._plan_batch import foresee, plan_cases
 from .cases import (
     DEFAULT_NAME,
@@ -52,7 +53,7 @@ from .cases import (
     read_annotation_table,
 )
 from .errors import MedprocError, UsageError, check_device
-from .manifest import MANIFEST_FIELDS, STATUSES, output_options, prepare_outdir, read_manifest
+from .manifest import MANIFEST_FIELDS, STATUSES, prepare_outdir, read_manifest
 from .spec import Spec
 
 log = logging.getLogger(__name__)
@@ -306,6 +307,7 @@ def prepare(
         prior = read_manifest(os.path.join(outdir, "manifest.csv"), repair=not dry_run)
         opts = output_options(spec, fmt, nan)
         warn_unmatched(cases, table)
+        warn_label_like(cases)
         batch = plan_cases(
             cases, outdir, prior, opts, fmt=fmt, name=name, force=force, qc=qc, table=table
         )
@@ -354,8 +356,10 @@ def prepare(
         )
         return batch
     except BaseException:
-        for close in closers:
-            close()
+        try:
+            close_all(closers)
+        except KeyboardInterrupt:  # (a second Ctrl-C while closing: the first is raised)
+            pass
         raise
 
 

@@ -276,7 +276,7 @@ def _cmd_convert(a) -> int:
     ) as batch:
         check_cases(a, batch, targets)
         if a.dry_run:  # (status 1 when it lists cases that would fail, as the run's)
-            print_plan(batch, plain_console())
+            print_plan(batch, plain_console(), targets)
             return int(any(r["status"] == "failed" for r in batch.decided))
         try:
             with span("batch", cases=len(batch.todo), workers=batch.workers):

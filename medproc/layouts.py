@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import re
 import shutil
 import warnings
 
@@ -28,11 +27,11 @@ import numpy as np
 from ._layout_labels import find_dicom_labels, gather_labels, label_on_grid
 from ._layout_targets import (
     _DESCRIPTION,
+    check_nnunet_target,
     check_own_labels,
     dataset_lock,
     drop_leftovers,
     is_medproc_datalist,
-    is_medproc_dataset,
     old_channel_name,
     within,
     written_from,
@@ -49,8 +48,6 @@ __all__ = [
     "find_dicom_labels",
     "label_on_grid",
 ]
-
-_NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
 
 
 def _manifest_rows(source) -> list[dict]:
@@ -187,16 +184,7 @@ def write_nnunet(
     if link not in ("auto", "hard", "copy"):
         raise ValueError(f"link must be 'auto', 'hard' or 'copy', got {link!r}")
     target = os.path.abspath(os.fspath(dataset_dir))
-    if not _NNUNET_NAME.match(os.path.basename(target)):
-        raise ValueError(
-            f"nnU-Net finds raw datasets by name: {os.path.basename(target)!r} must look like "
-            "'Dataset501_Lungs' (Dataset + 3 digits + _ + name), inside $nnUNet_raw"
-        )
-    if os.path.lexists(target) and not is_medproc_dataset(target):
-        raise FileExistsError(
-            f"{target} exists and is not a dataset medproc wrote: medproc never replaces a folder "
-            "it did not write; move it away or choose another dataset folder"
-        )
+    check_nnunet_target(target)
     if os.path.exists(target) and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--force) to replace it")
     if isinstance(source, (str, os.PathLike)) and within(source, target):

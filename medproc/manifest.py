@@ -13,7 +13,8 @@ written safely.
 - A ``manifest.csv`` that cannot be parsed (binary, not UTF-8, wrong header) is moved aside to
   ``manifest.csv.unreadable-<time>`` with a warning; its cases are then redone.
 - Each row records the options that made its outputs (``options``: the spec, format and NaN
-  policy as JSON), so a rerun with other options can say what differs (:func:`options_diff`),
+  policy as JSON), so a rerun with other options can say what differs
+  (:func:`medproc._options.options_diff`),
   and the identity of what it read (``input_id``: sizes and modification times, hashed, see
   :func:`medproc._case_files.input_identity`), so a rerun redoes a case whose input changed.
 """
@@ -43,8 +44,6 @@ __all__ = [
     "read_manifest",
     "write_manifest",
     "OutdirLock",
-    "output_options",
-    "options_diff",
     "STATUSES",
     "FINISHED",
     "is_finished",
@@ -356,52 +355,3 @@ def write_manifest(path: str, rows: list[dict]) -> None:
                 w.writerow({k: r.get(k, "") for k in MANIFEST_FIELDS})
     except OSError as e:
         raise OutputError(f"cannot be written: {e.strerror or e}", path) from None
-
-
-def output_options(spec, fmt: str, nan: str) -> dict:
-    """The options that decide what a case's outputs hold: the spec, the format and the NaN
-    policy (not the device, the workers or the naming template), as plain JSON values."""
-    import dataclasses
-    import json
-
-    return json.loads(
-        json.dumps({"spec": dataclasses.asdict(spec), "format": fmt, "nan": nan}, sort_keys=True)
-    )
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}".removeprefix("spec.")] = v
-    return out
-
-
-def _show(v) -> str:
-    if isinstance(v, list):
-        return " x ".join(f"{x:.15g}" if isinstance(x, float) else str(x) for x in v)
-    return "none" if v is None else str(v)
-
-
-def options_diff(old: dict, new: dict) -> list[str]:
-    """What differs between two :func:`output_options`, in words, each named as its option
-    of ``medproc convert`` (and its argument of Spec or Intensity).
-
-    >>> from medproc.spec import Spec
-    >>> options_diff(output_options(Spec(spacing=2), "nii.gz", "error"),
-    ...              output_options(Spec(spacing=1.5, orientation="RAS"), "nii.gz", "error"))
-    ['orientation: none before, RAS now', 'spacing: 2 x 2 x 2 before, 1.5 x 1.5 x 1.5 now']
-    """
-    a, b = _flat(old), _flat(new)
-    return [
-        f"{k.removeprefix('intensity.')}: {_show(a.get(k))} before, {_show(b.get(k))} now"
-        for k in list(b) + [k for k in a if k not in b]
-        if a.get(k) != b.get(k) and not (_nan(a.get(k)) and _nan(b.get(k)))
-    ]
-
-
-def _nan(v) -> bool:
-    """Whether ``v`` is NaN (a NaN fill is the same option on both sides)."""
-    return isinstance(v, float) and v != v

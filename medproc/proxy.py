@@ -283,7 +283,7 @@ class ProxyServer:
             from .errors import TORCH_CPU_HINT
 
             raise ImportError(
-                f"the proxy feeds PyTorch DataLoaders: pip install 'medproc[torch]' {TORCH_CPU_HINT}"
+                f"the proxy feeds PyTorch DataLoaders: pip install torch {TORCH_CPU_HINT}"
             ) from None
         from .pipeline import Engine, Graph, gpu_available
         from .spec import check_args

@@ -72,7 +72,7 @@ def _bad_usage_cases(tmp_path, image):
         "nnunet without dataset": (base + ["--layout", "nnunet"], "needs --dataset"),
         "nnunet bad name": (
             base + ["--layout", "nnunet", "--dataset", str(tmp_path / "lungs")],
-            "named like Dataset501_Lungs",
+            "must look like 'Dataset501_Lungs'",
         ),
         "nnunet npy": (
             base

@@ -84,6 +84,32 @@ def test_another_format_or_name_template_is_refused_too(sample_data, tmp_path, c
     assert {(r["status"], r["output"][-4:]) for r in m.values()} == {("ok", ".nii")}
 
 
+def test_the_same_inputs_under_another_name_are_refused_even_with_the_same_options(
+    sample_data, tmp_path, capsys
+):
+    """A second --name with the same options would put each input in the folder, and in a
+    layout made from it, twice (a validation case could train under its other name)."""
+    out = tmp_path / "out"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3"]
+    labels = ["--labels", os.path.join(sample_data, "nifti", "labels")]
+    assert main(args + labels) == 0
+    capsys.readouterr()
+    again = args + labels + ["--name", "copy_{stem}", "--layout", "monai"]
+    assert main(again) == 2
+    err = capsys.readouterr().err
+    assert "under other names (case001.nii.gz" in err and "made with these options" in err
+    assert "--name they were made with" in err and "--force" in err
+    assert not [f for f in os.listdir(out) if f.startswith("copy_")]
+    assert main(again + ["--force"]) == 0
+    doc = json.load(open(out / "datalist.json"))  # each input once: the older rows superseded
+    assert sorted(x["image"] for x in doc["training"]) == [
+        "copy_case001.nii.gz",
+        "copy_case002.nii.gz",
+    ]
+    m = _manifest(out)
+    assert {r["status"] for c, r in m.items() if not c.startswith("copy_")} == {"superseded"}
+
+
 def test_a_forced_run_under_other_names_resumes_without_force(sample_data, tmp_path):
     """After ``--force`` converted the inputs again under other names, an interrupted run of
     that same command continues without --force (the older outputs are marked superseded)."""
@@ -481,6 +507,15 @@ def test_usage_errors_name_the_option_and_suggest_the_closest(sample_data, tmp_p
         ([*args, "--spacng", "1"], "unrecognized arguments: --spacng 1; did you mean --spacing?"),
         ([*args, "--orientaton=RAS"], "did you mean --orientation?"),
         (["convrt", _images(sample_data)], "did you mean convert?"),
+        (  # an option of several values took the input after it
+            ["convert", "--spacing", "3", _images(sample_data), "-o", str(out)],
+            f"{_images(sample_data)!r} is a path: put the inputs before the options, or write "
+            "--spacing=VALUE",
+        ),
+        (
+            ["convert", "-o", str(out), "--layout", "monai", "--validation", "a", str(out)],
+            "(--spacing, --validation) takes every word after it: put the inputs before",
+        ),
     ):
         with pytest.raises(SystemExit) as e:
             main(argv)
@@ -513,3 +548,28 @@ def test_layout_and_dask_needs_are_checked_before_any_work(
     err = capsys.readouterr().err
     assert "--dask needs dask.distributed: pip install" in err and "bug" not in err
     assert not out.exists()
+
+
+def test_dry_run_lists_the_layouts_it_would_write(sample_data, tmp_path, capsys):
+    ds, out = tmp_path / "raw" / "Dataset510_Dry", tmp_path / "out"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3"]
+    args += ["--labels", os.path.join(sample_data, "nifti", "labels")]
+    args += ["--layout", "nnunet", "--dataset", str(ds), "--layout", "monai", "--dry-run"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert f"layout       {ds}: nnU-Net raw dataset" in text
+    assert f"layout       {out / 'datalist.json'}: MONAI datalist" in text
+    assert not ds.exists() and not out.exists()
+
+
+def test_label_maps_given_as_inputs_are_said(sample_data, tmp_path, capsys):
+    """`medproc convert sample_data` (images and labels in one tree) resamples the label maps
+    as images: said, naming them; with --labels nothing is said."""
+    out = str(tmp_path / "o")
+    assert main(["convert", sample_data, "-o", out, "--spacing", "3", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "2 image(s) to convert lie in a folder named like label maps" in err
+    assert os.path.join("labels", "case001.nii.gz") in err and "--labels" in err
+    args = ["convert", _images(sample_data), "-o", out, "--spacing", "3", "--dry-run"]
+    assert main(args + ["--labels", os.path.join(sample_data, "nifti", "labels")]) == 0
+    assert "named like label maps" not in capsys.readouterr().err

@@ -187,3 +187,52 @@ def test_after_a_ctrl_c_the_counts_tell_failed_from_not_converted_yet():
     assert "5 not started, of 13 case(s)" in line and "1 path(s) skipped, not images (-v" in line
     verbose = summary_line(SimpleNamespace(outdir="out", verbose=True), batch, s, 1.0)
     assert "(listed above)" in verbose and "-v lists them" not in verbose
+
+
+def test_a_ctrl_c_while_closing_still_releases_the_output_folder(tmp_path):
+    """Two quick Ctrl-Cs while the headers were read left .medproc.lock: the second landed in
+    the pool's shutdown and the lock's release never ran. Each closing step now runs."""
+    from medproc._batch import close_all
+    from medproc.manifest import prepare_outdir
+
+    out = tmp_path / "out"
+    lock = prepare_outdir(str(out))
+    assert (out / ".medproc.lock").exists()
+
+    def shutdown():  # the pool's shutdown, cut short by the second Ctrl-C
+        raise KeyboardInterrupt
+
+    closers = [shutdown, lock.release]
+    with pytest.raises(KeyboardInterrupt):
+        close_all(closers)
+    assert closers == [] and not out.exists()  # the lock gone, and the folder it made
+
+
+def test_two_ctrl_cs_while_the_headers_are_read_leave_no_lock(tmp_path, monkeypatch):
+    """prepare(): the first Ctrl-C lands in the header scan, the second in the early pool's
+    shutdown: the output folder's lock is released all the same."""
+    import medproc.convert as conv
+
+    class Pool:
+        def shutdown(self, *a, **k):
+            raise KeyboardInterrupt  # the second Ctrl-C
+
+        def submit(self, *a, **k):
+            pass
+
+    def scan(inputs, labels_dir, executor=None, exclude=(), on_files=None):
+        if on_files is not None:  # the inputs listed: the pool is forked early
+            on_files([str(tmp_path / "a" / f"{n}.dcm") for n in range(4)], 0)
+        raise KeyboardInterrupt  # the first Ctrl-C, while the headers are read
+
+    import medproc._procs as procs
+
+    monkeypatch.setattr(procs, "start_pool", lambda *a, **k: Pool())
+    monkeypatch.setattr(conv, "find_cases", scan)
+    monkeypatch.setattr(procs, "auto_workers", lambda *a, **k: 2)
+    monkeypatch.setattr(procs, "can_fork", lambda device: True)
+    (tmp_path / "in").mkdir()
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        conv.prepare(str(tmp_path / "in"), str(out), medproc.Spec(spacing=2.0))
+    assert not out.exists()  # neither the lock nor the folder it made is left

@@ -18,8 +18,7 @@ except ImportError as _e:
     from ..errors import TORCH_CPU_HINT
 
     raise ImportError(
-        f"medproc.monai needs MONAI and PyTorch ({_e}): pip install 'medproc[monai]' "
-        f"{TORCH_CPU_HINT}"
+        f"medproc.monai needs MONAI and PyTorch ({_e}): pip install monai torch {TORCH_CPU_HINT}"
     ) from None
 
 from .loader import Augment, PatchLoader, PosNeg  # noqa: E402

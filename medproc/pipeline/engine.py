@@ -130,9 +130,7 @@ class Engine:
             import importlib.util
 
             if importlib.util.find_spec("torch") is None:
-                raise ImportError(
-                    "device='gpu' hands CUDA tensors to PyTorch: pip install 'medproc[torch]'"
-                )
+                raise ImportError("device='gpu' hands CUDA tensors to PyTorch: pip install torch")
         self.device = device
         self.batch_size = max(1, int(batch_size))
         self.num_threads = int(num_threads or default_threads())
