@@ -160,6 +160,13 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
                 "the inputs (the case is then a test case, without a label)",
                 src,
             )
+        on_grid = lab.shape == image.shape[:3] and np.allclose(lab.affine, image.affine, atol=1e-4)
+        if not on_grid and not np.any(label_on_grid(lab, image.affine, image.shape, device).array):
+            raise MedprocError(  # (on its own grid: placed nowhere on the series it names)
+                f"every labelled voxel lies outside {row['source']}: is it the segmentation of "
+                "another series? An empty label would train the case as all background",
+                src,
+            )
     else:
         lab = load(src)
     names = lab.meta.get("segments") or lab.meta.get("rois")
@@ -180,11 +187,12 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
         return lab, None
     named = {int(k): " ".join(str(v).split()) for k, v in names.items()}
     what = "segment" if modality == "SEG" else "ROI"
-    unnamed = sorted(k for k, v in named.items() if not v and np.any(lab.array == k))
+    used = {int(v) for v in np.unique(lab.array) if v}
+    unnamed = sorted(k for k in used if not named.get(k))  # (blank, or never declared)
     if unnamed:  # (classes are matched across cases by name)
         raise MedprocError(
-            f"{what}(s) {unnamed} have no name: a layout matches classes across cases by "
-            f"name; name them in the file",
+            f"{what}(s) {unnamed} have no name (blank, or not declared in the file): a layout "
+            "matches classes across cases by name; name them in the file",
             src,
         )
     if any(v.lower() == "background" for v in named.values()):

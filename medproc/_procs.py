@@ -224,7 +224,16 @@ def dask_executor(address: str, workers: int):
         ex = client.get_executor()
         ex.medproc_workers, ex.medproc_start_method = n, "dask"
         return ex, [client.close, cluster.close]
-    client = Client(address)
+    try:
+        client = Client(address, timeout="10s")
+    except (ValueError, TypeError, OSError) as e:  # (a bad address; none listening: timed out)
+        from .errors import UsageError
+
+        raise UsageError(
+            f"--dask {address}: no dask scheduler reached there ({type(e).__name__}: {e}); give "
+            "the address of a running scheduler (tcp://host:8786 or host:8786), 'local' or "
+            "'local:N'"
+        ) from None
     ex = client.get_executor()
     ex.medproc_start_method = "dask"
     try:

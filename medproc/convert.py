@@ -173,6 +173,15 @@ def check_options(fmt: str, nan: str, workers, device: str, name: str, spec) -> 
         raise UsageError(f"--dtype float16: {fmt} files hold no float16 voxels; use --format npy")
     if nan not in ("error", "zero", "keep"):
         raise UsageError(f"nan must be 'error', 'zero' or 'keep', got {nan!r}")
+    if (
+        nan == "keep"
+        and spec.dtype is not None
+        and not np.issubdtype(np.dtype(spec.dtype), np.floating)
+    ):
+        raise UsageError(
+            f"--nan keep keeps NaN voxels, which --dtype {spec.dtype} cannot hold (they would "
+            "become 0): use a float --dtype, or --nan zero to say so"
+        )
     device = check_device(device)
     check_template(name)
     if device == "gpu":

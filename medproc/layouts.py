@@ -16,11 +16,11 @@ space used, and a later ``convert --force`` (which writes new files) never chang
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
 import warnings
+from collections import Counter
 
 import numpy as np
 
@@ -36,9 +36,10 @@ from ._layout_targets import (
     within,
     written_from,
 )
+from .cases import safe_name
 from .errors import MedprocError, MedprocWarning
 from .io.atomic import atomic_dir
-from .manifest import is_finished
+from .manifest import is_finished, manifest_rows
 from .volume import Volume
 
 __all__ = [
@@ -51,15 +52,15 @@ __all__ = [
 
 
 def _manifest_rows(source) -> list[dict]:
-    """Manifest rows, from an output folder, a manifest.csv, or rows."""
+    """Manifest rows, from an output folder, a manifest.csv (parsed strictly:
+    :func:`medproc.manifest.manifest_rows`), or rows."""
     if not isinstance(source, (str, os.PathLike)):
         return [dict(r) for r in source]
     path = os.fspath(source)
     path = os.path.join(path, "manifest.csv") if os.path.isdir(path) else path
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no manifest.csv; run medproc convert first")
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+        raise MedprocError("no manifest.csv there; run medproc convert first", path)
+    return manifest_rows(path)
 
 
 def gather_layout_labels(source, labels=None, label_names=None, device="cpu", failed=None):
@@ -69,13 +70,35 @@ def gather_layout_labels(source, labels=None, label_names=None, device="cpu", fa
 
 
 def _finished_rows(source, rows=None) -> list[dict]:
-    """Manifest rows whose case finished (status ok or skipped) and whose output exists."""
+    """Manifest rows whose case finished (status ok or skipped) and whose output exists (a
+    missing one is said); a case name that is no file name medproc writes (a path, empty, or
+    twice: an edited manifest) is an error, as a layout file is named after it."""
     rows = _manifest_rows(source) if rows is None else rows
-    done = [r for r in rows if is_finished(r) and os.path.exists(r["output"])]
+    where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the rows given"
+    names = Counter(r.get("case") or "" for r in rows)
+    for name, n in names.items():
+        if not name or safe_name(name) != name or n > 1:
+            why = "repeated" if n > 1 and name else "not a file name medproc writes (a path?)"
+            raise MedprocError(
+                f"case name {name!r}: {why}; was the manifest edited? Convert again to rewrite it",
+                where,
+            )
+    done = []
+    for r in filter(is_finished, rows):
+        if not os.path.isfile(r.get("output") or ""):
+            _say(f"case {r['case']}: its output {r.get('output')!r} is missing: left out")
+            continue
+        if r.get("label_output") and not os.path.isfile(r["label_output"]):
+            _say(f"case {r['case']}: its label {r['label_output']} is missing: listed without one")
+            r = {**r, "label_output": ""}
+        done.append(r)
     if not done:
-        where = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "the rows given"
         raise MedprocError("no finished case in the manifest (status ok or skipped)", where)
     return sorted(done, key=lambda r: r["case"])
+
+
+def _say(text: str) -> None:
+    warnings.warn(text, MedprocWarning, stacklevel=3)
 
 
 def _place(src: str, dst: str, link: str) -> None:

@@ -31,7 +31,7 @@ import tempfile
 import time
 import warnings
 
-from .errors import MedprocWarning, OutputError
+from .errors import MedprocWarning, OutputError, ReadError
 from .io import atomic_write
 from .io.atomic import is_temporary
 
@@ -42,6 +42,7 @@ __all__ = [
     "prepare_outdir",
     "check_outdir",
     "read_manifest",
+    "manifest_rows",
     "write_manifest",
     "OutdirLock",
     "STATUSES",
@@ -288,13 +289,10 @@ def _unescaped(value: str | None) -> str | None:
     return name if os.path.lexists(name) else value
 
 
-def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
-    """The rows of an existing manifest by case name ({} if there is none). One that cannot be
-    parsed is moved aside (``manifest.csv.unreadable-<time>``) with a :class:`MedprocWarning`
-    (with ``repair=False``, e.g. for a dry run, it is left where it is: {} with the warning)."""
-    if not os.path.exists(path):
-        return {}
-    foreign = None  # someone else's table: a readable header with none of the columns
+def manifest_rows(path: str) -> list[dict]:
+    """The rows of ``path``, parsed strictly: :class:`~medproc.errors.ReadError` (naming the
+    file and the line) for a file that is no medproc manifest, cannot be decoded, or has a row
+    without a case name, with extra cells or repeating a case name."""
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
@@ -302,23 +300,49 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
             need = ("case", "source", "output", "status")
             missing = [k for k in need if k not in fields]
             if fields and len(missing) == len(need):
-                foreign = ", ".join(fields[:6])
-            elif missing:
-                raise ValueError(f"no {missing} column(s) in its header {fields[:6]}")
-            else:
-                rows = {}
-                for line, r in enumerate(reader, 2):
-                    if not r.get("case") or None in r:
-                        raise ValueError(f"line {line} is not a manifest row")
-                    for k in ("source", "output", "label_output"):
-                        r[k] = _unescaped(r.get(k))
-                    rows[r["case"]] = r
-                return rows
-    except (ValueError, csv.Error, UnicodeDecodeError, OSError) as e:
+                raise ReadError(
+                    f"is not a medproc manifest (its columns: {', '.join(fields[:6])})", path
+                )
+            if missing:
+                raise ReadError(f"has no {missing} column(s) in its header {fields[:6]}", path)
+            rows, seen = [], set()
+            for line, r in enumerate(reader, 2):
+                if not r.get("case") or None in r:
+                    raise ReadError(f"line {line} is not a manifest row", path)
+                if r["case"] in seen:
+                    raise ReadError(f"line {line} repeats case {r['case']!r}", path)
+                seen.add(r["case"])
+                for k in ("source", "output", "label_output"):
+                    r[k] = _unescaped(r.get(k))
+                rows.append(r)
+            return rows
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise ReadError(f"cannot be parsed ({type(e).__name__}: {e})", path) from None
+    except OSError as e:
+        raise ReadError(f"cannot be read ({e.strerror or e})", path) from None
+
+
+def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
+    """The rows of an existing manifest by case name ({} if there is none). One that cannot be
+    parsed is moved aside (``manifest.csv.unreadable-<time>``) with a :class:`MedprocWarning`
+    (with ``repair=False``, e.g. for a dry run, it is left where it is: {} with the warning);
+    someone else's table of that name is a :class:`~medproc.errors.UsageError`."""
+    if not os.path.exists(path):
+        return {}
+    try:
+        return {r["case"]: r for r in manifest_rows(path)}
+    except ReadError as e:
+        if e.message.startswith("is not a medproc manifest"):
+            from .errors import UsageError
+
+            raise UsageError(
+                f"{path} {e.message}: medproc never replaces a file it did not write; choose "
+                "another -o"
+            ) from None
         if not repair:
             warnings.warn(
-                f"{path} could not be parsed ({type(e).__name__}: {e}); a run would move it "
-                "aside and redo the outputs it recorded",
+                f"{path} could not be parsed ({e.message}); a run would move it aside and redo "
+                "the outputs it recorded",
                 MedprocWarning,
                 stacklevel=2,
             )
@@ -328,21 +352,15 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
             os.replace(path, aside)
         except OSError as e2:
             raise OutputError(
-                f"cannot be parsed ({e}) nor moved aside ({e2.strerror}); remove it", path
+                f"cannot be parsed ({e.message}) nor moved aside ({e2.strerror}); remove it", path
             ) from None
         warnings.warn(
-            f"{path} could not be parsed ({type(e).__name__}: {e}); moved aside to {aside}. "
-            "Outputs it recorded are redone",
+            f"{path} could not be parsed ({e.message}); moved aside to {aside}. Outputs it "
+            "recorded are redone",
             MedprocWarning,
             stacklevel=2,
         )
         return {}
-    from .errors import UsageError
-
-    raise UsageError(
-        f"{path} is not a medproc manifest (its columns: {foreign}): medproc never replaces a "
-        "file it did not write; choose another -o"
-    )
 
 
 def write_manifest(path: str, rows: list[dict]) -> None:

@@ -495,6 +495,8 @@ def test_usage_errors_name_the_option_and_suggest_the_closest(sample_data, tmp_p
         with pytest.raises(SystemExit) as e:
             main(args + pair)
         assert e.value.code == 2 and said in capsys.readouterr().err
+    assert main([*args, "--nan", "keep", "--dtype", "int16"]) == 2  # (NaN became 0, unsaid)
+    assert "--nan keep keeps NaN voxels, which --dtype int16 cannot hold" in capsys.readouterr().err
     assert main([*args, "--orientation", "XYZ"]) == 2
     assert "invalid options: --orientation must be three codes" in capsys.readouterr().err
     assert main([*args, "--annotations", str(tmp_path / "nope.csv")]) == 2
@@ -540,6 +542,10 @@ def test_layout_and_dask_needs_are_checked_before_any_work(
     if importlib.util.find_spec("distributed") is not None:  # (it hung, starting no worker)
         assert main([*args, "--dask", "local:0"]) == 2
         assert "--dask local:0: give a scheduler address" in capsys.readouterr().err
+        for bad in ("foo", "http://x", "127.0.0.1:notaport"):  # (was "a bug in medproc")
+            assert main([*args, "--dask", bad]) == 2
+            err = capsys.readouterr().err
+            assert f"--dask {bad}: no dask scheduler reached there" in err and "bug" not in err
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n == "distributed" else real(n, *a)

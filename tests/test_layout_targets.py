@@ -308,3 +308,52 @@ def test_a_foreign_file_in_the_datalists_labels_folder_is_never_replaced(
     assert _convert(images, labels, tmp_path / "o2", "--layout", "monai") == 1
     assert "no datalist of medproc's lists" in capsys.readouterr().err
     assert (tmp_path / "o2" / "labels" / "case001.nii.gz").read_bytes() == b"mine"
+
+
+def test_an_edited_manifest_never_makes_a_layout_write_outside_its_folder(
+    sample_data, tmp_path, recwarn
+):
+    """Layout files are named after the manifest's case names: a name that is a path (an edited
+    manifest) wrote ../victim_0000.nii.gz over someone's file; a repeated name, or a missing
+    output, passed unsaid."""
+    import csv
+
+    from medproc.errors import MedprocError
+    from medproc.layouts import write_monai_datalist, write_nnunet
+
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    out = tmp_path / "out"
+    assert _convert(images, labels, out) == 0
+    victim = tmp_path / "victim_0000.nii.gz"
+    victim.write_text("precious")
+    manifest = out / "manifest.csv"
+    good = manifest.read_text()
+
+    def edit(change):
+        with open(manifest, newline="") as f:
+            rows = list(csv.DictReader(f))
+        change(rows)
+        with open(manifest, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+    for change, said in (
+        (lambda rows: rows[0].update(case=str(tmp_path / "victim")), "not a file name medproc"),
+        (lambda rows: rows[0].update(case="../../victim"), "not a file name medproc"),
+        (lambda rows: rows[1].update(case=rows[0]["case"]), "repeats case 'case001'"),
+    ):
+        manifest.write_text(good)
+        edit(change)
+        for write, dst in ((write_nnunet, "raw/Dataset520_E"), (write_monai_datalist, "d.json")):
+            with pytest.raises(MedprocError, match=said):
+                write(str(out), str(tmp_path / dst))
+    assert victim.read_text() == "precious" and not (tmp_path / "raw").exists()
+    manifest.write_text(good)
+    os.unlink(out / "case002.nii.gz")  # an output deleted since: said, left out
+    p = write_monai_datalist(str(out), str(tmp_path / "d.json"))
+    assert [x["image"] for x in json.load(open(p))["training"]] == ["out/case001.nii.gz"]
+    assert any("case case002: its output" in str(w.message) for w in recwarn)
+    manifest.write_bytes("case,source,output,status\nd\xe9j\xe0,a,b,ok\n".encode("latin-1"))
+    with pytest.raises(MedprocError, match="cannot be parsed"):
+        write_monai_datalist(str(out), str(tmp_path / "d.json"))

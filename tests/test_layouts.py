@@ -186,6 +186,29 @@ def test_dicom_seg_labels_land_on_the_output_grid(converted, sample_data, tmp_pa
     np.testing.assert_array_equal(got, want.array == 1)
 
 
+
+def test_a_seg_off_its_series_or_with_an_undeclared_segment_is_refused(
+    converted, sample_data, tmp_path
+):
+    """A SEG whose frames lie 5 m away from the series it names became an all-background
+    label with a warning; a segment number the SEG does not declare became class 'label_7'.
+    Both are errors naming the file (the layout leaves the case out)."""
+    out, rows = converted
+    image, lab = _axial_label(sample_data)
+    found = {AXIAL_UID: str(tmp_path / "seg.dcm")}
+    far = image.affine.copy()
+    far[:3, 3] += 5000
+    ks = [k for k in range(image.shape[2]) if (lab[:, :, k] == 1).any()]
+    frames = [(k, 1, lab[:, :, k] == 1) for k in ks]
+    write_seg(found[AXIAL_UID], far, image.shape, frames, {1: "gtv"}, ref=AXIAL_UID)
+    with pytest.raises(medproc.MedprocError, match="every labelled voxel lies outside"):
+        write_nnunet([rows[AXIAL_UID]], tmp_path / "Dataset011_Far", labels=found)
+    frames = [(k, 7, lab[:, :, k] == 1) for k in ks]
+    write_seg(found[AXIAL_UID], image.affine, image.shape, frames, {1: "gtv"}, ref=AXIAL_UID)
+    with pytest.raises(medproc.MedprocError, match=r"segment\(s\) \[7\] have no name"):
+        write_nnunet([rows[AXIAL_UID]], tmp_path / "Dataset012_Undeclared", labels=found)
+
+
 def test_rtstruct_labels_land_on_the_output_grid_by_roi_name(converted, sample_data, tmp_path):
     out, rows = converted
     image, lab = _axial_label(sample_data)

@@ -96,15 +96,16 @@ class Lesions:
         idx = apply_affine(inv, self.centers) if len(self) else np.zeros((0, 3))
         shape = np.asarray(shape[:3])
         sp = np.sqrt((np.asarray(affine)[:3, :3] ** 2).sum(0))
+        dirs = np.asarray(affine)[:3, :3] / sp
+        diameters = self.diameters  # (once: a property over every lesion)
         out = []
         for n in range(len(self)):
             inside = bool(np.all(idx[n] >= -0.5) and np.all(idx[n] <= shape - 0.5))
             # extent along array axes: project the world box onto each axis direction
-            dirs = np.asarray(affine)[:3, :3] / sp
             ext = (
                 np.abs(dirs.T) @ self.sizes[n]
                 if self.kinds[n] == "box"
-                else np.full(3, self.diameters[n])
+                else np.full(3, diameters[n])
             )
             out.append(
                 {
@@ -114,7 +115,7 @@ class Lesions:
                     "center_world_ras": [round(float(x), 4) for x in self.centers[n]],
                     "center_voxel": [round(float(x), 4) for x in idx[n]],
                     "size_mm": [round(float(x), 4) for x in self.sizes[n]],
-                    "diameter_mm": round(float(self.diameters[n]), 4),
+                    "diameter_mm": round(float(diameters[n]), 4),
                     "size_voxels": [round(float(x), 4) for x in ext / sp],
                     "inside": inside,
                 }
