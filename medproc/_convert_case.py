@@ -354,8 +354,8 @@ def _worker(args):
     failed = {"worker": _worker_id(), "notes": say}
     try:
         return case, "ok", _convert_one(*args, say=say), ""
-    except MedprocError as e:
-        return case, "failed", failed, str(e)
+    except MedprocError as e:  # (one that names no file is about this case's input)
+        return case, "failed", failed, str(e) if e.path else f"{case.source}: {e}"
     except MemoryError:
         msg = f"{case.source}: not enough memory for this case; free memory or use fewer -j"
         return case, "failed", failed, msg

@@ -1,10 +1,10 @@
 """The options that decide what a case's outputs hold (the spec, the format, the NaN policy),
 as recorded in each manifest row and sidecar, and what differs between two such records, in
-the words of ``medproc convert``'s options."""
+the words of ``medproc convert``'s options; and the check of those options before any work."""
 
 from __future__ import annotations
 
-__all__ = ["output_options", "options_diff"]
+__all__ = ["check_options", "output_options", "options_diff"]
 
 
 def output_options(spec, fmt: str, nan: str) -> dict:
@@ -54,3 +54,41 @@ def options_diff(old: dict, new: dict) -> list[str]:
 def _nan(v) -> bool:
     """Whether ``v`` is NaN (a NaN fill is the same option on both sides)."""
     return isinstance(v, float) and v != v
+
+
+def check_options(fmt: str, nan: str, workers, device: str, name: str, spec) -> None:
+    """Raise :class:`UsageError` for an option ``convert`` cannot use (before any work)."""
+    import numpy as np
+
+    from .cases import check_template
+    from .errors import UsageError, check_device
+    from .io import FORMATS
+    from .io.writers import holds_float16
+    from .spec import check_args
+
+    check_args(spec, "convert", **({} if workers == "auto" else {"workers (or 'auto')": workers}))
+    if fmt not in FORMATS:
+        raise UsageError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if str(spec.dtype) == "float16" and not holds_float16(f"x.{fmt}"):
+        raise UsageError(f"--dtype float16: {fmt} files hold no float16 voxels; use --format npy")
+    if nan not in ("error", "zero", "keep"):
+        raise UsageError(f"nan must be 'error', 'zero' or 'keep', got {nan!r}")
+    if (
+        nan == "keep"
+        and spec.dtype is not None
+        and not np.issubdtype(np.dtype(spec.dtype), np.floating)
+    ):
+        raise UsageError(
+            f"--nan keep keeps NaN voxels, which --dtype {spec.dtype} cannot hold (they would "
+            "become 0): use a float --dtype, or --nan zero to say so"
+        )
+    device = check_device(device)
+    check_template(name)
+    if device == "gpu":
+        from .pipeline.cache import gpu_visible
+
+        if not gpu_visible():  # without importing DALI: the workers are forked after this
+            raise UsageError(
+                "--device gpu: DALI sees no NVIDIA GPU here (no driver, no device, or a CPU-only "
+                "DALI build); use --device cpu, or see docs/gpu.md"
+            )

@@ -42,17 +42,16 @@ from ._convert_case import (
     plain_warning,
     sidecar_path,
 )
-from ._options import output_options
+from ._options import check_options, output_options
 from ._plan_batch import foresee, plan_cases
 from .cases import (
     DEFAULT_NAME,
     Case,
     check_inputs,
-    check_template,
     find_cases,
     read_annotation_table,
 )
-from .errors import MedprocError, UsageError, check_device
+from .errors import MedprocError, UsageError
 from .manifest import MANIFEST_FIELDS, STATUSES, prepare_outdir, read_manifest
 from .spec import Spec
 
@@ -158,40 +157,6 @@ def convert(
         if on_start:
             on_start(len(batch.decided) + len(batch.todo))
         return batch.run(progress=progress, on_interrupt=on_interrupt)
-
-
-def check_options(fmt: str, nan: str, workers, device: str, name: str, spec) -> None:
-    """Raise :class:`UsageError` for an option ``convert`` cannot use (before any work)."""
-    from .io import FORMATS
-    from .io.writers import holds_float16
-    from .spec import check_args
-
-    check_args(spec, "convert", **({} if workers == "auto" else {"workers (or 'auto')": workers}))
-    if fmt not in FORMATS:
-        raise UsageError(f"format must be one of {FORMATS}, got {fmt!r}")
-    if str(spec.dtype) == "float16" and not holds_float16(f"x.{fmt}"):
-        raise UsageError(f"--dtype float16: {fmt} files hold no float16 voxels; use --format npy")
-    if nan not in ("error", "zero", "keep"):
-        raise UsageError(f"nan must be 'error', 'zero' or 'keep', got {nan!r}")
-    if (
-        nan == "keep"
-        and spec.dtype is not None
-        and not np.issubdtype(np.dtype(spec.dtype), np.floating)
-    ):
-        raise UsageError(
-            f"--nan keep keeps NaN voxels, which --dtype {spec.dtype} cannot hold (they would "
-            "become 0): use a float --dtype, or --nan zero to say so"
-        )
-    device = check_device(device)
-    check_template(name)
-    if device == "gpu":
-        from .pipeline.cache import gpu_visible
-
-        if not gpu_visible():  # without importing DALI: the workers are forked after this
-            raise UsageError(
-                "--device gpu: DALI sees no NVIDIA GPU here (no driver, no device, or a CPU-only "
-                "DALI build); use --device cpu, or see docs/gpu.md"
-            )
 
 
 def prepare(

@@ -45,7 +45,12 @@ def _sample(array, max_voxels: int = 4_000_000) -> np.ndarray:
     s = (s.cpu().numpy() if hasattr(s, "cpu") else np.asarray(s)).astype(np.float64).ravel()
     s = s[np.isfinite(s)]
     if s.size == 0:
-        raise ValueError("the intensity statistics found no finite voxel in the volume")
+        from .errors import MedprocError
+
+        raise MedprocError(
+            "the intensity statistics (--percentiles, --zscore, --scale) found no finite voxel "
+            "in the volume: every voxel is NaN or inf"
+        )
     return s
 
 

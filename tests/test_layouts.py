@@ -186,7 +186,6 @@ def test_dicom_seg_labels_land_on_the_output_grid(converted, sample_data, tmp_pa
     np.testing.assert_array_equal(got, want.array == 1)
 
 
-
 def test_a_seg_off_its_series_or_with_an_undeclared_segment_is_refused(
     converted, sample_data, tmp_path
 ):

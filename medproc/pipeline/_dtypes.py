@@ -79,8 +79,10 @@ def _feed_dtype_of(a, label: bool) -> str:
         return "int16"
     if -(2**24) <= lo and hi <= 2**24:
         return "float32"
+    from ..errors import MedprocError
+
     what = "label values" if label else f"{name} image values"
-    raise ValueError(
+    raise MedprocError(
         f"{what} {lo}..{hi} cannot be resampled exactly: DALI computes in float32, exact for "
         "|v| <= 2^24 only; rescale them, or cast to float32 yourself if rounding is acceptable"
     )
