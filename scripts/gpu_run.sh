@@ -9,6 +9,10 @@ export PYTHONPATH=/tmp/site:/tmp/sitk:$PWD MEDPROC_OFFLINE=1 PYTHONUNBUFFERED=1 
 # compressed files of pydicom-data, copied to .gpu-data (the package is not installed there)
 [ -d .gpu-data/pydicom-data ] && export MEDPROC_PYDICOM_DATA=$PWD/.gpu-data/pydicom-data
 ls .gpu-data/wheels/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/sitk .gpu-data/wheels/*.whl
+# medproc's own compiled dependencies the machine lacks (isal, pylibjpeg and its plugins), as
+# cp312 wheels: python -m pip download --only-binary :all: --no-deps --python-version 3.12
+#   -d .gpu-data/extra isal pylibjpeg pylibjpeg-libjpeg pylibjpeg-openjpeg pylibjpeg-rle
+ls .gpu-data/extra/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-data/extra/*.whl
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 want() { [ $# -eq 0 ] || [[ " $ALL " == *" $1 "* ]]; }
