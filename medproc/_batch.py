@@ -37,10 +37,14 @@ __all__ = ["Batch", "Todo", "INTERRUPTED", "NOT_STARTED", "STOPPED", "close_all"
 
 #: the status of a case a second Ctrl-C stopped, and its error (redone by the next run)
 STOPPED = "interrupted"
-INTERRUPTED = "interrupted (Ctrl-C) before it finished; run the same command again to convert it"
+INTERRUPTED = (
+    "interrupted (Ctrl-C or SIGTERM) before it finished; run the same command again to convert it"
+)
 #: the status of a case a Ctrl-C kept from starting (converted when the command is run again)
 NOT_STARTED = "not started"
-_NOT_STARTED_WHY = "not started: a Ctrl-C came first; run the same command again to convert it"
+_NOT_STARTED_WHY = (
+    "not started: a Ctrl-C (or SIGTERM) came first; run the same command again to convert it"
+)
 #: the row of a case not settled yet, written before any case starts: what a killed run leaves
 _PENDING_WHY = (
     "not converted: the run ended before this case was done (killed?); run the same command "
@@ -97,6 +101,7 @@ class Batch:
     made_qc: bool = False  # this run made OUTDIR/qc (removed again if left empty)
     said: set = field(default_factory=set)  # the case notes printed (each once)
     repeats: int = 0  # case notes not printed again: word for word one said for another case
+    terminated: bool = False  # a SIGTERM stopped the run (else a Ctrl-C, if interrupted)
 
     @property
     def annotations(self) -> list[tuple[str, str]]:
@@ -156,9 +161,9 @@ class Batch:
                 if progress:
                     progress(row)
 
-        interrupted = False
+        interrupted, stop = False, _Interrupts(on_interrupt)
         try:
-            with _Interrupts(on_interrupt) as stop:
+            with stop:
                 if self.executor is None:
                     self._run_here(stop, finish, on_started)
                 else:
@@ -169,6 +174,7 @@ class Batch:
             raise
         finally:  # every row settled, whatever happened: a second Ctrl-C may have ended a
             # finish() before its write; the cases a Ctrl-C kept from starting get a row too
+            self.terminated = stop.terminated
             settled = {id(r) for r in self.rows}
             for t in self.todo if interrupted else ():
                 if id(t.row) not in settled:
@@ -348,16 +354,21 @@ def _ok(fut) -> bool:
 
 class _Interrupts:
     """SIGINT in the main thread: the first sets ``requested`` (and calls ``on_first``), the
-    second raises ``KeyboardInterrupt``; the previous handler comes back on exit."""
+    second raises ``KeyboardInterrupt``. SIGTERM (``timeout``, ``docker stop``, a scheduler
+    ending a job) stops at once, as a second Ctrl-C does, and sets ``terminated``. The previous
+    handlers come back on exit."""
 
     def __init__(self, on_first=None):
-        self.requested, self.on_first, self.old = False, on_first, None
+        self.requested, self.terminated, self.on_first, self.old = False, False, on_first, {}
 
     def __enter__(self):
-        main = threading.current_thread() is threading.main_thread()
-        # (SIGINT ignored by whoever started us, e.g. `medproc convert &` in a script: kept so)
-        if main and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            self.old = signal.signal(signal.SIGINT, self._handler)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        # (a signal ignored by whoever started us, e.g. SIGINT for `medproc convert &` in a
+        # script: kept so)
+        for sig, handler in ((signal.SIGINT, self._handler), (signal.SIGTERM, self._term)):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                self.old[sig] = signal.signal(sig, handler)
         return self
 
     def _handler(self, signum, frame):
@@ -367,9 +378,13 @@ class _Interrupts:
         if self.on_first:
             self.on_first()
 
+    def _term(self, signum, frame):
+        self.requested = self.terminated = True
+        raise KeyboardInterrupt
+
     def __exit__(self, *exc):
-        if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
 
 
 def _options_json(options: dict) -> str:

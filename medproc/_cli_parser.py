@@ -56,6 +56,7 @@ def exit_status(
     failed: str | None = None,
     interrupted: str = "interrupted (Ctrl-C)",
     head: str = "exit status:",
+    terminated: str | None = None,
 ) -> str:
     """A command's table of exit statuses (its ``--help`` epilog): what 0, 1, 2 and 130 mean
     for it, with what every command shares (1 also for a bug, 141); docs/cli.md has the
@@ -69,7 +70,7 @@ def exit_status(
         ("2", usage),
         ("130", interrupted),
         ("141", "the reader of the output went away (a closed pipe)"),
-    ]
+    ] + ([("143", terminated)] if terminated else [])
     lines = [head]
     for code, text in rows:
         wrapped = textwrap.wrap(text, 82)

@@ -25,6 +25,8 @@ EXIT_CODES = exit_status(
     "manifest could not be written during the run (a full disk), or a layout could not be "
     "written",
     "interrupted (Ctrl-C): the running cases finished and recorded; rerun to continue",
+    terminated="terminated (SIGTERM: timeout, docker stop...): the running cases stopped and "
+    "recorded as interrupted; rerun to continue",
 )
 
 
@@ -303,15 +305,16 @@ def _cmd_convert(a) -> int:
                 )
         # (the failed are counted apart, in the summary line: each error says why)
         left = s["interrupted"] + s["not_started"]
+        how = "terminated (SIGTERM)" if batch.terminated else "interrupted"
         if interrupted and left == 0:  # Ctrl-C after the last case: nothing to redo
-            print("medproc convert: interrupted after every case was done", file=sys.stderr)
+            print(f"medproc convert: {how} after every case was done", file=sys.stderr)
         elif interrupted:
             print(
-                f"medproc convert: interrupted; {left} case(s) not converted yet: run the same "
+                f"medproc convert: {how}; {left} case(s) not converted yet: run the same "
                 "command again to continue",
                 file=sys.stderr,
             )
-            return 130
+            return 143 if batch.terminated else 130
         rc = 0 if s["failed"] == 0 else 1
         if targets:  # still holding the output folder's lock
             rc = max(rc, write_layouts(a, targets, batch, Mute() if quiet else ui.console()))

@@ -98,7 +98,7 @@ def test_ctrl_c_finishes_running_cases_records_them_and_resume_continues(data, t
     waiting = [r for r in every if r["status"] != "ok"]
     assert 1 <= len(rows) < 6 and waiting, every
     assert {r["status"] for r in waiting} == {"not started"}, waiting
-    assert all("not started: a Ctrl-C came first" in r["error"] for r in waiting)
+    assert all("not started: a Ctrl-C (or SIGTERM) came first" in r["error"] for r in waiting)
     assert f"{len(waiting)} case(s) not converted yet" in err  # (the summary counts them too)
     assert f", {len(waiting)} not started, of 6 case(s)" in err
     for r in rows:  # every recorded case finished: its output is complete
@@ -128,7 +128,7 @@ def test_a_second_ctrl_c_stops_the_running_cases_at_once(data, tmp_path):
     assert f"interrupted; {left} case(s) not converted yet" in err, err[-2000:]
     for r in rows:
         if r["status"] == "interrupted":
-            assert "interrupted (Ctrl-C) before it finished" in r["error"]
+            assert "interrupted (Ctrl-C or SIGTERM) before it finished" in r["error"]
             if os.path.exists(r["output"]):  # renamed into place just before the kill: whole
                 medproc.load(r["output"])
     assert not [f for f in os.listdir(out) if ".part" in f]  # the killed workers' temporaries
@@ -236,3 +236,30 @@ def test_two_ctrl_cs_while_the_headers_are_read_leave_no_lock(tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         conv.prepare(str(tmp_path / "in"), str(out), medproc.Spec(spacing=2.0))
     assert not out.exists()  # neither the lock nor the folder it made is left
+
+
+def test_sigterm_stops_at_once_records_the_rows_and_exits_143(data, tmp_path):
+    """SIGTERM to the main process only (what `timeout` and `docker stop` send): the running
+    cases stop as on a second Ctrl-C, every case has its row, no worker or lock is left, the
+    status is 143, and the same command continues."""
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, "-m", "medproc", "convert", data, "-o", out, "--spacing", "0.3"]
+    p = subprocess.Popen(cmd + ["-j", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline, manifest = time.time() + 60, os.path.join(out, "manifest.csv")
+    while not os.path.exists(manifest) and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    assert p.poll() is None, "the batch ended before the SIGTERM"
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    err = err.decode()
+    assert p.returncode == 143 and "Traceback" not in err, err[-2000:]
+    assert "terminated (SIGTERM);" in err and "run the same command again" in err
+    every = _rows(out)
+    assert len(every) == 6 and {r["status"] for r in every} <= {"ok", "interrupted", "not started"}
+    assert {r["status"] for r in every} != {"ok"}
+    assert not [f for f in os.listdir(out) if ".part" in f or f == ".medproc.lock"]
+    assert _left_behind(out) == []
+    assert subprocess.run(cmd + ["-j", "2"]).returncode == 0
+    after = _rows(out)
+    assert len(after) == 6 and {r["status"] for r in after} <= {"ok", "skipped"}
