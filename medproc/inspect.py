@@ -136,6 +136,7 @@ def inspect_paths(paths) -> list[Entry]:
                 out.append(Entry("annotation", p, modality="RTSTRUCT", files=1))
             else:
                 out.append(Entry("skipped", p, error=reason))
+    accounted.update(file_identity(f) for f in (scan.bad_files if scan else []))
     out = _named_inputs_accounted(paths, _stray_files(paths, out, accounted))
     once = {(e.kind, e.source, e.error): e for e in out}.values()  # (both walks skip a folder)
     return sorted(once, key=lambda e: (e.kind == "skipped", e.source))  # by path, skipped last

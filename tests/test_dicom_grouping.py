@@ -112,6 +112,24 @@ def test_a_stray_copy_with_a_damaged_header_fails_itself(tmp_path, quiet):
     assert list(_errors(inspect_paths(str(inp)))) == [str(inp / "stray_copy.dcm")]
 
 
+def test_a_series_every_file_of_which_fails_is_one_failed_case(tmp_path, quiet):
+    """40 files all failing the same header check (RescaleSlope 0) were 40 failed rows and 40
+    lines: now one, for the series' folder, naming a file, the reason and the count; inspect
+    shows one error and lists none of its files as skipped."""
+    inp = tmp_path / "in"
+    shutil.copytree(AXIAL, inp / "bad")
+    shutil.copytree(AXIAL, inp / "good")
+    _edit(inp / "bad", RescaleSlope=0, SeriesInstanceUID="1.2.3.4")
+    rc, rows = _convert(tmp_path, inp)
+    rows = _by_source(rows)
+    assert rc == 1 and {k: r["status"] for k, r in rows.items()} == {"bad": "failed", "good": "ok"}
+    err = rows["bad"]["error"]
+    assert "no usable file of series 1.2.3.4 (40 files)" in err and "RescaleSlope is 0" in err
+    entries = inspect_paths(str(inp))
+    assert list(_errors(entries)) == [str(inp / "bad")]
+    assert not [e for e in entries if e.kind == "skipped" and "bad" in e.source]
+
+
 def test_an_export_without_orientation_fails_itself_not_the_other(tmp_path, quiet):
     """A second export of the series whose files lost ImageOrientationPatient: that folder is
     a failed row naming its files; the intact export converts."""

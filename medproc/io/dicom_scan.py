@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .dicom_copies import dedupe
 from .dicom_group import DicomSeries, _same_orientation, group_records  # noqa: F401
@@ -53,11 +53,14 @@ __all__ = [
 class DicomScan:
     """The result of :func:`scan_dicom`: ``series``; ``skipped`` ``(path, reason)`` for files
     that are not DICOM images (stray files, reports, DICOMDIR, FIFOs); ``bad`` ``(path,
-    reason)`` for DICOM-looking or unreadable files that belong to no series found."""
+    reason)`` for DICOM-looking or unreadable files that belong to no series found (a series
+    none of whose files is usable: one entry, its folder); ``bad_files`` every file behind
+    ``bad``."""
 
     series: list[DicomSeries]
     skipped: list[tuple[str, str]]
     bad: list[tuple[str, str]]
+    bad_files: list[str] = field(default_factory=list)
 
 
 #: headers read per task of a pool whose size is not known (see :func:`_chunks`)
@@ -96,6 +99,33 @@ def _shared_info(records: list[tuple]) -> list[tuple]:
         if r[0] == "ok":
             r = (*r[:3], seen.setdefault(repr(sorted(r[3].items())), r[3]), *r[4:])
         out.append(r)
+    return out
+
+
+def _one_per_series(bad: list[tuple]) -> list[tuple[str, str]]:
+    """``(path, reason)`` of the unusable files of no series: those of one SeriesInstanceUID in
+    one folder (a series every file of which failed, e.g. all with RescaleSlope 0) as one entry
+    for the folder, naming its first file, the reason and how many files there are."""
+    out, groups = [], {}
+    for path, reason, uid in bad:
+        if uid is None:
+            out.append((path, reason))
+        else:
+            groups.setdefault((uid, os.path.dirname(path)), []).append((path, reason))
+    for (uid, folder), items in groups.items():
+        if len(items) == 1:
+            out.append(items[0])
+            continue
+        path, reason = items[0]
+        same = sum(r == reason for _, r in items)
+        out.append(
+            (
+                folder,
+                f"no usable file of series {uid} ({len(items)} files): {os.path.basename(path)}: "
+                f"{reason}"
+                + (f" ({same} of them say so)" if same < len(items) else " (all say so)"),
+            )
+        )
     return out
 
 
@@ -178,7 +208,7 @@ def scan_dicom(
                 f"{len(mine)} file(s) are identical copies of its files (same SOPInstanceUID "
                 f"and bytes), e.g. {mine[0][0]} of {mine[0][1]}: each is read once"
             )
-    bad: list[tuple[str, str]] = []
+    bad: list = []
     for path, reason, uid, sop in bad_recs:  # attach each to its series: by UID, else folder
         here = [s for s in series if os.path.dirname(path) in s.folders]
         owners = [s for s in series if uid is not None and s.uid == uid]
@@ -191,7 +221,9 @@ def scan_dicom(
         for s in owners:
             s.problems.append((path, reason))
         if not owners:
-            bad.append((path, reason))
+            bad.append((path, reason, uid))
+    bad_files = [path for path, _, _ in bad]
+    bad = _one_per_series(bad)
     series.sort(key=lambda s: (_num(s.info.get("SeriesNumber")), s.uid, s.files[0]))
     by_uid: dict[str, list[DicomSeries]] = {}
     for s in series:
@@ -200,7 +232,7 @@ def scan_dicom(
         if len(parts) > 1:
             for i, s in enumerate(parts, 1):
                 s.part = i
-    return DicomScan(series, skipped, bad)
+    return DicomScan(series, skipped, bad, bad_files)
 
 
 def find_series(
