@@ -175,3 +175,18 @@ def test_a_series_split_over_two_named_folders_is_one_volume(sample_data, tmp_pa
         assert row["source"] == str(tmp_path) and row["status"] == "ok"
     finally:
         os.chdir(here)
+
+
+def test_hidden_files_named_like_images_are_said_not_dropped(sample_data, tmp_path, capsys):
+    """``.x.nii.gz`` (macOS's ``._case.nii.gz``...) is not read, and says so; a .DS_Store and
+    medproc's own temporaries pass unsaid."""
+    import shutil
+
+    shutil.copy(f"{sample_data}/nifti/images/case001.nii.gz", tmp_path / "case001.nii.gz")
+    shutil.copy(f"{sample_data}/nifti/images/case001.nii.gz", tmp_path / "._case001.nii.gz")
+    (tmp_path / ".DS_Store").write_bytes(b"\0")
+    (tmp_path / ".case002.nii.gz.abcdefgh.part.nii.gz").write_bytes(b"")
+    assert main(["inspect", str(tmp_path), "--width", "300"]) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path / '._case001.nii.gz'}: a hidden file" in out and "1 path(s) skipped" in out
+    assert ".DS_Store" not in out and ".part" not in out

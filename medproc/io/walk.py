@@ -16,7 +16,12 @@ import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .atomic import is_temporary
 from .safety import is_within, special_kind
+
+#: hidden files said when skipped: those named like images (``._case.nii.gz`` of macOS...);
+#: other hidden files (.DS_Store...) pass unsaid
+_HIDDEN_SAID = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd", ".dcm")
 
 __all__ = [
     "Walk",
@@ -234,6 +239,11 @@ def walk_inputs(
                         walked.add(real)
                 for name in sorted(files):
                     low = name.lower()
+                    if name.startswith(".") and low.endswith(_HIDDEN_SAID):
+                        if not is_temporary(name):  # (medproc's own: cleared by a run)
+                            why = "a hidden file (its name starts with '.'): not read"
+                            out.skipped.append((os.path.join(root, name), why))
+                        continue
                     if name.startswith(".") or low.endswith(tuple(skip_names)):
                         continue
                     if keep is not None and not keep(name):
