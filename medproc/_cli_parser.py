@@ -1,6 +1,7 @@
-"""The argument parser's errors: one line that says what is wrong, the closest option or command
-when a name is mistyped ("did you mean --spacing?"), and a short usage (the arguments it needs,
-not every option; ``--help`` lists those)."""
+"""The argument parsers' help and errors: help with every option's default and each command's
+table of exit statuses; errors in one line that says what is wrong, the closest option or
+command when a name is mistyped ("did you mean --spacing?"), and a short usage (the arguments
+it needs, not every option; ``--help`` lists those)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,35 @@ import difflib
 import os
 import re
 
-__all__ = ["Parser", "did_you_mean", "exit_status", "EXIT_ALL", "EXIT_INSPECT", "EXIT_TRACE"]
+__all__ = [
+    "HelpFormatter",
+    "Parser",
+    "did_you_mean",
+    "exit_status",
+    "EXIT_ALL",
+    "EXIT_INSPECT",
+    "EXIT_TRACE",
+]
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Help with the default of every option (``none``/``off`` when unset) and the epilog
+    kept as written."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (
+            "(default" in text
+            or action.default is argparse.SUPPRESS
+            or not action.option_strings
+            or action.required
+        ):
+            return text
+        if action.default is None:
+            return f"{text} (default: none)"
+        if action.default is False:
+            return f"{text} (default: off)"
+        return f"{text} (default: %(default)s)"
 
 
 class Parser(argparse.ArgumentParser):

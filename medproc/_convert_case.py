@@ -201,21 +201,23 @@ def _write_case(
     return n_les
 
 
-def annotations_path(out_path: str) -> str:
-    """``<output name>.annotations.json`` beside an output volume."""
+def _beside(out_path: str, suffix: str) -> str:
+    """``out_path`` with its volume extension (.nii.gz, .nii, .npy) replaced by ``suffix``."""
     for ext in (".nii.gz", ".nii", ".npy"):
         if out_path.endswith(ext):
-            return out_path[: -len(ext)] + ".annotations.json"
-    return out_path + ".annotations.json"
+            return out_path[: -len(ext)] + suffix
+    return out_path + suffix
+
+
+def annotations_path(out_path: str) -> str:
+    """``<output name>.annotations.json`` beside an output volume."""
+    return _beside(out_path, ".annotations.json")
 
 
 def sidecar_path(out_path: str) -> str:
     """``<output name>.json`` beside an output volume (for ``.npy`` the file that also holds
     the cache's affine and shape)."""
-    for ext in (".nii.gz", ".nii", ".npy"):
-        if out_path.endswith(ext):
-            return out_path[: -len(ext)] + ".json"
-    return out_path + ".json"
+    return _beside(out_path, ".json")
 
 
 def _geometry(v) -> dict:

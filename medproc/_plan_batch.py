@@ -68,14 +68,18 @@ def _held_by_another(prior: dict, nm: str, case) -> bool:
     )
 
 
-def _paths(outdir: str, nm: str, fmt: str, case, table, qc: bool) -> list[str]:
-    """The files case ``case`` would write under the name ``nm`` (:func:`output_files`)."""
-    return output_files(
+def _case_paths(outdir: str, nm: str, fmt: str, case, qc: bool) -> tuple:
+    """(image, label map or None, QC picture or None) of case ``case`` under the name ``nm``."""
+    return (
         os.path.join(outdir, f"{nm}.{fmt}"),
         os.path.join(outdir, f"{nm}_label.{fmt}") if case.label else None,
         os.path.join(outdir, "qc", f"{nm}.png") if qc else None,
-        table is not None,
     )
+
+
+def _paths(outdir: str, nm: str, fmt: str, case, table, qc: bool) -> list[str]:
+    """The files case ``case`` would write under the name ``nm`` (:func:`output_files`)."""
+    return output_files(*_case_paths(outdir, nm, fmt, case, qc), table is not None)
 
 
 def _foreign(t: Todo, outdir: str, prior: dict) -> str:
@@ -112,7 +116,7 @@ def _not_whole(out_path: str, label_path: str | None) -> list[str]:
         return ["sidecar <name>.json (missing, unreadable, or an older medproc's)"]
     checks = [("image", out_path, dtype), ("label map", label_path, None)]
     if out_path.endswith(".npy") and label_path:  # (a .npy label's own sidecar: its affine)
-        lab_side = os.path.splitext(label_path)[0] + ".json"
+        lab_side = sidecar_path(label_path)
         try:
             with open(lab_side) as f:
                 json.load(f)["affine"]
@@ -154,8 +158,7 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             n += 1
         seen |= {nm, f"{nm}_label"} if c.label else {nm}
         seen_files |= set(paths)
-        out_path = os.path.join(outdir, f"{nm}.{fmt}")
-        label_path = os.path.join(outdir, f"{nm}_label.{fmt}") if c.label else None
+        out_path, label_path, qc_path = _case_paths(outdir, nm, fmt, c, qc)
         # (absolute: a later run started elsewhere still knows its input)
         row = {
             "case": nm,
@@ -168,7 +171,6 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
             err = f"{c.source}: {shared[c.source]}"
         if not err and os.path.abspath(out_path) == os.path.abspath(c.source):
             err = f"{c.source}: the output would overwrite the input; choose another -o"
-        qc_path = os.path.join(outdir, "qc", f"{nm}.png") if qc else None
         t = Todo(c, row, out_path, label_path, qc_path, lesions_for(c, table) if not err else None)
         err = err or _foreign(t, outdir, prior)
         if err:

@@ -165,8 +165,8 @@ def _cmd_trace(a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``medproc`` (subcommands ``inspect``, ``convert``, ``trace``)."""
     from . import __version__
-    from ._cli_parser import EXIT_ALL, EXIT_INSPECT, EXIT_TRACE, Parser
-    from .convert_cli import HelpFormatter, add_convert_parser
+    from ._cli_parser import EXIT_ALL, EXIT_INSPECT, EXIT_TRACE, HelpFormatter, Parser
+    from .convert_cli import add_convert_parser
 
     p = Parser(
         prog="medproc",

@@ -12,9 +12,9 @@ import re
 import sys
 import textwrap
 
-from ._cli_parser import exit_status
+from ._cli_parser import HelpFormatter, exit_status
 
-__all__ = ["add_convert_parser", "HelpFormatter", "EXIT_CODES"]
+__all__ = ["add_convert_parser", "EXIT_CODES"]
 
 #: the exit statuses of ``medproc convert`` (shown in its help)
 EXIT_CODES = exit_status(
@@ -28,26 +28,6 @@ EXIT_CODES = exit_status(
     terminated="terminated (SIGTERM: timeout, docker stop...): the running cases stopped and "
     "recorded as interrupted; rerun to continue",
 )
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Help with the default of every option (``none``/``off`` when unset) and the epilog
-    kept as written."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if (
-            "(default" in text
-            or action.default is argparse.SUPPRESS
-            or not action.option_strings
-            or action.required
-        ):
-            return text
-        if action.default is None:
-            return f"{text} (default: none)"
-        if action.default is False:
-            return f"{text} (default: off)"
-        return f"{text} (default: %(default)s)"
 
 
 def _workers(text: str):

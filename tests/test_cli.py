@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from medproc._cli_parser import HelpFormatter
 from medproc.cli import build_parser, main
-from medproc.convert_cli import HelpFormatter
 
 
 def _subparser(name):
