@@ -355,8 +355,8 @@ def _ok(fut) -> bool:
 class _Interrupts:
     """SIGINT in the main thread: the first sets ``requested`` (and calls ``on_first``), the
     second raises ``KeyboardInterrupt``. SIGTERM (``timeout``, ``docker stop``, a scheduler
-    ending a job) stops at once, as a second Ctrl-C does, and sets ``terminated``. The previous
-    handlers come back on exit."""
+    ending a job), unless the process handles it itself, stops at once, as a second Ctrl-C
+    does, and sets ``terminated``. The previous handlers come back on exit."""
 
     def __init__(self, on_first=None):
         self.requested, self.terminated, self.on_first, self.old = False, False, on_first, {}
@@ -364,11 +364,12 @@ class _Interrupts:
     def __enter__(self):
         if threading.current_thread() is not threading.main_thread():
             return self
-        # (a signal ignored by whoever started us, e.g. SIGINT for `medproc convert &` in a
-        # script: kept so)
-        for sig, handler in ((signal.SIGINT, self._handler), (signal.SIGTERM, self._term)):
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                self.old[sig] = signal.signal(sig, handler)
+        # (SIGINT ignored by whoever started us, e.g. `medproc convert &` in a script: kept
+        # so; SIGTERM only where nobody handles it: an application's own handler is kept)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            self.old[signal.SIGINT] = signal.signal(signal.SIGINT, self._handler)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self.old[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._term)
         return self
 
     def _handler(self, signum, frame):

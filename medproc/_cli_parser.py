@@ -9,6 +9,7 @@ import argparse
 import difflib
 import os
 import re
+import sys
 
 __all__ = [
     "HelpFormatter",
@@ -44,6 +45,13 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 class Parser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors are short (its subcommands' parsers too)."""
 
+    given: list = []  # the words this parser was given (for the hints)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """As argparse's, remembering ``args`` (for the hints of :meth:`error`)."""
+        self.given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str):
         """Print the short usage and ``PROG: error: MESSAGE`` (with a suggestion), exit 2."""
         hint = did_you_mean(self, message) or _swallowed(self, message)
@@ -65,9 +73,10 @@ class Parser(argparse.ArgumentParser):
 def did_you_mean(parser: argparse.ArgumentParser, message: str) -> str:
     """ "; did you mean X?" for the mistyped options or command named in an argparse error
     ``message`` (empty when nothing is close)."""
-    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-    if choice:
-        words = {choice.group(1): re.findall(r"'([^']*)'", choice.group(2))}
+    choice = re.search(r"invalid choice: '?([^'\s]*)'? \(choose from", message)
+    if choice:  # (the choices from the parser: how argparse quotes them varies by version)
+        known = [str(c) for a in parser._actions if a.choices for c in a.choices]
+        words = {choice.group(1): known}
     elif message.startswith("unrecognized arguments: "):
         options = list(parser._option_string_actions)  # (argparse keeps them there)
         given = message.removeprefix("unrecognized arguments: ").split()
@@ -109,24 +118,26 @@ def exit_status(
 
 def _swallowed(parser: argparse.ArgumentParser, message: str) -> str:
     """The hint for an option of several values (``--spacing 1.5 DIR``) that took the inputs
-    after it: "invalid float value: 'DIR'" for a path, or INPUT missing."""
-    several = [
-        a.option_strings[-1] for a in parser._actions if a.option_strings and a.nargs in ("+", "*")
-    ]
-    if not several:
-        return ""
+    after it: "invalid float value: 'DIR'" for a path, or INPUT missing while such an option
+    was given."""
+    given = set(getattr(parser, "given", ()))
+    actions = {o: a for a in parser._actions for o in a.option_strings}
     value = re.search(r"invalid \w+ value: '([^']*)'", message)
-    if value and os.path.exists(value.group(1)):
-        opt = re.search(r"argument ([-\w/]+):", message)
-        opt = opt.group(1).split("/")[-1] if opt else "--option"
+    opt = re.search(r"argument ([-\w/]+):", message)
+    action = actions.get(opt.group(1).split("/")[-1]) if opt else None
+    if value and action is not None and os.path.exists(value.group(1)):
+        name = action.option_strings[-1]
+        if action.nargs in ("+", "*"):
+            how = f"or write {name}=VALUE for one value"
+        else:
+            how = f"{name} takes {action.nargs} values"
+        return f"; {value.group(1)!r} is a path: put the inputs before the options ({how})"
+    several = [
+        o for o, a in actions.items() if a.nargs in ("+", "*") and o.startswith("--") and o in given
+    ]
+    if "arguments are required: INPUT" in message and several:
         return (
-            f"; {value.group(1)!r} is a path: put the inputs before the options, or write "
-            f"{opt}=VALUE for one value"
-        )
-    if "arguments are required: INPUT" in message:
-        return (
-            f"; an option that takes several values ({', '.join(several)}) takes every word "
-            "after it: put the inputs before the options"
+            f"; {', '.join(several)} takes every word after it: put the inputs before the options"
         )
     return ""
 

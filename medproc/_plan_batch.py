@@ -28,6 +28,7 @@ from ._case_files import (
 )
 from ._convert_case import annotations_path, sidecar_path
 from ._options import options_diff
+from .cases import safe_name
 from .errors import MedprocError, MedprocWarning
 from .io.walk import file_identity
 from .manifest import is_finished
@@ -154,7 +155,7 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
                 or set(paths) & seen_files
             ):
                 break
-            nm = f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else "")
+            nm = safe_name(f"{base}-{c.fields['uid_hash']}" + (f"-{n}" if n > 1 else ""))
             n += 1
         seen |= {nm, f"{nm}_label"} if c.label else {nm}
         seen_files |= set(paths)
@@ -227,15 +228,20 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
     # --name) with other options: refused too, or the folder would hold both unsaid; with
     # --force those rows are marked superseded (their files stay), so a rerun resumes
     here = {t.row["case"]: os.path.basename(t.out_path) for t in todo}
-    sources = {file_identity(t.case.source) for t in todo}
+    settled = {r["case"] for r in decided}  # (their rows: decided above)
+    # an input is its file or folder and, for DICOM, its series (a folder can hold several)
+    inputs = {
+        (file_identity(t.case.source), t.case.dicom.uid if t.case.dicom is not None else "")
+        for t in todo
+    }
     elsewhere: dict[str, list[str]] = {}
     for nm, old in prior.items():
-        if nm in conflicts or not is_finished(old):
-            continue
-        if not old.get("source") or file_identity(old["source"]) not in sources:
+        if nm in conflicts or nm in settled or not is_finished(old) or not old.get("source"):
             continue
         if here.get(nm) == os.path.basename(old.get("output", "")):
             continue  # the same output: decided above
+        if (file_identity(old["source"]), old.get("series_uid") or "") not in inputs:
+            continue
         if not old.get("output") or not os.path.exists(old["output"]):
             continue
         made_with = _made_with(old)

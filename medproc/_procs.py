@@ -225,7 +225,7 @@ def dask_executor(address: str, workers: int):
         ex.medproc_workers, ex.medproc_start_method = n, "dask"
         return ex, [client.close, cluster.close]
     try:
-        client = Client(address, timeout="10s")
+        client = Client(address)
     except (ValueError, TypeError, OSError) as e:  # (a bad address; none listening: timed out)
         from .errors import UsageError
 

@@ -130,6 +130,9 @@ def convert(
     on_interrupt : callable, optional
         Called on the first Ctrl-C (the running cases finish, no new one starts; the rows are
         written, then ``KeyboardInterrupt`` is raised; a second Ctrl-C stops them at once).
+        A SIGTERM while the cases run stops them at once too and raises
+        ``KeyboardInterrupt`` after writing their rows, unless the process has a SIGTERM
+        handler of its own (kept, and left to act).
 
     Raises
     ------

@@ -288,6 +288,8 @@ def _cmd_convert(a) -> int:
         how = "terminated (SIGTERM)" if batch.terminated else "interrupted"
         if interrupted and left == 0:  # Ctrl-C after the last case: nothing to redo
             print(f"medproc convert: {how} after every case was done", file=sys.stderr)
+            if batch.terminated:  # (told to end: no layout is started now)
+                return 143
         elif interrupted:
             print(
                 f"medproc convert: {how}; {left} case(s) not converted yet: run the same "

@@ -89,8 +89,9 @@ def _finished_rows(source, rows=None) -> list[dict]:
             _say(f"case {r['case']}: its output {r.get('output')!r} is missing: left out")
             continue
         if r.get("label_output") and not os.path.isfile(r["label_output"]):
-            _say(f"case {r['case']}: its label {r['label_output']} is missing: listed without one")
-            r = {**r, "label_output": ""}
+            # (not demoted to an unlabelled case: it would enter the test set unsaid)
+            _say(f"case {r['case']}: its label {r['label_output']} is missing: left out")
+            continue
         done.append(r)
     if not done:
         raise MedprocError("no finished case in the manifest (status ok or skipped)", where)

@@ -317,7 +317,7 @@ def manifest_rows(path: str) -> list[dict]:
                 rows.append(r)
             return rows
     except (csv.Error, UnicodeDecodeError) as e:
-        raise ReadError(f"cannot be parsed ({type(e).__name__}: {e})", path) from None
+        raise ReadError(f"is not UTF-8 CSV text ({type(e).__name__}: {e})", path) from None
     except OSError as e:
         raise ReadError(f"cannot be read ({e.strerror or e})", path) from None
 
@@ -341,7 +341,7 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
             ) from None
         if not repair:
             warnings.warn(
-                f"{path} could not be parsed ({e.message}); a run would move it aside and redo "
+                f"{path} could not be parsed: {e.message}; a run would move it aside and redo "
                 "the outputs it recorded",
                 MedprocWarning,
                 stacklevel=2,
@@ -352,10 +352,11 @@ def read_manifest(path: str, repair: bool = True) -> dict[str, dict]:
             os.replace(path, aside)
         except OSError as e2:
             raise OutputError(
-                f"cannot be parsed ({e.message}) nor moved aside ({e2.strerror}); remove it", path
+                f"could not be parsed ({e.message}) nor moved aside ({e2.strerror}); remove it",
+                path,
             ) from None
         warnings.warn(
-            f"{path} could not be parsed ({e.message}); moved aside to {aside}. Outputs it "
+            f"{path} could not be parsed: {e.message}; moved aside to {aside}. Outputs it "
             "recorded are redone",
             MedprocWarning,
             stacklevel=2,

@@ -110,6 +110,24 @@ def test_the_same_inputs_under_another_name_are_refused_even_with_the_same_optio
     assert {r["status"] for c, r in m.items() if not c.startswith("copy_")} == {"superseded"}
 
 
+def test_a_folder_of_two_series_resumes_when_one_is_redone(sample_data, tmp_path, capsys):
+    """Two series share one folder (one source path): redoing one of them is no 'input under
+    another name' (the refusal above fired here, and the run could not resume)."""
+    data = tmp_path / "data" / "patient"
+    shutil.copytree(os.path.join(sample_data, "dicom", "ct_axial"), data)
+    for n in os.listdir(os.path.join(sample_data, "dicom", "ct_oblique")):
+        shutil.copy(os.path.join(sample_data, "dicom", "ct_oblique", n), data / f"obl_{n}")
+    out = tmp_path / "out"
+    args = ["convert", str(data.parent), "-o", str(out), "--spacing", "3", "-j", "1"]
+    assert main(args) == 0
+    assert len(_manifest(out)) == 2
+    one = sorted(f for f in os.listdir(data) if f.startswith("obl_"))[0]
+    os.utime(data / one, (1e9, 1e9))  # one series' input changed: it is redone
+    capsys.readouterr()
+    assert main(args) == 0, capsys.readouterr().err
+    assert sorted(r["status"] for r in _manifest(out).values()) == ["ok", "skipped"]
+
+
 def test_a_forced_run_under_other_names_resumes_without_force(sample_data, tmp_path):
     """After ``--force`` converted the inputs again under other names, an interrupted run of
     that same command continues without --force (the older outputs are marked superseded)."""
@@ -473,6 +491,20 @@ def test_negative_values_in_scientific_notation_are_numbers(sample_data, tmp_pat
     assert "within float32's range" in capsys.readouterr().err
 
 
+def test_the_suggestion_does_not_depend_on_how_argparse_quotes_the_choices():
+    """CPython 3.12.8+/3.13.1+ (gh-117766) list the choices unquoted: the suggestion comes from
+    the parser's own choices."""
+    from medproc._cli_parser import did_you_mean
+    from medproc.cli import build_parser
+
+    p = build_parser()
+    for choices in ("'inspect', 'convert', 'trace'", "inspect, convert, trace"):
+        msg = (
+            f"argument {{inspect,convert,trace}}: invalid choice: 'convrt' (choose from {choices})"
+        )
+        assert did_you_mean(p, msg) == "; did you mean convert?"
+
+
 def test_usage_errors_name_the_option_and_suggest_the_closest(sample_data, tmp_path, capsys):
     """A value out of range names the flag (not the Spec field), a missing --annotations file
     is a usage error, and a mistyped option or command gets a suggestion and a short usage."""
@@ -511,13 +543,14 @@ def test_usage_errors_name_the_option_and_suggest_the_closest(sample_data, tmp_p
         (["convrt", _images(sample_data)], "did you mean convert?"),
         (  # an option of several values took the input after it
             ["convert", "--spacing", "3", _images(sample_data), "-o", str(out)],
-            f"{_images(sample_data)!r} is a path: put the inputs before the options, or write "
+            f"{_images(sample_data)!r} is a path: put the inputs before the options (or write "
             "--spacing=VALUE",
         ),
         (
             ["convert", "-o", str(out), "--layout", "monai", "--validation", "a", str(out)],
-            "(--spacing, --validation) takes every word after it: put the inputs before",
+            "INPUT; --validation takes every word after it: put the inputs before",
         ),
+        (["convert", "-o", str(out)], "required: INPUT\n"),  # (forgotten: no hint)
     ):
         with pytest.raises(SystemExit) as e:
             main(argv)

@@ -263,3 +263,22 @@ def test_sigterm_stops_at_once_records_the_rows_and_exits_143(data, tmp_path):
     assert subprocess.run(cmd + ["-j", "2"]).returncode == 0
     after = _rows(out)
     assert len(after) == 6 and {r["status"] for r in after} <= {"ok", "skipped"}
+
+
+def test_an_application_s_own_sigterm_handler_is_kept():
+    """The library takes SIGTERM over only where nobody handles it."""
+    from medproc._batch import _Interrupts
+
+    def mine(signum, frame):
+        pass
+
+    old = signal.signal(signal.SIGTERM, mine)
+    try:
+        with _Interrupts():
+            assert signal.getsignal(signal.SIGTERM) is mine
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with _Interrupts() as stop:
+            assert signal.getsignal(signal.SIGTERM) == stop._term
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -128,6 +128,10 @@ def test_a_series_every_file_of_which_fails_is_one_failed_case(tmp_path, quiet):
     entries = inspect_paths(str(inp))
     assert list(_errors(entries)) == [str(inp / "bad")]
     assert not [e for e in entries if e.kind == "skipped" and "bad" in e.source]
+    named = [str(inp / "bad" / n) for n in sorted(os.listdir(inp / "bad"))[:2]]
+    entries = inspect_paths(named)  # files named one by one: each its own error
+    assert sorted(_errors(entries)) == named
+    assert all("RescaleSlope is 0" in e for e in _errors(entries).values())
 
 
 def test_an_export_without_orientation_fails_itself_not_the_other(tmp_path, quiet):

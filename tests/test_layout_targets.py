@@ -354,6 +354,10 @@ def test_an_edited_manifest_never_makes_a_layout_write_outside_its_folder(
     p = write_monai_datalist(str(out), str(tmp_path / "d.json"))
     assert [x["image"] for x in json.load(open(p))["training"]] == ["out/case001.nii.gz"]
     assert any("case case002: its output" in str(w.message) for w in recwarn)
+    os.unlink(out / "case001_label.nii.gz")  # a label deleted: left out, not made a test case
+    with pytest.raises(MedprocError, match="no finished case"):
+        write_monai_datalist(str(out), str(tmp_path / "d.json"))
+    assert any("case case001: its label" in str(w.message) for w in recwarn)
     manifest.write_bytes("case,source,output,status\nd\xe9j\xe0,a,b,ok\n".encode("latin-1"))
-    with pytest.raises(MedprocError, match="cannot be parsed"):
+    with pytest.raises(MedprocError, match="is not UTF-8 CSV text"):
         write_monai_datalist(str(out), str(tmp_path / "d.json"))

@@ -361,7 +361,8 @@ def load_dicom(
     if not found:
         if scan.bad:
             p, reason = scan.bad[0]
-            more = f" ({len(scan.bad)} unusable files here)" if len(scan.bad) > 1 else ""
+            n = len(scan.bad_files)
+            more = f" ({n} unusable files here)" if n > 1 and len(scan.bad) > 1 else ""
             raise ReadError(reason + more, p)
         if os.path.isfile(path) and scan.skipped:
             raise ReadError(scan.skipped[0][1], path)

@@ -102,13 +102,14 @@ def _shared_info(records: list[tuple]) -> list[tuple]:
     return out
 
 
-def _one_per_series(bad: list[tuple]) -> list[tuple[str, str]]:
+def _one_per_series(bad: list[tuple], named: set) -> list[tuple[str, str]]:
     """``(path, reason)`` of the unusable files of no series: those of one SeriesInstanceUID in
     one folder (a series every file of which failed, e.g. all with RescaleSlope 0) as one entry
-    for the folder, naming its first file, the reason and how many files there are."""
+    for the folder, naming its first file, the reason and how many files there are; files the
+    user named (``named``, absolute) stay entries of their own."""
     out, groups = [], {}
     for path, reason, uid in bad:
-        if uid is None:
+        if uid is None or os.path.abspath(path) in named:
             out.append((path, reason))
         else:
             groups.setdefault((uid, os.path.dirname(path)), []).append((path, reason))
@@ -223,7 +224,8 @@ def scan_dicom(
         if not owners:
             bad.append((path, reason, uid))
     bad_files = [path for path, _, _ in bad]
-    bad = _one_per_series(bad)
+    named = {os.path.abspath(os.fspath(p)) for p in paths if not os.path.isdir(p)}
+    bad = _one_per_series(bad, named)
     series.sort(key=lambda s: (_num(s.info.get("SeriesNumber")), s.uid, s.files[0]))
     by_uid: dict[str, list[DicomSeries]] = {}
     for s in series:
