@@ -436,3 +436,26 @@ def test_a_monai_datalist_without_a_coordinate_system_says_how_its_boxes_are_rea
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a segmentation datalist: no boxes, nothing to say
         read_json(str(p))
+
+
+@pytest.mark.parametrize(
+    "key, said",
+    [
+        ("coordinate_sytem", "did you mean 'coordinate_system'?"),
+        ("boxmode", "did you mean 'box_mode'?"),
+        ("units", "read as millimetres"),
+    ],
+)
+def test_a_mistyped_top_level_key_is_an_error_not_the_defaults(tmp_path, key, said):
+    """{"coordinate_sytem": "LPS", ...} was read as RAS cccwhd without a word: the boxes
+    landed elsewhere. A near miss of a known key, or a unit, is an error naming it."""
+    import re
+
+    p = tmp_path / "l.json"
+    doc = {key: "LPS", "cases": [{"image": "c.nii.gz", "boxes": [[-10, -10, -10, 10, 10, 10]]}]}
+    p.write_text(json.dumps(doc))
+    with pytest.raises(medproc.errors.ReadError, match=re.escape(said)):
+        read_json(p)
+    doc.pop(key)
+    p.write_text(json.dumps({**doc, "name": "x", "description": "y"}))  # other keys: read
+    assert len(read_json(p)) == 1

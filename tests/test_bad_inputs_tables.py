@@ -339,7 +339,8 @@ def test_errors_print_as_plain_text_and_verbose_shows_the_traceback(tmp_path, ca
 @pytest.mark.parametrize(
     "doc, message",
     [
-        ({"Cases": []}, "holds neither a 'cases' list nor MONAI's"),
+        ({"Cases": []}, "unknown key 'Cases': did you mean 'cases'?"),
+        ({"lesions_by_case": []}, "holds neither a 'cases' list nor MONAI's"),
         ({"cases": [{"image": "a.nii", "box": [[0, 0, 0, 1, 1, 1]]}]}, "unknown key 'box'"),
         (
             {"cases": [{"image": "a.nii", "coordinate_system": "LPS"}]},

@@ -142,6 +142,7 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
             f"the top level is a JSON {type(doc).__name__}; expected an object with a 'cases' list",
             path,
         )
+    _check_top_keys(doc, path)
     system = _text(doc.get("coordinate_system", "RAS"), path, "coordinate_system").upper()
     if system not in ("RAS", "LPS"):
         raise ReadError(f"coordinate_system must be 'RAS' or 'LPS', got {system!r}", path)
@@ -373,3 +374,32 @@ def _stem(p: str) -> str:
     from ..io import stem
 
     return stem(p, extra=(".dcm",))
+
+
+def _check_top_keys(doc: dict, path: str) -> None:
+    """A top-level key that is a near miss of ``coordinate_system``, ``box_mode`` or
+    ``cases`` (``coordinate_sytem``, ``boxmode``), or a unit (``units: cm``), is an error: left
+    unread, the boxes would be placed with the defaults (RAS, cccwhd, mm), wrong without a
+    word. Other keys (a datalist's "name", "labels"...) are left alone."""
+    import difflib
+
+    known = ("coordinate_system", "box_mode", "cases")
+    for key in doc:
+        low = str(key).lower()
+        if key in known or key in _DATALIST:
+            continue
+        if low in ("unit", "units", "length_unit", "coordinate_units", "spacing_units"):
+            raise ReadError(
+                f"key {key!r}: coordinates and sizes are read as millimetres (there is no unit "
+                "key); convert them to mm and drop the key",
+                path,
+            )
+        close = difflib.get_close_matches(low.replace("-", "_"), known, n=1, cutoff=0.75)
+        if close:
+            unread = (
+                f" (unread, the file would be read with the default {close[0]}: "
+                f"{'RAS' if close[0] == 'coordinate_system' else 'cccwhd'})"
+                if close[0] != "cases"
+                else ""
+            )
+            raise ReadError(f"unknown key {key!r}: did you mean {close[0]!r}?{unread}", path)
