@@ -299,3 +299,25 @@ def test_bfloat16_images_are_refused_naming_the_key_and_the_fix():
     d = {"image": MetaTensor(torch.zeros(1, 6, 6, 6, dtype=torch.bfloat16), affine=torch.eye(4))}
     with pytest.raises(ValueError, match=r"key 'image'.*bfloat16.*float32"):
         Resampled(["image"], spec=medproc.Spec(spacing=2.0), device="cpu")(d)
+
+
+def test_a_lesion_file_listing_the_case_under_a_near_name_is_said(sample_data, tmp_path):
+    """nnU-Net's case001_0000.nii.gz against a lesion file keyed case001: its lesions were
+    dropped without a word. Said; a case the file does not list at all (a negative) is not."""
+    import json
+    import shutil
+    import warnings
+
+    src = os.path.join(sample_data, "nifti", "images", "case001.nii.gz")
+    les = tmp_path / "l.json"
+    les.write_text(json.dumps({"cases": [{"image": "case001.nii.gz", "points": [[0, 0, 0, 5]]}]}))
+    for name, said in (("case001_0000.nii.gz", True), ("case002.nii.gz", False)):
+        shutil.copy(src, tmp_path / name)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            d = LoadVolumed(["image"], lesion_key="l")({"image": str(tmp_path / name), "l": les})
+        assert len(d["l"].centers) == 0
+        near = [w for w in got if "no lesions listed for" in str(w.message)]
+        assert bool(near) == said, [str(w.message) for w in got]
+        if said:
+            assert "'case001_0000', but 'case001' is" in str(near[0].message)

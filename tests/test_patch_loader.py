@@ -467,6 +467,23 @@ def test_a_detection_datalist_is_a_clear_error_naming_the_case(tmp_path):
         PatchLoader(["a.nii.gz"], SPEC, (8, 8, 8))
 
 
+def test_a_misspelt_label_key_or_a_wrong_lesions_value_is_said_before_reading(tmp_path):
+    """{"image": ..., "lable": ...} gave all-zero labels without a word; "lesions" given as a
+    path failed at the first batch in the loader's thread; a dict datalist was 'case 0 is a
+    str'."""
+    cases = datalist()
+    typo = [{"image": c["image"], "lable": c["label"]} for c in cases]
+    with pytest.raises(medproc.UsageError, match="case 0 has no 'label' but has 'lable'"):
+        PatchLoader(typo, SPEC, (8, 8, 8))
+    les = [{**c, "lesions": "lesions.csv"} for c in cases]
+    with pytest.raises(medproc.UsageError, match="case 0: lesions must be a medproc"):
+        PatchLoader(les, SPEC, (8, 8, 8))
+    with pytest.raises(medproc.UsageError, match="the datalist is a dict"):
+        PatchLoader(cases[0], SPEC, (8, 8, 8))
+    with pytest.warns(medproc.MedprocWarning, match="1 of 2 cases have no 'label'"):
+        PatchLoader([cases[0], {"image": cases[1]["image"]}], SPEC, (8, 8, 8)).close()
+
+
 def _engine_threads() -> int:
     import threading
 

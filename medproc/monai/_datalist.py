@@ -19,6 +19,11 @@ def read_datalist(datalist) -> list[dict]:
         from monai.data import load_decathlon_datalist
 
         datalist = load_decathlon_datalist(str(datalist), data_list_key="training")
+    if isinstance(datalist, dict):
+        raise UsageError(
+            f"PatchLoader: the datalist is a dict (keys {sorted(datalist)[:4]}); give a list of "
+            'cases like [{"image": path, "label": path}], or a decathlon JSON file\'s path'
+        )
     cases = list(datalist)
     boxed = [n for n, c in enumerate(cases) if isinstance(c, dict) and "box" in c]
     if boxed and not any("lesions" in cases[n] for n in boxed):
@@ -54,4 +59,42 @@ def read_datalist(datalist) -> list[dict]:
                 f"PatchLoader: case {n} ({case.get('image')!r:.80}): {key!r} must be a file "
                 f"path, got {type(v).__name__} {v!r:.60}{what}"
             )
+    _check_labels_and_lesions(cases)
     return cases
+
+
+def _check_labels_and_lesions(cases: list[dict]) -> None:
+    """A case without "label" but with a key like it (``lable``, ``seg``, ``mask``) is an
+    error: its patches would get empty labels without a word; some cases without a label
+    among labelled ones are said; "lesions" must hold medproc Lesions."""
+    import difflib
+    import warnings
+
+    from ..annotations import Lesions
+    from ..errors import MedprocWarning
+
+    bare = []
+    for n, case in enumerate(cases):
+        les = case.get("lesions")
+        if les is not None and not isinstance(les, Lesions):
+            raise UsageError(
+                f"PatchLoader: case {n}: lesions must be a medproc.annotations.Lesions (e.g. "
+                f"from medproc.annotations.read_json), got {type(les).__name__}"
+            )
+        if case.get("label") is not None:
+            continue
+        bare.append(n)
+        near = [k for k in case if k in ("seg", "mask", "segmentation", "labels", "labelmap")]
+        near = near or difflib.get_close_matches("label", [str(k) for k in case], 1, 0.7)
+        if near:
+            raise UsageError(
+                f"PatchLoader: case {n} has no 'label' but has {near[0]!r}: the label map is read "
+                "from 'label' only (its patches would get empty labels); rename the key"
+            )
+    if bare and len(bare) < len(cases):
+        warnings.warn(
+            f"PatchLoader: {len(bare)} of {len(cases)} cases have no 'label' (e.g. case "
+            f"{bare[0]}): their patches get empty labels",
+            MedprocWarning,
+            stacklevel=4,
+        )

@@ -103,7 +103,27 @@ def _lesions_of(path: str, vol) -> object:
     source = str(vol.meta.get("source", ""))
     keys = [k for k in (vol.meta.get("series_uid"), stem(source, extra=(".dcm",))) if k]
     table = read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
+    if not any(k in table for k in keys) and keys:
+        _near_miss(keys[-1], table, path)  # (by its file stem: UIDs are never near misses)
     return Lesions.of(table, keys)
+
+
+def _near_miss(key: str, table: dict, path: str) -> None:
+    """Warn when a volume whose file stem is not in the lesion file has a namesake there up to
+    a ``_suffix`` (``case001_0000`` against ``case001``: nnU-Net's channel suffix): its lesions
+    would be dropped without a word. Other names (negative cases) pass unsaid."""
+    import warnings
+
+    from ..errors import MedprocWarning
+
+    close = [k for k in map(str, table) if key.startswith(f"{k}_") or k.startswith(f"{key}_")]
+    if close:
+        warnings.warn(
+            f"{path}: no lesions listed for {key!r}, but {close[0]!r} is: the same case under "
+            "another name? Its lesions are not used (rename the entry, or the file)",
+            MedprocWarning,
+            stacklevel=4,
+        )
 
 
 class Resampled(MapTransform, InvertibleTransform):
