@@ -459,3 +459,21 @@ def test_a_mistyped_top_level_key_is_an_error_not_the_defaults(tmp_path, key, sa
     doc.pop(key)
     p.write_text(json.dumps({**doc, "name": "x", "description": "y"}))  # other keys: read
     assert len(read_json(p)) == 1
+
+
+@pytest.mark.parametrize(
+    "kw, said",
+    [
+        (dict(kinds=["point"]), "2 centres but 1 kinds"),
+        (dict(kinds=["blob", "box"]), "kinds must be 'point' or 'box', got 'blob'"),
+        (dict(labels=[1]), "2 centres but 1 labels"),
+        (dict(sizes=[[1, 1, 1], [-5, 1, 1]]), r"sizes\[1\] is negative"),
+        (dict(centers=[[0, 0, 0], [np.nan, 0, 0]]), r"centers\[1\] is not finite"),
+    ],
+)
+def test_lesions_refuse_what_would_place_them_wrong(kw, said):
+    """Lesions took kinds shorter than its centres (IndexError later), negative sizes (an
+    inverted voxel box) and NaN centres (NaN boxes downstream)."""
+    args = dict(centers=np.zeros((2, 3)), sizes=np.ones((2, 3))) | kw
+    with pytest.raises(ValueError, match=said):
+        Lesions(**args)

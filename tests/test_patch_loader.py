@@ -558,3 +558,20 @@ def test_a_datalist_with_boxes_but_no_lesions_is_said(tmp_path):
     cases = [{**c, "box": [[0, 0, 0, 4, 4, 4]]} for c in datalist()]
     with pytest.warns(medproc.MedprocWarning, match="2 case.*hold 'box'.*'lesions'"):
         PatchLoader(cases, SPEC, (8, 8, 8))
+
+
+def test_bad_sampling_and_augmentation_values_are_refused_at_construction():
+    """inf/NaN ranges failed at the first batch with numpy's OverflowError naming nothing;
+    PosNeg(pos=nan) gave background-only patches; patch_size=16 was a TypeError and 16.5 was
+    cut to 16."""
+    with pytest.raises(ValueError, match="Augment.range_x must be finite"):
+        Augment(affine_prob=1, range_x=float("inf"))
+    with pytest.raises(ValueError, match="Augment.intensity_factors must be finite"):
+        Augment(scale_intensity_prob=1, intensity_factors=float("nan"))
+    with pytest.raises(ValueError, match="PosNeg: pos and neg must be finite"):
+        PosNeg(pos=float("nan"))
+    with pytest.raises(ValueError, match="patch_size must be one size or three"):
+        PatchLoader(datalist(), SPEC, (16.5, 16, 16))
+    loader = PatchLoader(datalist(), SPEC, 8)  # one int: a cube, as MONAI's spatial_size
+    assert loader.patch == (8, 8, 8)
+    loader.close()

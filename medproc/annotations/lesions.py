@@ -44,6 +44,22 @@ class Lesions:
         self.kinds = list(self.kinds) or ["point"] * n
         self.labels = np.zeros(n, int) if self.labels is None else np.asarray(self.labels, int)
         self.ids = list(self.ids) or [str(i) for i in range(n)]
+        for name, got in (("kinds", self.kinds), ("labels", self.labels), ("ids", self.ids)):
+            if len(got) != n:
+                raise ValueError(f"Lesions: {n} centres but {len(got)} {name}")
+        odd = [k for k in self.kinds if k not in ("point", "box")]
+        if odd:
+            raise ValueError(f"Lesions: kinds must be 'point' or 'box', got {odd[0]!r}")
+        for name, a in (("centers", self.centers), ("sizes", self.sizes)):
+            bad = np.flatnonzero(~np.isfinite(a).all(axis=1))
+            if bad.size:
+                raise ValueError(f"Lesions: {name}[{bad[0]}] is not finite: {a[bad[0]].tolist()}")
+        neg = np.flatnonzero((self.sizes < 0).any(axis=1))
+        if neg.size:
+            raise ValueError(
+                f"Lesions: sizes[{neg[0]}] is negative: {self.sizes[neg[0]].tolist()} (sizes are "
+                "extents in mm, >= 0)"
+            )
 
     def __len__(self) -> int:
         return len(self.centers)

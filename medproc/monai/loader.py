@@ -82,8 +82,8 @@ class PatchLoader:
     spec : Spec
         The deterministic preprocessing (orientation, spacing, crop, intensity), as MONAI's
         ``Orientationd`` + ``Spacingd`` + ``ScaleIntensityRanged`` + ... before the cache.
-    patch_size : (i, j, k)
-        MONAI's ``spatial_size``.
+    patch_size : int or (i, j, k)
+        MONAI's ``spatial_size`` (one int: a cube).
     batch_size : int
         Patches per batch (MONAI's ``DataLoader(batch_size=b)`` with ``num_samples=n`` gives
         ``b * n``).
@@ -128,7 +128,7 @@ class PatchLoader:
         self,
         datalist,
         spec: Spec,
-        patch_size: Sequence[int],
+        patch_size: int | Sequence[int],
         batch_size: int = 2,
         *,
         sampling: PosNeg = PosNeg(),
@@ -168,9 +168,13 @@ class PatchLoader:
                 "at least one case"
             )
         self.spec = spec
-        self.patch = tuple(int(x) for x in patch_size)
-        if len(self.patch) != 3 or min(self.patch) < 1:
-            raise ValueError(f"patch_size must be three sizes (i, j, k), got {patch_size!r}")
+        sizes = [patch_size] * 3 if np.isscalar(patch_size) else list(patch_size)  # (MONAI's too)
+        if len(sizes) != 3 or any(isinstance(x, str) or int(x) != x or x < 1 for x in sizes):
+            raise ValueError(
+                f"patch_size must be one size or three (i, j, k), whole numbers >= 1, got "
+                f"{patch_size!r}"
+            )
+        self.patch = tuple(int(x) for x in sizes)
         if augment.rotate90_prob and self.patch[0] != self.patch[1]:
             raise ValueError(
                 f"Augment.rotate90_prob turns patches in the (i, j) plane: patch_size must be "

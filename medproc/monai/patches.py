@@ -29,6 +29,8 @@ __all__ = ["PosNeg", "Augment", "crop_start", "rotation_map", "rot90_map", "draw
 def _range(value, name: str) -> tuple[float, float]:
     """MONAI's convention for a random range: ``r`` means ``U(-r, r)``, ``(lo, hi)`` ``U(lo, hi)``."""
     v = np.atleast_1d(np.asarray(value, dtype=np.float64))
+    if not np.isfinite(v).all():
+        raise ValueError(f"{name} must be finite, got {value!r}")
     if v.size == 1:
         r = float(v[0])
         if r < 0:
@@ -42,6 +44,8 @@ def _range(value, name: str) -> tuple[float, float]:
 
 
 def _prob(value, name: str) -> float:
+    if isinstance(value, (str, bytes)) or not np.isscalar(value):  # ("0.5" is no number)
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
     p = float(value)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
@@ -77,9 +81,10 @@ class PosNeg:
     image_threshold: float | None = None
 
     def __post_init__(self):
-        if self.pos < 0 or self.neg < 0 or self.pos + self.neg == 0:
+        finite = all(np.isfinite(float(v)) for v in (self.pos, self.neg))
+        if not finite or self.pos < 0 or self.neg < 0 or self.pos + self.neg == 0:
             raise ValueError(
-                f"PosNeg: pos and neg must be >= 0 and not both 0, got pos={self.pos}, "
+                f"PosNeg: pos and neg must be finite, >= 0 and not both 0, got pos={self.pos}, "
                 f"neg={self.neg}"
             )
         if int(self.num_samples) != self.num_samples or self.num_samples < 1:
