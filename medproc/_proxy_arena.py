@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["Arena", "Slot", "Streamed", "arena_bytes", "populate"]
+__all__ = ["Arena", "Slot", "Streamed", "arena_bytes", "fork_context", "populate"]
 
 _ALIGN = mmap.PAGESIZE  # pieces start on page boundaries (madvise needs them there)
 #: madvise(2) advice that maps a range's pages now, in one call (Linux 5.14+; not in Python's
@@ -261,3 +261,19 @@ class Streamed:
                 same = all(t.shape == col[0].shape for t in col)
                 batch[key] = stacked(col) if same else list(col)
             yield batch
+
+
+def fork_context(ctx):
+    """The workers' start method: fork, which the transfer arena needs (the workers inherit
+    its shared memory). Unset: fork, whatever Python's default is (forkserver from Python
+    3.14); another one given: an error naming it."""
+    import multiprocessing as mp
+
+    method = ctx if isinstance(ctx, str) or ctx is None else ctx.get_start_method()
+    if method in (None, "fork"):
+        return mp.get_context("fork")
+    raise ValueError(
+        f"multiprocessing_context={method!r}: the proxy's workers must be forked (they share "
+        "the transfer arena's memory with this process); leave multiprocessing_context unset, "
+        "or give 'fork'"
+    )

@@ -375,10 +375,11 @@ class ProxyServer:
 
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
             return Mapped(base, self._proxy.server.produce_data)
-        from ._proxy_arena import Arena, Streamed, arena_bytes
+        from ._proxy_arena import Arena, Streamed, arena_bytes, fork_context
 
         arena = None
         if num_workers > 0:
+            kw["multiprocessing_context"] = fork_context(kw.get("multiprocessing_context"))
             kw.setdefault("persistent_workers", True)
             per_batch = batch_size * (1 + int(self.with_label))
             entries = (num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3) * per_batch

@@ -253,6 +253,21 @@ class _Crashing(CaseDataset):
         return super().__getitem__(i)
 
 
+def test_workers_are_forked_whatever_python_s_default_and_another_context_is_refused():
+    """The transfer arena is shared with forked workers: spawn/forkserver (Python 3.14's
+    default) failed with "cannot pickle 'mmap.mmap' object"."""
+    import multiprocessing as mp
+
+    with ProxyServer(medproc.Spec(spacing=1.5, crop=(8, 8, 8)), device="cpu") as server:
+        ds = CaseDataset(2, server.transform)
+        for ctx in ("spawn", mp.get_context("forkserver")):
+            with pytest.raises(ValueError, match="proxy's workers must be forked"):
+                server.loader(ds, batch_size=1, num_workers=2, multiprocessing_context=ctx)
+        loader = server.loader(ds, batch_size=1, num_workers=2)  # unset: fork
+        assert loader.loader.multiprocessing_context.get_start_method() == "fork"
+        assert len(list(loader)) == 2
+
+
 def test_a_worker_crash_is_a_clear_error_not_a_hang():
     import time
 
