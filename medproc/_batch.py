@@ -300,9 +300,16 @@ class Batch:
                     try:
                         res = fut.result()
                     except Exception as e:  # noqa: BLE001 - a worker died (OOM killer...)
+                        spawned = getattr(ex, "medproc_start_method", "") == "spawn"
+                        why = (  # (a spawned worker re-runs an unguarded script: it says so)
+                            "a worker killed, out of memory? Or, spawned workers: a script "
+                            "without if __name__ == '__main__': (see the workers' error above)"
+                            if spawned
+                            else "a worker killed, out of memory?"
+                        )
                         err = (
-                            f"{t.case.source}: its worker died or the pool broke (a worker "
-                            f"killed, out of memory?) ({e}); run the same command again"
+                            f"{t.case.source}: its worker died or the pool broke ({why}) ({e}); "
+                            "run the same command again"
                         )
                         res = (t.case, "failed", {}, err)
                     try:  # the next case first: the worker is idle while this process does

@@ -28,6 +28,7 @@ exit when the main process dies.
 from __future__ import annotations
 
 import logging
+import sys
 from concurrent.futures import BrokenExecutor
 
 import numpy as np
@@ -195,6 +196,12 @@ def prepare(
     from ._trace import span
     from .manifest import check_outdir
 
+    if _in_rerun_script():
+        raise UsageError(  # (a spawned worker re-running the user's script: say it, once)
+            "convert() was called in a spawned worker process: Python re-runs your script in "
+            "each worker it spawns (as it does once DALI or CUDA is loaded); put the script's "
+            "code under if __name__ == '__main__':"
+        )
     single = isinstance(inputs, (str, os.PathLike))
     inputs = [os.fspath(p) for p in ([inputs] if single else inputs)]
     check_options(fmt, nan, workers, device, name, spec)
@@ -338,6 +345,17 @@ def prepare(
         except KeyboardInterrupt:  # (a second Ctrl-C while closing: the first is raised)
             pass
         raise
+
+
+def _in_rerun_script() -> bool:
+    """Whether this call comes from a script's top level that a spawned worker is running
+    again (Python runs the main script as ``__mp_main__`` in each spawned process)."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "<module>" and f.f_globals.get("__name__") == "__mp_main__":
+            return True
+        f = f.f_back
+    return False
 
 
 def _drop(pool, warm: bool) -> None:

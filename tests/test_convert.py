@@ -624,3 +624,21 @@ def test_annotations_center_voxel_maps_to_center_world(converted_1_1_3):
                 assert data[i, j, k] > 0, (r["case"], les)
                 checked += 1
     assert checked >= 7  # every lesion but the one outside the oblique series
+
+
+def test_an_unguarded_script_whose_workers_are_spawned_is_told_why(tmp_path, sample_data):
+    """Once DALI is loaded, convert()'s workers are spawned, and Python re-runs the user's
+    script in each: unguarded, every worker called convert() again and the rows blamed the
+    memory. The workers and the rows now say what to do."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import medproc\n"
+        "from medproc.convert import convert\n"
+        f"img = {os.path.join(sample_data, 'nifti', 'images')!r}\n"
+        "medproc.resample(medproc.load(img + '/case001.nii.gz'), spacing=3.0)  # DALI loaded\n"
+        f"rows = convert([img], {str(tmp_path / 'out')!r}, medproc.Spec(spacing=3.0), workers=2)\n"
+        "print([r['error'] for r in rows])\n"
+    )
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert "convert() was called in a spawned worker process" in r.stderr, r.stderr[-3000:]
+    assert "if __name__ == '__main__'" in r.stdout
