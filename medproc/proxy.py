@@ -94,6 +94,13 @@ class ProxyTransform:
         box_mode: str = "xyzxyz",
         with_label: bool | None = None,
     ):
+        from .annotations.readers import BOX_MODES
+        from .spec import check_args, check_types
+
+        check_args(spec, "ProxyTransform")
+        check_types("ProxyTransform", with_label=(with_label, (bool, type(None))), seed=(seed, int))
+        if box_mode not in BOX_MODES:
+            raise ValueError(f"ProxyTransform: box_mode must be in {BOX_MODES}, got {box_mode!r}")
         self.spec = spec
         self.with_label = with_label
         self.proxy = proxy
@@ -286,9 +293,12 @@ class ProxyServer:
                 f"the proxy feeds PyTorch DataLoaders: pip install torch {TORCH_CPU_HINT}"
             ) from None
         from .pipeline import Engine, Graph, gpu_available
-        from .spec import check_args
+        from .spec import check_args, check_types
 
         check_args(spec, "ProxyServer", batch_size=batch_size, prefetch=prefetch)
+        check_types("ProxyServer", with_label=(with_label, bool), seed=(seed, int))
+        if num_threads is not None:
+            check_args(spec, "ProxyServer", num_threads=num_threads)
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if spec.antialias:

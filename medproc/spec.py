@@ -292,3 +292,20 @@ def check_args(spec, who: str, **counts) -> None:
     for name, v in counts.items():
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise UsageError(f"{who}: {name} must be a whole number >= 1, got {v!r}")
+
+
+def check_types(who: str, **given) -> None:
+    """Refuse, naming it, an argument of another type (``with_label="yes"`` would be true;
+    ``seed="x"`` failed deep in numpy)."""
+    from .errors import UsageError
+
+    for name, (value, kind) in given.items():
+        kinds = (int, np.integer) if kind is int else kind
+        if kind is int and isinstance(value, bool) or not isinstance(value, kinds):
+            raise UsageError(f"{who}: {name} must be {_kind_name(kind)}, got {value!r}")
+
+
+def _kind_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {bool: "True or False", int: "a whole number", type(None): "None"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)

@@ -14,7 +14,7 @@ from test_annotations import oblique_case
 import medproc
 from medproc.pipeline import Engine, Graph, Job
 from medproc.plan import affine_map, flip_map
-from medproc.proxy import ProxyServer
+from medproc.proxy import ProxyServer, ProxyTransform
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -480,3 +480,19 @@ def test_clip_boxes_against_monai():
     assert wide.sum() > 20
     for n, b in zip(kept[wide], ours[wide]):
         np.testing.assert_allclose(by_index[int(n)], b, atol=1e-5)
+
+
+def test_proxy_arguments_of_another_type_are_refused_naming_them():
+    """with_label="yes" failed as int('yes'); seed="x", num_threads=0 and box_mode="foo" were
+    accepted."""
+    spec = medproc.Spec(spacing=2.0)
+    for kw, said in (
+        (dict(with_label="yes"), "with_label must be True or False, got 'yes'"),
+        (dict(seed="x"), "seed must be a whole number, got 'x'"),
+        (dict(num_threads=0), "num_threads must be a whole number >= 1, got 0"),
+    ):
+        with pytest.raises(medproc.UsageError, match=said):
+            ProxyServer(spec, device="cpu", **kw)
+    with pytest.raises(ValueError, match="box_mode must be in"):
+        ProxyTransform(spec, box_mode="foo")
+    ProxyTransform(spec, seed=np.int64(3))  # (a numpy integer is a whole number)
