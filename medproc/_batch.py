@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import threading
 import warnings
 from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, wait
 from dataclasses import dataclass, field
 
 from ._case_files import file_state, remove_files, take_back
 from ._convert_case import _worker, annotations_path, sidecar_path
+from ._procs import Interrupts
 from ._trace import span
 from .cases import Case
 from .errors import MedprocWarning
@@ -161,7 +160,7 @@ class Batch:
                 if progress:
                     progress(row)
 
-        interrupted, stop = False, _Interrupts(on_interrupt)
+        interrupted, stop = False, Interrupts(on_interrupt)
         try:
             with stop:
                 if self.executor is None:
@@ -357,42 +356,6 @@ def close_all(closers: list) -> None:
 def _ok(fut) -> bool:
     """Whether a done future holds a result (not an error, not cancelled)."""
     return not fut.cancelled() and fut.exception() is None
-
-
-class _Interrupts:
-    """SIGINT in the main thread: the first sets ``requested`` (and calls ``on_first``), the
-    second raises ``KeyboardInterrupt``. SIGTERM (``timeout``, ``docker stop``, a scheduler
-    ending a job), unless the process handles it itself, stops at once, as a second Ctrl-C
-    does, and sets ``terminated``. The previous handlers come back on exit."""
-
-    def __init__(self, on_first=None):
-        self.requested, self.terminated, self.on_first, self.old = False, False, on_first, {}
-
-    def __enter__(self):
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        # (SIGINT ignored by whoever started us, e.g. `medproc convert &` in a script: kept
-        # so; SIGTERM only where nobody handles it: an application's own handler is kept)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            self.old[signal.SIGINT] = signal.signal(signal.SIGINT, self._handler)
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            self.old[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._term)
-        return self
-
-    def _handler(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        if self.on_first:
-            self.on_first()
-
-    def _term(self, signum, frame):
-        self.requested = self.terminated = True
-        raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        for sig, old in self.old.items():
-            signal.signal(sig, old)
 
 
 def _options_json(options: dict) -> str:

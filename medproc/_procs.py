@@ -36,6 +36,7 @@ __all__ = [
     "kill_pool",
     "ignore_sigint",
     "sigint_blocked",
+    "Interrupts",
 ]
 
 #: seconds between two looks at the parent
@@ -242,3 +243,39 @@ def dask_executor(address: str, workers: int):
     except Exception:  # noqa: BLE001 - a scheduler that does not say: one case at a time
         ex.medproc_workers = 1
     return ex, [client.close]
+
+
+class Interrupts:
+    """SIGINT in the main thread: the first sets ``requested`` (and calls ``on_first``), the
+    second raises ``KeyboardInterrupt``. SIGTERM (``timeout``, ``docker stop``, a scheduler
+    ending a job), unless the process handles it itself, stops at once, as a second Ctrl-C
+    does, and sets ``terminated``. The previous handlers come back on exit."""
+
+    def __init__(self, on_first=None):
+        self.requested, self.terminated, self.on_first, self.old = False, False, on_first, {}
+
+    def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        # (SIGINT ignored by whoever started us, e.g. `medproc convert &` in a script: kept
+        # so; SIGTERM only where nobody handles it: an application's own handler is kept)
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            self.old[signal.SIGINT] = signal.signal(signal.SIGINT, self._handler)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self.old[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._term)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.on_first:
+            self.on_first()
+
+    def _term(self, signum, frame):
+        self.requested = self.terminated = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        for sig, old in self.old.items():
+            signal.signal(sig, old)

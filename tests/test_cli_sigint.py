@@ -267,17 +267,17 @@ def test_sigterm_stops_at_once_records_the_rows_and_exits_143(data, tmp_path):
 
 def test_an_application_s_own_sigterm_handler_is_kept():
     """The library takes SIGTERM over only where nobody handles it."""
-    from medproc._batch import _Interrupts
+    from medproc._procs import Interrupts
 
     def mine(signum, frame):
         pass
 
     old = signal.signal(signal.SIGTERM, mine)
     try:
-        with _Interrupts():
+        with Interrupts():
             assert signal.getsignal(signal.SIGTERM) is mine
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        with _Interrupts() as stop:
+        with Interrupts() as stop:
             assert signal.getsignal(signal.SIGTERM) == stop._term
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:

@@ -570,7 +570,7 @@ def test_bad_sampling_and_augmentation_values_are_refused_at_construction():
         Augment(scale_intensity_prob=1, intensity_factors=float("nan"))
     with pytest.raises(ValueError, match="PosNeg: pos and neg must be finite"):
         PosNeg(pos=float("nan"))
-    with pytest.raises(ValueError, match="patch_size must be one size or three"):
+    with pytest.raises(ValueError, match="patch_size must be 1 or 3 whole sizes"):
         PatchLoader(datalist(), SPEC, (16.5, 16, 16))
     loader = PatchLoader(datalist(), SPEC, 8)  # one int: a cube, as MONAI's spatial_size
     assert loader.patch == (8, 8, 8)

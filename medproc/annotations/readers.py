@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import warnings
@@ -381,8 +382,6 @@ def _check_top_keys(doc: dict, path: str) -> None:
     ``cases`` (``coordinate_sytem``, ``boxmode``), or a unit (``units: cm``), is an error: left
     unread, the boxes would be placed with the defaults (RAS, cccwhd, mm), wrong without a
     word. Other keys (a datalist's "name", "labels"...) are left alone."""
-    import difflib
-
     known = ("coordinate_system", "box_mode", "cases")
     for key in doc:
         low = str(key).lower()
@@ -396,10 +395,6 @@ def _check_top_keys(doc: dict, path: str) -> None:
             )
         close = difflib.get_close_matches(low.replace("-", "_"), known, n=1, cutoff=0.75)
         if close:
-            unread = (
-                f" (unread, the file would be read with the default {close[0]}: "
-                f"{'RAS' if close[0] == 'coordinate_system' else 'cccwhd'})"
-                if close[0] != "cases"
-                else ""
-            )
-            raise ReadError(f"unknown key {key!r}: did you mean {close[0]!r}?{unread}", path)
+            unread = {"coordinate_system": " (unread: RAS)", "box_mode": " (unread: cccwhd)"}
+            raise ReadError(f"unknown key {key!r}: did you mean {close[0]!r}?"
+                            f"{unread.get(close[0], '')}", path)  # fmt: skip

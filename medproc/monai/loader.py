@@ -168,12 +168,9 @@ class PatchLoader:
                 "at least one case"
             )
         self.spec = spec
-        sizes = [patch_size] * 3 if np.isscalar(patch_size) else list(patch_size)  # (MONAI's too)
+        sizes = [patch_size] * 3 if np.isscalar(patch_size) else list(patch_size)  # (as MONAI)
         if len(sizes) != 3 or any(isinstance(x, str) or int(x) != x or x < 1 for x in sizes):
-            raise ValueError(
-                f"patch_size must be one size or three (i, j, k), whole numbers >= 1, got "
-                f"{patch_size!r}"
-            )
+            raise ValueError(f"patch_size must be 1 or 3 whole sizes >= 1, got {patch_size!r}")
         self.patch = tuple(int(x) for x in sizes)
         if augment.rotate90_prob and self.patch[0] != self.patch[1]:
             raise ValueError(
