@@ -209,14 +209,17 @@ def arena_bytes(gb: float | None = None) -> int:
     of 4 crops, or of whole CT volumes of ~30 MB) and an eighth of the host's memory shared by
     the ranks on it (``LOCAL_WORLD_SIZE``). On the CPU only the pages used are committed; on
     the GPU the whole arena is page-locked."""
-    if gb is not None:
-        if gb <= 0:
-            raise ValueError(f"arena_gb must be > 0, got {gb}")
-        return int(gb * 2**30)
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
         ram = 16 * 2**30
+    if gb is not None:
+        if not 0 < gb * 2**30 <= ram:  # (more than the memory: a bare ENOMEM at loader())
+            raise ValueError(
+                f"arena_gb must be > 0 and at most the host's memory ({ram / 2**30:.0f} GiB), "
+                f"got {gb}"
+            )
+        return int(gb * 2**30)
     ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1) or 1))
     return int(max(min(4 * 2**30, ram // 8 // ranks), 64 * 2**20))
 

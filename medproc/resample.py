@@ -252,5 +252,11 @@ def resample(
     if isinstance(spacing, Spec):
         raise UsageError("resample(volume, Spec(...)): pass the spec by name, spec=Spec(...)")
     s = _spec(spec, spacing=spacing, orientation=orientation, interp=interp, shape=shape, **spec_kw)
+    for what, v in (("volume", volume), ("label", label)):  # (named as given, not volumes[0])
+        if v is not None and not isinstance(v, Volume):
+            raise UsageError(
+                f"{what} is a {type(v).__name__}, not a medproc.Volume: wrap an array with "
+                "medproc.Volume(array, affine)"
+            )
     res = resample_batch([volume], s, device=device, labels=None if label is None else [label])
     return res[0]

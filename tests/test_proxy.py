@@ -496,3 +496,10 @@ def test_proxy_arguments_of_another_type_are_refused_naming_them():
     with pytest.raises(ValueError, match="box_mode must be in"):
         ProxyTransform(spec, box_mode="foo")
     ProxyTransform(spec, seed=np.int64(3))  # (a numpy integer is a whole number)
+
+
+def test_an_arena_larger_than_the_memory_is_refused_naming_it():
+    """ProxyServer(arena_gb=1e6) failed at loader() with a bare ENOMEM."""
+    with ProxyServer(medproc.Spec(spacing=2.0, crop=(8, 8, 8)), device="cpu", arena_gb=1e6) as s:
+        with pytest.raises(ValueError, match="arena_gb must be > 0 and at most the host's memory"):
+            s.loader(CaseDataset(2, s.transform), batch_size=1, num_workers=2)

@@ -287,10 +287,12 @@ def test_fill_values_an_integer_input_cannot_hold_are_kept(fill):
 def test_wrong_argument_types_are_named():
     """They came out of numpy, DALI or AttributeError ('needs_array', 'affine')."""
     vol = medproc.Volume(np.zeros((4, 4, 4), np.int16), np.eye(4))
-    with pytest.raises(
-        medproc.UsageError, match=r"volumes\[0\] is a ndarray, not a medproc.Volume"
-    ):
+    with pytest.raises(medproc.UsageError, match=r"^volume is a ndarray, not a medproc.Volume"):
         medproc.resample(np.zeros((4, 4, 4)), spacing=2.0)
+    with pytest.raises(medproc.UsageError, match=r"^label is a ndarray, not a medproc.Volume"):
+        medproc.resample(vol, spacing=2.0, label=np.zeros((4, 4, 4)))
+    with pytest.raises(medproc.UsageError, match=r"volumes\[1\] is a ndarray, not a medproc"):
+        medproc.resample_batch([vol, np.zeros((4, 4, 4))], medproc.Spec())
     with pytest.raises(medproc.UsageError, match="spec must be a medproc.Spec, got NoneType"):
         medproc.resample_batch([vol], None)
     for n in (0, -1, 1.5, True):
