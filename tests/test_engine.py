@@ -399,7 +399,7 @@ def test_a_column_of_back_to_back_rows_is_fed_as_one_batch():
     (PatchLoader's gathered boxes, staged host boxes), else sample by sample."""
     import torch
 
-    from medproc.monai.loader import _gathered
+    from medproc.monai._columns import gathered as _gathered
     from medproc.pipeline.runner import _dense, _stage_offsets
 
     block = torch.arange(4 * 5 * 6 * 7, dtype=torch.int16).reshape(4, 5, 6, 7)

@@ -3,6 +3,7 @@ engine pass; every voxel where its affine says (against medproc.resample); lesio
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -574,4 +575,32 @@ def test_bad_sampling_and_augmentation_values_are_refused_at_construction():
         PatchLoader(datalist(), SPEC, (16.5, 16, 16))
     loader = PatchLoader(datalist(), SPEC, 8)  # one int: a cube, as MONAI's spatial_size
     assert loader.patch == (8, 8, 8)
+    loader.close()
+
+
+def test_closing_the_loader_from_another_thread_mid_epoch_is_an_error_not_a_short_epoch():
+    """close() from another thread ended the loop normally after 3 of 100 batches: a truncated
+    epoch looked complete."""
+    import threading
+
+    loader = PatchLoader(datalist(), SPEC, (8, 8, 8), 1, device="cpu")
+    it = iter(loader)
+    next(it)
+    threading.Thread(target=loader.close).start()
+    time.sleep(0.5)
+    with pytest.raises(RuntimeError, match=f"closed during the epoch, after 1 of {len(loader)}"):
+        for _ in it:
+            pass
+    assert len(list(loader)) == len(loader)  # iterating again starts anew
+    loader.close()
+
+
+def test_a_case_listed_twice_is_cached_once_and_drawn_twice():
+    """Oversampling by listing a case twice failed: 'the cache entry of ... was not written'
+    (the second build found the first one's temporary gone)."""
+    loader = PatchLoader(datalist() * 2, SPEC, (8, 8, 8), 1, device="cpu")
+    batches = list(loader)
+    assert len(batches) == 4
+    drawn = sorted(str(b["case"][0]["image"]) for b in batches)
+    assert drawn == sorted(str(c["image"]) for c in datalist() * 2)
     loader.close()

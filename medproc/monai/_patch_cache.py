@@ -270,8 +270,16 @@ class Builder:
 
     # -- all cases --------------------------------------------------------------------------
     def build(self, cases: list[dict]) -> list[Entry]:
-        """Every case's entry, in order; built in parallel."""
+        """Every case's entry, in order; built in parallel. A case listed twice (the same
+        image and label: oversampling) is built once and shares its entry."""
         from ..io import kind_of
+
+        keys = [(str(c.get("image")), str(c.get("label"))) for c in cases]
+        if len(set(keys)) < len(keys):
+            first = {k: n for n, k in reversed(list(enumerate(keys)))}
+            once = sorted(first.values())
+            built = dict(zip(once, self.build([cases[n] for n in once])))
+            return [built[first[k]] for k in keys]
 
         self.keep = self.cache_dir is not None and _writable(self.cache_dir)
         found = {}

@@ -32,6 +32,7 @@ to where its content lies in RAS mm: flips, turns, rotations and scaling are in 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import weakref
 from collections import deque
@@ -44,6 +45,7 @@ from monai.data import MetaTensor
 from ..errors import check_device
 from ..pipeline import stacked
 from ..spec import Spec
+from ._columns import gathered, one_dtype
 from ._datalist import read_datalist
 from ._patch_cache import GPU_CACHE_FRACTION, Builder, Entry
 from .meta import store
@@ -222,7 +224,8 @@ class PatchLoader:
         self._copy_stream = None
         self._keep: deque = deque(maxlen=4)  # GPU boxes DALI may still be copying from
         self._feed = None  # the engine's stream of batches, epoch after epoch (see __iter__)
-        self._left = 0  # batches of the current epoch not yet handed out
+        self._left = self._given = 0  # batches of the current epoch not yet / handed out
+        self._closed = (None, 0, None)  # the feed close() ended last, batches given, by whom
         self._token = 0  # which iterator is the current epoch's (older ones raise)
 
     def __repr__(self) -> str:
@@ -259,8 +262,8 @@ class PatchLoader:
                     labs.append(
                         e.label[r] if e.label is not None else np.zeros(imgs[-1].shape, np.uint8)
                     )
-            imgs = _gathered(_one_dtype(imgs, ("float32",)))
-            labs = _gathered(_one_dtype(labs, ("int16", "float32")))
+            imgs = gathered(one_dtype(imgs, ("float32",)))
+            labs = gathered(one_dtype(labs, ("int16", "float32")))
         if gpu:
             # the engine's DALI feed reads these on its own stream: finished, and kept alive
             # until DALI has copied them (two batches are in flight at most)
@@ -311,7 +314,7 @@ class PatchLoader:
             self._feed = self._engine.stream(
                 _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch, pacer=self.pacer
             )
-        self._left = len(self)
+        self._left, self._given = len(self), 0
         self._token += 1
         feed, token = self._feed, self._token
         while True:
@@ -321,12 +324,15 @@ class PatchLoader:
                     "runs one epoch at a time); iterate the loader again"
                 )
             if self._feed is not feed or self._left <= 0:  # closed, or the epoch is done
+                self._cut_short(feed)
                 return
             try:
                 res, (affines, cases, lesions) = next(feed)
             except StopIteration:  # closed meanwhile
+                self._cut_short(feed)
                 return
             self._left -= 1
+            self._given += 1
             affine = torch.from_numpy(affines)
             img = MetaTensor(
                 stacked([r[0] for r in res]),
@@ -346,11 +352,23 @@ class PatchLoader:
 
     def close(self) -> None:
         """Stop the engine's thread (the batches it made ahead are dropped). Also done when
-        the loader is garbage-collected; iterating again starts it anew. Call it from the
-        thread that iterates (in the loop, or after it)."""
+        the loader is garbage-collected; iterating again starts it anew. Called in the loop,
+        it ends the epoch quietly; from another thread mid-epoch, the loop raises
+        RuntimeError (a truncated epoch never looks complete)."""
         feed, self._feed, self._left = self._feed, None, 0
         if feed is not None:
+            # (an epoch cut short by another thread says so, see _cut_short)
+            self._closed = (feed, self._given, threading.get_ident())
             feed.close()
+
+    def _cut_short(self, feed) -> None:
+        """Raise if ``feed`` was closed by another thread before its epoch was done: a
+        truncated epoch must not look complete (close() in the loop ends it quietly)."""
+        closed, given, by = self._closed
+        if closed is feed and given < len(self) and by != threading.get_ident():
+            raise RuntimeError(
+                f"PatchLoader: closed during the epoch, after {given} of {len(self)} batches"
+            )
 
 
 def _epochs(ref) -> Iterator[tuple]:
@@ -370,30 +388,3 @@ def _epochs(ref) -> Iterator[tuple]:
             item = me._item(indices)
             del me
             yield item
-
-
-def _gathered(boxes: list) -> list:
-    """GPU boxes ``(k, j, i)`` (views of the cached volumes) copied out and seen as ``(i, j, k)``:
-    when they agree in shape and dtype, as the rows of one batch tensor (one copy; the engine
-    then feeds DALI the batch in one piece), else one by one. Host boxes are left as they are."""
-    on_gpu = [torch.is_tensor(b) for b in boxes]
-    if not any(on_gpu):
-        return boxes
-    first = boxes[0]
-    if all(on_gpu) and all(b.shape == first.shape and b.dtype == first.dtype for b in boxes):
-        return [b.permute(2, 1, 0) for b in torch.stack(boxes).unbind(0)]
-    return [b.contiguous().permute(2, 1, 0) if t else b for b, t in zip(boxes, on_gpu)]
-
-
-def _one_dtype(arrays: list, wider: tuple[str, ...]) -> list:
-    """The arrays of one batch column in one dtype (the engine feeds a column in one): the
-    first of ``wider`` that holds them all, when they differ."""
-    names = {str(a.dtype).replace("torch.", "") for a in arrays}
-    if len(names) == 1:
-        return arrays
-    small = {"uint8", "int16"}
-    target = wider[0] if names <= small | {wider[0]} and wider[0] in small else "float32"
-    return [
-        a.astype(target) if isinstance(a, np.ndarray) else a.to(getattr(torch, target))
-        for a in arrays
-    ]

@@ -242,7 +242,7 @@ def _stage_offsets(arrays: list) -> tuple[list[int], int]:
 
 def _dense(tensors: list):
     """A column of CUDA samples as one ``(B, ...)`` tensor when they are back-to-back rows of one
-    memory block (equal shapes and dtypes, contiguous, in order: as :func:`_gathered` boxes lie,
+    memory block (equal shapes and dtypes, contiguous, in order: as :func:`medproc.monai._columns.gathered` boxes lie,
     and staged host boxes of a multiple of 256 bytes), so that DALI takes the batch in one piece
     instead of converting sample by sample (each conversion is interpreter time in the engine's
     thread, time a training loop waits for); else the list as it is."""
