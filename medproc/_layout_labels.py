@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 
 from .errors import MedprocError, MedprocWarning
+from .io.dicom_records import label_kind_of
 from .volume import Volume
 
 __all__ = ["find_dicom_labels", "label_on_grid", "gather_labels", "unreadable_dicom_labels"]
@@ -38,7 +39,7 @@ def find_dicom_labels(roots) -> dict[str, str]:
         seen.add(os.path.realpath(p))
         ds = _header(p)
         uid = _referenced_series(ds) if ds is not None else None
-        if uid is None or _label_kind(ds) is None:
+        if uid is None or label_kind_of(ds) is None:
             continue
         if uid not in out:
             out[uid], sop[uid] = p, ds.get("SOPInstanceUID")
@@ -63,17 +64,8 @@ def unreadable_dicom_labels(rows) -> list[str]:
         for r in rows
         if r.get("status") == "failed"
         and os.path.isfile(r.get("source") or "")
-        and _label_kind(_header(r["source"])) is not None
+        and label_kind_of(_header(r["source"])) is not None
     ]
-
-
-def _label_kind(ds) -> str | None:
-    """ "SEG", "RTSTRUCT" (by Modality or SOP Class UID) or None, of a header (or None)."""
-    from .io.dicom_records import dicom_label_kind
-
-    if ds is None:
-        return None
-    return dicom_label_kind(ds.get("Modality"), ds.get("SOPClassUID"))
 
 
 def _header(path: str):
@@ -146,7 +138,7 @@ def _label_volume(src: str, row: dict, device: str) -> tuple[Volume, dict | None
     from .io import load
 
     image_file = src.lower().endswith((".nii", ".nii.gz", ".nrrd", ".mha"))
-    modality = None if image_file else _label_kind(_header(src))
+    modality = None if image_file else label_kind_of(_header(src))
     if modality is not None:  # on the grid of the case's input (SEG frames placed on it)
         image = _input_grid(row)
         if modality == "SEG":

@@ -336,9 +336,9 @@ def find_cases(
 
 def is_seg(info: dict) -> bool:
     """Whether a scanned series' attributes (``DicomSeries.info``) are a DICOM SEG's."""
-    from .io.dicom_records import dicom_label_kind
+    from .io.dicom_records import label_kind_of
 
-    return dicom_label_kind(info.get("Modality"), info.get("SOPClassUID")) == "SEG"
+    return label_kind_of(info) == "SEG"
 
 
 def _annotation_reason(reason: str) -> str:

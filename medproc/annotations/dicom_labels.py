@@ -63,12 +63,11 @@ def _warn(text: str) -> None:
 
 def _parse_seg(path: str):
     """(dataset, frames, extra info, segment number per frame, pixels, segment names)."""
-    from ..io.dicom_records import dicom_label_kind
+    from ..io.dicom_records import label_kind_of
     from ..io.dicom_scan import frames_of
 
     ds = _dcmread(path)
-    kind = dicom_label_kind(ds.get("Modality"), ds.get("SOPClassUID"))
-    if kind != "SEG" or "PerFrameFunctionalGroupsSequence" not in ds:
+    if label_kind_of(ds) != "SEG" or "PerFrameFunctionalGroupsSequence" not in ds:
         what = f"Modality {ds.get('Modality')!r}, SOP Class UID {ds.get('SOPClassUID')!r}"
         raise ReadError(f"is not a DICOM SEG ({what})", path)
     frames, extra = frames_of(ds, path)

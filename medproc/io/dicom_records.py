@@ -30,6 +30,7 @@ __all__ = [
     "pixel_element",
     "expected_pixel_bytes",
     "dicom_label_kind",
+    "label_kind_of",
     "RTSTRUCT_SKIPPED",
 ]
 
@@ -52,6 +53,14 @@ def dicom_label_kind(modality, sop_class_uid) -> str | None:
     if modality == "RTSTRUCT" or sop == _RTSTRUCT_CLASS:
         return "RTSTRUCT"
     return None
+
+
+def label_kind_of(header) -> str | None:
+    """:func:`dicom_label_kind` of a header (a pydicom Dataset, or a scanned series' ``info``
+    dict; None: None)."""
+    if header is None:
+        return None
+    return dicom_label_kind(header.get("Modality"), header.get("SOPClassUID"))
 
 
 #: SOP classes (by keyword of their name) that carry no image: loading them is refused.
