@@ -97,3 +97,18 @@ def check_not_an_input(inputs: list[str], outdir: str) -> None:
                 f"the input folder {p} is also the output folder (-o): medproc never reads its "
                 "output folder as an input; give another -o (e.g. a new folder beside it)"
             )
+
+
+def say_if_locked(outdir: str) -> None:
+    """For ``--dry-run`` (which does not take the lock): say when another run holds the output
+    folder's lock now, since the real run would be refused while it does."""
+    from ._outdir_lock import lock_holder
+
+    pid = lock_holder(outdir)
+    if pid is not None:
+        warnings.warn(
+            f"another medproc convert (pid {pid}) is writing into {outdir} now: a run would be "
+            "refused until it ends; this list shows what that run has done so far",
+            MedprocWarning,
+            stacklevel=2,
+        )

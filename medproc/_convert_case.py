@@ -62,8 +62,6 @@ def _convert_one(
     if lab is not None:
         check_label_grid(vol, lab, f"the label map {case.label}", case.source)
         check_label_values(lab, case.label)
-    # said per case (a warning line, the manifest, the sidecar), as planning's notes below
-    _note(vol, _dtype_clips(vol, spec), say)
     got = None
     if _SERVICE is not None:
         with span("to_service", case=case.source):
@@ -142,29 +140,6 @@ def _note(vol, note, say: list | None = None) -> None:
         vol.meta["warnings"] = [*(vol.meta.get("warnings") or []), note]
         if say is not None:
             say.append(note)
-
-
-def _dtype_clips(vol, spec: Spec) -> str | None:
-    """Why an integer output ``--dtype`` saturates this case's values, or None: the values
-    reaching the cast are the intensity step's range (scale, else clip), else the input's
-    (interpolation stays inside it); z-scores and percentiles are not known here."""
-    dt = np.dtype(spec.dtype)
-    if dt.kind not in "iu":
-        return None
-    it = spec.intensity
-    if it is not None and (it.zscore or it.percentiles) and not (it.scale or it.clip):
-        return None
-    if it is not None and (it.scale or it.clip):
-        lo, hi = it.scale or it.clip
-    else:
-        lo, hi = float(vol.array.min()), float(vol.array.max())
-    info = np.iinfo(dt)
-    if lo >= info.min and hi <= info.max:
-        return None
-    return (
-        f"values {lo:g}..{hi:g} reach the {dt.name} output, whose range is {info.min}.."
-        f"{info.max}: those outside are clipped (use --scale, --clip or a wider --dtype)"
-    )
 
 
 def _write_case(

@@ -124,7 +124,7 @@ def old_channel_name(target: str) -> str | None:
 def dataset_lock(target: str):
     """A lock on the dataset ``target`` while it is written (``.<name>.lock`` beside it; the
     output folder's lock does not cover a dataset two output folders write with --force)."""
-    from .manifest import OutdirLock
+    from ._outdir_lock import OutdirLock
 
     parent, name = os.path.split(target)
     busy = f"is writing the dataset {name} here; wait for it to finish"

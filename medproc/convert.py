@@ -190,6 +190,7 @@ def prepare(
     import time
 
     t0 = time.perf_counter()
+    from ._case_checks import say_if_locked
     from ._gpu_service import GpuService
     from ._gpu_share import service_count, service_wanted
     from ._procs import _cores, auto_workers, can_fork, check_dask, dask_executor, start_pool
@@ -216,6 +217,7 @@ def prepare(
     table = read_annotation_table(annotations) if annotations else None  # fails before work
     if dry_run:
         check_outdir(outdir)
+        say_if_locked(outdir)
     closers = [] if dry_run else [prepare_outdir(outdir).release]
     try:
         ex = executor

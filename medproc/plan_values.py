@@ -8,7 +8,7 @@ import numpy as np
 
 from .spec import Spec
 
-__all__ = ["intensity_params", "foreground_box", "nothing_above"]
+__all__ = ["intensity_params", "foreground_box", "nothing_above", "dtype_clips"]
 
 
 def nothing_above(array, threshold: float) -> str:
@@ -16,6 +16,30 @@ def nothing_above(array, threshold: float) -> str:
     threshold looks like this)."""
     where = " of channel 0" if array.ndim == 4 else ""
     return f"crop_foreground: no voxel{where} is above {threshold}: not cropped"
+
+
+def dtype_clips(array, spec: Spec) -> str | None:
+    """Why an integer output ``spec.dtype`` saturates this volume's values, or None: the values
+    reaching the cast are the intensity step's range (scale, else clip), else the input's
+    (interpolation stays inside it); z-scores and percentiles are not known here."""
+    dt = np.dtype(spec.dtype)
+    if dt.kind not in "iu":
+        return None
+    it = spec.intensity
+    if it is not None and (it.zscore or it.percentiles) and not (it.scale or it.clip):
+        return None
+    if it is not None and (it.scale or it.clip):
+        lo, hi = it.scale or it.clip
+    else:
+        lo, hi = float(array.min()), float(array.max())
+    info = np.iinfo(dt)
+    if lo >= info.min and hi <= info.max:
+        return None
+    return (
+        f"values {lo:g}..{hi:g} reach the {dt.name} output, whose range is {info.min}.."
+        f"{info.max}: those outside are clipped (scale or clip the intensities, or choose a "
+        "wider dtype: --scale, --clip, --dtype)"
+    )
 
 
 def foreground_box(array, threshold: float):

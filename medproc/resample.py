@@ -170,10 +170,7 @@ def resample_batch(
         on_gpu = False
     if into is not None and on_gpu:
         raise UsageError("into: for numpy outputs; these inputs are CUDA tensors (outputs too)")
-    plans = [
-        make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None, labels=bool(labs))
-        for v in vols
-    ]
+    plans = [_plan(v, spec, bool(labs)) for v in vols]
     for v, p in zip(vols, plans):
         _check_output_size(v, p)
         if warn:
@@ -195,6 +192,17 @@ def resample_batch(
         img = v.with_array(res[0], p.out_affine, **meta)
         out.append(img if labs is None else (img, labs[n].with_array(res[1], p.out_affine, **meta)))
     return out
+
+
+def _plan(v: Volume, spec: Spec, labels: bool):
+    """``v``'s plan, with a note when an integer ``spec.dtype`` clips its values."""
+    from dataclasses import replace
+
+    from .plan_values import dtype_clips
+
+    p = make_plan(v.shape, v.affine, spec, v.array if spec.needs_array else None, labels=labels)
+    clips = dtype_clips(v.array, spec)
+    return replace(p, notes=(*p.notes, clips)) if clips else p
 
 
 def tiny_volume() -> Volume:

@@ -9,6 +9,8 @@ import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -421,6 +423,37 @@ def test_a_run_leaves_no_lock_file_and_a_held_lock_still_refuses(sample_data, tm
         assert main([*args, "--force"]) == 2
         assert "another medproc convert" in capsys.readouterr().err
         assert (out / ".medproc.lock").exists()
+
+
+def test_a_dry_run_says_when_another_run_holds_the_folder_and_never_releases_a_lock(
+    sample_data, tmp_path, capsys
+):
+    """--dry-run does not take the lock, but it tests it: held by another process, the list
+    comes with a warning naming that run's pid (exit 0 as before); held by this process (a
+    library caller), testing it must not release it (closing any descriptor of a file drops
+    the process's POSIX locks on it): another process is still refused."""
+    from holder import holding
+
+    from medproc.manifest import OutdirLock
+
+    out = tmp_path / "out"
+    args = ["convert", _images(sample_data), "-o", str(out), "--spacing", "3", "--dry-run"]
+    assert main(args) == 0
+    assert "another medproc convert" not in capsys.readouterr().err
+    out.mkdir()
+    with holding("medproc.manifest:OutdirLock", out) as proc:
+        assert main(args) == 0
+        err = capsys.readouterr().err
+        assert f"another medproc convert (pid {proc.pid}) is writing into" in err
+    lock = OutdirLock(str(out))
+    try:
+        assert main(args) == 0
+        assert f"(pid {os.getpid()})" in capsys.readouterr().err
+        code = "import sys; from medproc.manifest import OutdirLock; OutdirLock(sys.argv[1])"
+        other = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True)
+        assert other.returncode != 0 and b"another medproc convert" in other.stderr
+    finally:
+        lock.release()
 
 
 @pytest.mark.parametrize("fmt", ["npy", "nii", "nii.gz"])

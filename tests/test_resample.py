@@ -168,6 +168,22 @@ def test_intensity_and_dtype(device):
     assert abs(z.mean()) < 0.05 and abs(z.std() - 1) < 0.05
 
 
+def test_an_integer_dtype_that_saturates_is_said_by_the_library_too():
+    """The library says what the CLI says: an int8 output of CT clips most of its values (a
+    warning naming the volume and the output's meta), and the saturated voxels are exactly
+    numpy's clip of the float result; a window mapped into the type's range says nothing."""
+    img, _ = _synthetic(False)
+    img.meta["source"] = "ct.nii.gz"
+    with pytest.warns(medproc.errors.MedprocWarning, match=r"ct.nii.gz: .*reach the int8 output"):
+        out = medproc.resample(img, spacing=2.0, device="cpu", dtype="int8")
+    assert any("those outside are clipped" in w for w in out.meta["warnings"])
+    ref = medproc.resample(img, spacing=2.0, device="cpu").array
+    np.testing.assert_array_equal(out.array, np.clip(np.round(ref), -128, 127).astype(np.int8))
+    fits = Intensity(clip=(-1000, 400), scale=(0, 100))
+    out = medproc.resample(img, spacing=2.0, device="cpu", dtype="int8", intensity=fits)
+    assert not any("clipped" in w for w in out.meta.get("warnings") or [])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_cubic_and_antialias(device):
     img, _ = _synthetic(False)
