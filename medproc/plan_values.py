@@ -30,6 +30,8 @@ def dtype_clips(array, spec: Spec) -> str | None:
         return None
     if it is not None and (it.scale or it.clip):
         lo, hi = it.scale or it.clip
+    elif _fits(array.dtype, dt):  # (no pass over the voxels: int16 CT to int16, say)
+        return None
     else:
         lo, hi = float(array.min()), float(array.max())
     info = np.iinfo(dt)
@@ -40,6 +42,14 @@ def dtype_clips(array, spec: Spec) -> str | None:
         f"{info.max}: those outside are clipped (scale or clip the intensities, or choose a "
         "wider dtype: --scale, --clip, --dtype)"
     )
+
+
+def _fits(src, dt: np.dtype) -> bool:
+    """Every value of ``src`` (a numpy or torch dtype) is one of ``dt``'s."""
+    try:
+        return np.can_cast(np.dtype(str(src).removeprefix("torch.")), dt, "safe")
+    except TypeError:
+        return False
 
 
 def foreground_box(array, threshold: float):
