@@ -259,12 +259,13 @@ def make_plan(
     s_in = spacing_of(A)
     dirs = A[:3, :3] / s_in  # unit column per array axis
     if not is_orthogonal(A):
-        # a sheared input (gantry tilt): the output is an orthogonal grid. Axes i and j (a DICOM
-        # slice's rows and columns) keep their directions; k becomes their normal.
+        # a sheared input (gantry tilt): the output is an orthogonal grid. Axis i keeps its
+        # direction, j its plane with i (a DICOM slice's rows and columns stay), k becomes their
+        # normal; each axis's spacing is its step across the planes of the axes before it (the
+        # diagonal of the frame's QR), so that n steps span the input's extent: for a gantry
+        # tilt the slice distance, for a shear inside the i-j plane j's step normal to i too
         dirs = _orthonormalise(dirs)
-        s_in = s_in * [1, 1, 0] + np.abs(np.linalg.det(A[:3, :3])) / np.prod(s_in[:2]) * np.array(
-            [0, 0, 1]
-        )
+        s_in = np.abs(np.diag(dirs.T @ A[:3, :3]))
     # 1) orientation: which input axis (and sign) feeds each output axis
     src = np.arange(3)
     sign = np.ones(3)

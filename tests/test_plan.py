@@ -172,6 +172,26 @@ def test_sheared_input_reorthogonalises_k():
     )
 
 
+def test_a_shear_inside_the_i_j_plane_keeps_every_slice():
+    """A sheared sform whose j leans towards i (not a gantry tilt, where only k leans) kept
+    j's length as its spacing and made k's det/(si*sj): 8 slices of 1 mm came out as 3 (a
+    prober's file). The output must span the input's extent along each new axis (within a
+    voxel), and resampling a volume whose value is its world z must give back world z."""
+    A = np.array([[1, 0.9, 0, 0], [0, 0.3, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1.0]])
+    shape = (10, 12, 8)
+    p = make_plan(shape, A, Spec(spacing=1.0))
+    ijk = np.indices(shape).reshape(3, -1).T
+    w_in = apply_affine(A, ijk)
+    w_out = apply_affine(p.out_affine, np.indices(p.out_shape).reshape(3, -1).T)
+    for ax in (1, 2):  # the world y and z extents (x is where the parallelogram leans)
+        assert abs(w_out[:, ax].min() - w_in[:, ax].min()) <= 0.5 + 1e-9
+        assert abs(w_out[:, ax].max() - w_in[:, ax].max()) <= 0.5 + 1e-9
+    z = np.broadcast_to(np.arange(8, dtype=np.float32), shape).copy()
+    out = medproc.resample(medproc.Volume(z, A), spacing=1.0, device="cpu")
+    wz = apply_affine(out.affine, np.indices(out.shape).reshape(3, -1).T)[:, 2]
+    np.testing.assert_allclose(out.array.reshape(-1), wz, atol=1e-5)
+
+
 def test_inverse_plan_maps_the_output_back():
     p = make_plan(SHAPE, OBLIQUE, Spec(spacing=1.2, orientation="RAS", crop=(40, 30, 50)))
     q = p.inverse()
