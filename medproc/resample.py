@@ -21,6 +21,12 @@ def check_output_size(out_shape, channels: int, in_bytes: int, source=None) -> N
     it from the headers alone."""
     from .io.safety import human, max_bytes
 
+    if max(int(n) for n in out_shape) >= 2**31:  # (DALI's extents are 32-bit: it came back 1)
+        raise UsageError(
+            f"the output grid would be {'x'.join(map(str, out_shape))} voxels: an axis of 2^31 "
+            "voxels or more cannot be resampled; choose a smaller shape or a coarser spacing",
+            source,
+        )
     nbytes = int(np.prod(out_shape, dtype=object)) * max(channels, 1) * 4
     need = 2 * nbytes + int(in_bytes)
     if need > max_bytes():

@@ -168,6 +168,16 @@ def test_intensity_and_dtype(device):
     assert abs(z.mean()) < 0.05 and abs(z.std() - 1) < 0.05
 
 
+@pytest.mark.parametrize("n", [2**31, 2**31 + 5])
+def test_an_output_axis_beyond_32_bits_is_refused_not_returned_as_one_voxel(n):
+    """shape=(2**31, 1, 1) fitted the memory cap (8 GiB) and came back a (1, 1, 1) array
+    under an affine of 9e-9 mm voxels (a prober's call)."""
+    img = medproc.Volume(np.zeros((4, 4, 4), np.float32), np.eye(4))
+    img.meta["source"] = "tiny.nii"
+    with pytest.raises(medproc.errors.UsageError, match=r"tiny.nii.*2\^31 voxels or more"):
+        medproc.resample(img, shape=(n, 1, 1), device="cpu")
+
+
 def test_an_integer_dtype_that_saturates_is_said_by_the_library_too():
     """The library says what the CLI says: an int8 output of CT clips most of its values (a
     warning naming the volume and the output's meta), and the saturated voxels are exactly
