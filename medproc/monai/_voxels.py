@@ -152,8 +152,9 @@ def invert(
 
     Parameters
     ----------
-    pred : Volume
-        Voxels ``(i, j, k[, C])`` on ``plan.out_shape`` (numpy, or a torch tensor).
+    pred : Volume or MetaTensor
+        Voxels ``(i, j, k[, C])`` on ``plan.out_shape`` (numpy, or a torch tensor), or a
+        channel-first MetaTensor on that grid (as :func:`to_volume` reads it).
     plan : Plan
         The plan that made the grid ``pred`` lies on.
     nearest : bool
@@ -173,6 +174,17 @@ def invert(
     """
     from ..pipeline import Engine, Graph, Job
 
+    if not isinstance(pred, Volume):  # (a MONAI user's prediction: channel-first, on the grid)
+        from monai.data import MetaTensor
+
+        from .meta import to_volume
+
+        if not isinstance(pred, MetaTensor):
+            raise TypeError(
+                f"pred must be a medproc.Volume or a MONAI MetaTensor (C, i, j, k), got a "
+                f"{type(pred).__name__}: wrap an array with medproc.Volume(array, affine)"
+            )
+        pred = to_volume(pred, affine=plan.out_affine)
     interp = interp or ("nearest" if nearest else "linear")
     if device == "cpu":
         pred = pred.numpy()

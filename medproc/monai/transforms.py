@@ -287,16 +287,26 @@ def _record_plan(record: Mapping) -> Plan:
 def _inverted(x, record: Mapping, key) -> MetaTensor:
     """``x`` (on a Resampled output grid) back on that Resampled's input grid."""
     plan = _record_plan(record)
-    if tuple(x.shape[1:]) != plan.out_shape:
+    if tuple(x.shape[1:]) == plan.out_shape:
+        vol = to_volume(x, affine=plan.out_affine)
+    elif isinstance(x, MetaTensor):
+        # its grid changed after Resampled without a record on its stack (pad_list_data_collate
+        # padding a batch, Invertd's prediction with the padded image's affine): back from the
+        # grid its affine says, in world space, as MONAI's own inverses go
+        vol = to_volume(x)
+        a = vol.affine
+        plan = Plan(
+            plan.in_shape, plan.in_affine, vol.shape[:3], a, np.linalg.inv(plan.in_affine) @ a
+        )
+    else:
         raise ValueError(
             f"Resampled.inverse: key {key!r} is {tuple(x.shape[1:])} but Resampled made "
-            f"{plan.out_shape}: invert the transforms applied after it first (Compose.inverse "
-            "and monai.transforms.Invertd do)"
+            f"{plan.out_shape}, and a plain tensor has no affine to say where it lies: give a "
+            "MetaTensor, or invert what changed its size first"
         )
     interp = interp_of(record["extra_info"]["mode"], key)
     on_gpu = isinstance(x, torch.Tensor) and x.is_cuda
     device, device_id = ("gpu", x.device.index) if on_gpu else ("cpu", None)
-    vol = to_volume(x, affine=plan.out_affine)
     back = invert(vol, plan, interp=interp, device=device, device_id=device_id)
     arr = back.array
     if arr.ndim == 3:
