@@ -179,16 +179,18 @@ class Resampled(MapTransform, InvertibleTransform):
         self.spec = spec
         self.device = device
         self.lesion_key = lesion_key
+        self._warned = False  # (a label map given an image's mode: said once)
         if mode is None:
             self.roles = ((spec.interp, False),) + (("nearest", True),) * (len(self.keys) - 1)
-            if len(self.keys) > 1 and "image" in self.keys[1:]:  # a likely mistake: say so
+            first_label = _label_named(self.keys[0]) and not all(map(_label_named, self.keys[1:]))
+            if len(self.keys) > 1 and ("image" in self.keys[1:] or first_label):  # say so
                 import warnings
 
                 from ..errors import MedprocWarning
 
                 warnings.warn(
                     f"Resampled{tuple(self.keys)} without mode=: the first key "
-                    f"({self.keys[0]!r}) is resampled as the image and 'image' as a label map "
+                    f"({self.keys[0]!r}) is resampled as the image and the others as label maps "
                     "(nearest, no intensity step); put the image first or pass mode=",
                     MedprocWarning,
                     stacklevel=2,
@@ -221,6 +223,8 @@ class Resampled(MapTransform, InvertibleTransform):
         elif self.device == "cpu":
             vols = {k: v.numpy() for k, v in vols.items()}
         roles = dict(items)
+        if self.spec.intensity.active and not self._warned:
+            self._warned = _say_label_as_image(keys, vols, roles)
         stats = next((k for k in keys if not roles[k][1]), keys[0])
         arr = vols[stats].array if self.spec.needs_array else None
         nearest = any(roles[k][0] == "nearest" for k in keys)
@@ -256,6 +260,39 @@ class Resampled(MapTransform, InvertibleTransform):
             record = self.pop_transform(d[key])
             d[key] = _inverted(d[key], record, key)
         return d
+
+
+def _label_named(key) -> bool:
+    return any(w in str(key).lower() for w in ("label", "seg", "mask"))
+
+
+def _say_label_as_image(keys, vols, roles) -> bool:
+    """Warn (once: returns True) when a key after the first, resampled as an image, holds what
+    looks like a label map: whole numbers named like one or with few values. With one mode for
+    every key it gets the spec's intensity step and interpolation (a label of 0/1/2 clipped and
+    scaled came back as 0.714-0.716 everywhere), where MONAI's intensity transforms touch only
+    the keys they name."""
+    for k in keys[1:]:
+        a = vols[k].array
+        if roles[k][1] or str(a.dtype).removeprefix("torch.")[:3] not in ("int", "uin", "boo"):
+            continue
+        flat = a.reshape(-1)
+        sample = flat[:: max(1, flat.shape[0] // 262_144)]
+        few = len(torch.unique(sample) if torch.is_tensor(sample) else np.unique(sample)) <= 16
+        if _label_named(k) or few:
+            import warnings
+
+            from ..errors import MedprocWarning
+
+            warnings.warn(
+                f"Resampled: key {k!r} looks like a label map ({a.dtype}, whole numbers) but its "
+                "mode makes it an image: it gets the spec's intensity step and is interpolated; "
+                f"give it mode 'nearest' (e.g. mode=('bilinear', 'nearest'))",
+                MedprocWarning,
+                stacklevel=3,
+            )
+            return True
+    return False
 
 
 def plan_of(x: MetaTensor) -> Plan:
