@@ -4,12 +4,13 @@ renamed into place, so a crash or ``kill -9`` never leaves a half-written file u
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import tempfile
 from collections.abc import Iterator
 
-__all__ = ["atomic_path", "atomic_write", "atomic_dir", "is_temporary"]
+__all__ = ["atomic_path", "atomic_write", "atomic_dir", "is_temporary", "make_parent"]
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -56,6 +57,21 @@ def is_temporary(name: str, targets: tuple[str, ...] | None = None) -> bool:
     return targets is None or m["target"].lower().endswith(tuple(targets))
 
 
+def make_parent(path: str) -> None:
+    """Create the folder ``path`` goes in (and those above it) where missing; a file in the way
+    is a NotADirectoryError that names it ("File exists" named nothing)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    above = parent
+    while not os.path.lexists(above) and os.path.dirname(above) != above:
+        above = os.path.dirname(above)
+    if os.path.lexists(above) and not os.path.isdir(above):
+        what = "parent" if above == parent else "ancestor"
+        raise NotADirectoryError(
+            errno.ENOTDIR, f"its {what} {above} is not a folder (a file)", above
+        )
+    os.makedirs(parent, exist_ok=True)
+
+
 def atomic_dir(path: str, kind: str = "part") -> str:
     """A new temporary folder beside ``path``, for a folder built then renamed into place; with
     the usual permissions (0777 less the umask), not mkdtemp's private 0700."""
@@ -78,7 +94,7 @@ def atomic_write(path: str) -> Iterator[str]:
     {'ok': True}
     """
     path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    make_parent(path)
     tmp = atomic_path(path)
     try:
         yield tmp

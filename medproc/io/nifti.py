@@ -256,6 +256,19 @@ def open_nifti(path: str):
     return img
 
 
+#: uncompressed bytes a ``.nii.gz`` may hold after its declared voxels (read and checked, as
+#: a ``.nii``'s trailing bytes are ignored); more is refused without inflating the rest
+GZIP_TAIL_MAX = 1 << 20
+
+
+def _drain(f, limit: int) -> int:
+    """Read ``f`` to its end, but no more than ``limit`` + 1 bytes: how many there were."""
+    n = 0
+    while n <= limit and (got := len(f.read(min(1 << 18, limit + 1 - n)))):
+        n += got
+    return n
+
+
 def _whole_gzip(img, path) -> np.ndarray:
     """The voxels (scaled as nibabel scales them) of a ``.nii.gz``, decompressed by ISA-L
     straight into the array's memory: the gzip trailer's CRC-32 and length are checked (nibabel
@@ -270,18 +283,24 @@ def _whole_gzip(img, path) -> np.ndarray:
     offset = int(proxy.offset)
     buf = bytearray(offset + int(np.prod(proxy.shape, dtype=np.int64)) * proxy.dtype.itemsize)
     view = memoryview(buf)
-    got = 0
+    got = tail = 0
     try:
         with igzip.open(path, "rb") as f:
             # (in parts: a read into a whole volume's memory goes through a temporary copy)
             while got < len(buf) and (n := f.readinto(view[got : got + (16 << 20)])):
                 got += n
-            while f.read(1 << 20):  # to the end: the trailer is checked there
-                pass
+            tail = _drain(f, GZIP_TAIL_MAX)  # to the end: the trailer is checked there
     except (OSError, EOFError, ValueError) as e:  # BadGzipFile (CRC, length), truncation
         raise ReadError(f"its gzip data is damaged ({e}): the file is corrupt", path) from None
     finally:
         view.release()
+    if tail > GZIP_TAIL_MAX:
+        raise ReadError(
+            f"holds more data than its header declares: more than {GZIP_TAIL_MAX} bytes "
+            f"(uncompressed) after the {len(buf) - offset} bytes of voxels (another gzip "
+            "member appended?); not read further. Fix the header or cut the file",
+            path,
+        )
     if got < len(buf):
         raise ReadError(
             f"its data ends after {got - offset} of the {len(buf) - offset} bytes of voxels the "

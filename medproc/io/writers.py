@@ -17,11 +17,12 @@ import io
 import json
 import os
 import struct
+from numbers import Integral
 
 import numpy as np
 
 from ..volume import Volume
-from .atomic import atomic_write
+from .atomic import atomic_path, atomic_write, make_parent
 
 __all__ = ["save", "gzip_bytes", "GzipStream", "FORMATS"]
 
@@ -191,7 +192,8 @@ def save(volume: Volume, path, compresslevel: int = 1, threads: int | None = Non
     str
         The path written.
     """
-    p = os.fspath(path)
+    _check_args(volume, path, threads)
+    p = os.fsdecode(os.fspath(path))  # (bytes paths too, as load takes them)
     _check_target(volume, p, compresslevel)
     try:
         return _save(volume.numpy(), p, p.lower(), compresslevel, threads)
@@ -205,6 +207,34 @@ def holds_float16(path: str) -> bool:
     """Whether the format of ``path`` holds float16 voxels (only medproc's ``.npy`` cache:
     NIfTI, NRRD and MHA have no such type)."""
     return path.lower().endswith(".npy")
+
+
+def _typename(x) -> str:
+    t = type(x)
+    return (
+        t.__name__ if t.__module__ == "builtins" else f"{t.__module__.split('.')[0]}.{t.__name__}"
+    )
+
+
+def _check_args(volume, path, threads) -> None:
+    """Refuse arguments of the wrong type, naming the argument."""
+    from ..errors import UsageError
+
+    if not isinstance(volume, Volume):
+        raise UsageError(
+            f"save(volume, path): volume is a {_typename(volume)}, not a medproc.Volume: "
+            "wrap an array with medproc.Volume(array, affine)"
+        )
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise UsageError(
+            f"save(volume, path): path is a {type(path).__name__}; give a file name "
+            "(str, bytes or path-like)"
+        )
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, Integral)):
+        raise UsageError(
+            f"save(..., threads=): threads must be a whole number of compressing threads "
+            f"(or None for the default), got {threads!r}"
+        )
 
 
 def _check_target(volume: Volume, p: str, compresslevel: int) -> None:
@@ -250,12 +280,34 @@ def _save(volume: Volume, p: str, low: str, compresslevel: int, threads) -> str:
         with atomic_write(p) as tmp:
             save_sitk(volume, tmp)
     elif low.endswith(".npy"):
-        arr = volume.array
-        with atomic_write(p) as tmp:
-            np.save(
-                tmp, arr if arr.flags.f_contiguous else np.asfortranarray(arr), allow_pickle=False
-            )
-        with atomic_write(p[:-4] + ".json") as tmp, open(tmp, "w") as f:
+        _save_npy(volume, p)
+    else:
+        from ..errors import UsageError
+
+        raise UsageError(
+            f"cannot save {p!r}: use a .nii.gz, .nii, .nrrd, .mha or .npy name "
+            "(.mhd/.nhdr write two files and cannot be written atomically)"
+        )
+    return p
+
+
+def _save_npy(volume: Volume, p: str) -> None:
+    """The ``.npy`` and its ``<name>.json`` (the affine), crash-consistent: both are written
+    to temporaries first; then the old sidecar is removed, the array renamed into place, and
+    the sidecar renamed last, the commit point. An interrupted save leaves the old pair whole,
+    or a ``.npy`` without its ``.json`` (incomplete: convert's resume redoes it), never new
+    voxels beside the old affine."""
+    arr = volume.array
+    side = p[:-4] + ".json"
+    make_parent(p)
+    tmps = []
+    try:
+        tmps.append(atomic_path(p))
+        np.save(
+            tmps[0], arr if arr.flags.f_contiguous else np.asfortranarray(arr), allow_pickle=False
+        )
+        tmps.append(atomic_path(side))
+        with open(tmps[1], "w") as f:
             json.dump(
                 {
                     "affine": volume.affine.tolist(),
@@ -265,11 +317,11 @@ def _save(volume: Volume, p: str, low: str, compresslevel: int, threads) -> str:
                 },
                 f,
             )
-    else:
-        from ..errors import UsageError
-
-        raise UsageError(
-            f"cannot save {p!r}: use a .nii.gz, .nii, .nrrd, .mha or .npy name "
-            "(.mhd/.nhdr write two files and cannot be written atomically)"
-        )
-    return p
+        if os.path.lexists(side):
+            os.unlink(side)  # from here until the last rename: an incomplete pair
+        os.replace(tmps[0], p)
+        os.replace(tmps[1], side)  # the commit point
+    finally:
+        for tmp in tmps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
