@@ -236,3 +236,23 @@ def test_multiframe_with_one_position_is_placed_from_it(sample_data, tmp_path):
     with pytest.warns(medproc.GeometryWarning, match=r"1 mm apart \(no SliceThickness either\)"):
         vol = medproc.load(path)
     np.testing.assert_allclose(vol.affine[:3, 3], series.affine[:3, 3], atol=1e-6)
+
+
+@pytest.mark.parametrize("field, offset", [("sform_code", 254), ("qform_code", 252)])
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_transform_code_outside_nifti_is_refused_not_guessed(tmp_path, field, offset, gz):
+    """sform_code 77 on an RAS sform: nibabel resets it to 0, and the volume was read with
+    nibabel's guess, mirrored left-right (LAS), under the warning 'neither sform nor qform is
+    set' (a prober's file). Refused, naming the field and its value."""
+    img = nib.Nifti1Image(np.zeros((4, 5, 6), np.int16), np.diag([2.0, 3.0, 4.0, 1.0]))
+    img.set_sform(img.affine, code=1)
+    img.set_qform(img.affine, code=1)
+    raw = bytearray(img.to_bytes())
+    struct.pack_into("<h", raw, offset, 77)
+    path = tmp_path / ("bad.nii.gz" if gz else "bad.nii")
+    path.write_bytes(gzip.compress(bytes(raw)) if gz else bytes(raw))
+    with pytest.raises(medproc.errors.ReadError, match=rf"bad.nii.*{field}=77 is not a NIfTI"):
+        medproc.load(str(path))
+    struct.pack_into("<h", raw, offset, 2)  # a valid code reads as before
+    path.write_bytes(gzip.compress(bytes(raw)) if gz else bytes(raw))
+    np.testing.assert_allclose(medproc.load(str(path)).affine, img.affine)

@@ -109,6 +109,15 @@ def nifti_header_check(img, path) -> tuple[tuple, np.dtype]:
         )
     raw = _raw_fields(img, path)
     _check_pixdim(img, shape, path, raw["pixdim"])
+    bad = [
+        f"{n}={c}" for n, c in zip(("qform_code", "sform_code"), raw["codes"]) if c not in range(6)
+    ]
+    if bad:  # (nibabel resets it to 0 and guesses: a mirrored volume under a wrong warning)
+        raise ReadError(
+            f"the header's {', '.join(bad)} is not a NIfTI transform code (0 to 5): the header "
+            "is damaged, so which affine to trust is unknown. Fix the code",
+            path,
+        )
     slope, inter = raw["scaling"]
     if np.isinf(slope) or (np.isfinite(slope) and slope != 0 and not np.isfinite(inter)):
         raise ReadError(
@@ -149,7 +158,11 @@ def _check_pixdim(img, shape, path, pixdim: tuple) -> None:
 
 
 #: header fields as the file stores them: (offset, format) in NIfTI-1 and in NIfTI-2
-_RAW_FIELDS = {"pixdim": ((76, "8f"), (104, "8d")), "scaling": ((112, "ff"), (176, "dd"))}
+_RAW_FIELDS = {
+    "pixdim": ((76, "8f"), (104, "8d")),
+    "scaling": ((112, "ff"), (176, "dd")),
+    "codes": ((252, "hh"), (344, "ii")),  # qform_code, sform_code
+}
 
 
 def _raw_fields(img, path) -> dict[str, tuple]:
