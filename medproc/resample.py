@@ -139,7 +139,9 @@ def resample_batch(
         Volumes, or ``(image, label)`` pairs when ``labels`` is given. Outputs are numpy arrays,
         or CUDA tensors when the inputs were on the GPU.
     """
+    from .errors import MedprocError
     from .pipeline import Engine, Graph, Job
+    from .pipeline._dtypes import _feed_dtype_of
     from .spec import check_args
 
     threads = {} if num_threads is None else {"num_threads": num_threads}
@@ -167,6 +169,12 @@ def resample_batch(
         for v, lb in zip(vols, labs):
             check_label_grid(v, lb)
             check_label_values(lb)
+    for n, v in enumerate(vols):  # (the engine would say it about the batch, naming none)
+        try:
+            _feed_dtype_of(v.array, label=False)
+        except ValueError as e:
+            msg = e.message if isinstance(e, MedprocError) else str(e)
+            raise ReadError(msg, v.meta.get("source") or f"volumes[{n}]") from None
     if not vols:
         return []
     on_gpu = any(v.device != "cpu" for v in vols)

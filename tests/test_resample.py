@@ -436,3 +436,16 @@ def test_api_misuse_found_by_a_probe_is_refused_or_handled():
             t(sample)
     with pytest.raises(medproc.UsageError, match="takes a dict with an 'image' Volume"):
         t(medproc.Volume(np.zeros((6, 6, 6)), np.eye(4)))
+
+
+def test_a_volume_the_engine_cannot_take_is_named_in_a_batch():
+    """uint64 values beyond 2^24 failed the whole resample_batch with a message naming no
+    volume (a prober's call): the error names its source, or its index when built by hand."""
+    big = np.arange(27, dtype=np.uint64).reshape(3, 3, 3) * 2**40
+    good = medproc.Volume(np.zeros((3, 3, 3), np.int16), np.eye(4))
+    with pytest.raises(medproc.errors.ReadError, match=r"^volumes\[1\]: uint64 image values"):
+        medproc.resample_batch([good, medproc.Volume(big, np.eye(4)), good], Spec(spacing=2))
+    named = medproc.Volume(big, np.eye(4))
+    named.meta["source"] = "big.nii"
+    with pytest.raises(medproc.errors.ReadError, match=r"^big.nii: uint64 image values"):
+        medproc.resample(named, spacing=2)
