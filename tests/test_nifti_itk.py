@@ -7,6 +7,7 @@ import re
 import nibabel as nib
 import numpy as np
 import pytest
+import SimpleITK as sitk
 from world import assert_same_world
 
 import medproc
@@ -328,3 +329,28 @@ def test_load_takes_bytes_paths_and_names_wrong_arguments(sample_data):
         medproc.load(5)
     with pytest.raises(medproc.errors.UsageError, match="workers must be a whole number"):
         medproc.load(os.path.join(sample_data, "dicom", "ct_axial"), workers="a")
+
+
+@pytest.mark.parametrize(
+    "geometry, says",
+    [
+        ("", "no 'space directions'"),
+        ("space: left-posterior-superior\nspace directions: none (0,3,0) (0,0,4)\n", "axis 0 has"),
+        ("space: left-posterior-superior\nspace directions: (2,0,0) (0,3,0) (0,0,4)\n", None),
+        ("spacings: 2 3 4\n", None),
+    ],
+)
+def test_a_nrrd_without_a_voxel_size_is_said_as_niftis_is(tmp_path, geometry, says):
+    """SimpleITK reads a NRRD axis with no size as 1 mm without a word (a prober's files): the
+    volume's warnings say so; the voxels and the sizes that are given are read as SimpleITK
+    reads them."""
+    data = np.arange(10 * 12 * 8, dtype=np.int16)
+    path = tmp_path / "v.nrrd"
+    head = f"NRRD0004\ntype: short\ndimension: 3\nsizes: 10 12 8\n{geometry}"
+    path.write_bytes((head + "endian: little\nencoding: raw\n\n").encode() + data.tobytes())
+    v = medproc.load(str(path))
+    ref = sitk.ReadImage(str(path))
+    np.testing.assert_array_equal(v.array, sitk.GetArrayFromImage(ref).transpose(2, 1, 0))
+    np.testing.assert_allclose(v.spacing, ref.GetSpacing())
+    warned = [w for w in v.meta["warnings"] if "voxel size is unknown" in w]
+    assert (says in warned[0]) if says else not warned

@@ -110,13 +110,10 @@ class ItkHeader:
     def __init__(
         self, sizes, itemsize, compressed, data_files, data_start, compressed_size=None, exact=True
     ):
-        self.sizes = sizes
-        self.itemsize = itemsize
-        self.compressed = compressed
-        self.data_files = data_files
-        self.data_start = data_start
-        self.compressed_size = compressed_size
-        self.exact = exact
+        self.notes: list[str] = []  # (what the header leaves unsaid, for the volume's warnings)
+        self.sizes, self.itemsize, self.compressed = sizes, itemsize, compressed
+        self.data_files, self.data_start = data_files, data_start
+        self.compressed_size, self.exact = compressed_size, exact
 
 
 def _read_lines(path: str, magic: bytes | None):
@@ -191,7 +188,22 @@ def _nrrd(path: str) -> ItkHeader:
     data_start = text_end + (2 if end == text_end else 4)
     if encoding in ("ascii", "text", "txt"):
         itemsize, compressed = 1, None  # at least one character per value
-    return ItkHeader(sizes, itemsize, compressed, files, data_start)
+    hdr = ItkHeader(sizes, itemsize, compressed, files, data_start)
+    hdr.notes = _nrrd_unsized(fields, len(sizes))
+    return hdr
+
+
+def _nrrd_unsized(fields: dict[str, str], n: int) -> list[str]:
+    """A note when a NRRD gives a spatial axis no size (SimpleITK makes it 1 mm, unsaid)."""
+    dirs, what = fields.get("space directions"), "the header has no 'space directions'"
+    if dirs is not None:
+        none = [i for i, d in enumerate(re.findall(r"\([^)]*\)|none", dirs)) if d == "none"]
+        if not none or n - len(none) >= 3:
+            return []  # (all axes sized, or 3 spatial ones beside a channel or time axis)
+        what = f"axis {', '.join(map(str, none))} has no direction ('none')"
+    elif "spacings" in fields:
+        return []
+    return [f"{what}: its voxel size is unknown and read as 1 mm; check the geometry"]
 
 
 def _meta(path: str) -> ItkHeader:

@@ -95,7 +95,7 @@ def load_sitk(path: str, nan: str = "error") -> Volume:
     array = array.transpose(2, 1, 0) if array.ndim == 3 else array.transpose(2, 1, 0, 3)
     array = check_finite(array, path, nan)
     affine = check_affine(sitk_affine(img), path, "the header (spacing/direction/origin)")
-    meta = {"source": str(path), "format": "itk", "modality": None, "warnings": []}
+    meta = {"source": str(path), "format": "itk", "modality": None, "warnings": list(hdr.notes)}
     return Volume(array, affine, meta)
 
 
