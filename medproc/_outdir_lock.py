@@ -63,6 +63,8 @@ class OutdirLock:
         import fcntl
 
         self._replace_odd()
+        if _held(self.path):  # (before opening it: closing any descriptor would release it)
+            raise OutputError(f"this process (pid {os.getpid()}) {self.busy}", self.outdir)
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             fd = os.open(self.path, flags, 0o666)
@@ -161,11 +163,8 @@ def lock_holder(outdir: str) -> str | None:
     import fcntl
 
     path = os.path.join(os.fspath(outdir), ".medproc.lock")
-    try:
-        if (st := os.stat(path)) and (st.st_dev, st.st_ino) in _HELD:
-            return str(os.getpid())
-    except OSError:
-        return None
+    if _held(path):
+        return str(os.getpid())
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:  # none, a link or no access: the run would say so, or take it over
@@ -180,3 +179,12 @@ def lock_holder(outdir: str) -> str | None:
         return None
     finally:
         os.close(fd)  # (and with it the shared lock just taken)
+
+
+def _held(path: str) -> bool:
+    """Whether ``path`` (not followed) is a lock file this process holds."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) in _HELD

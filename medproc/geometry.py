@@ -51,7 +51,9 @@ def as_affine(affine, name: str = "affine") -> np.ndarray:
             and np.isfinite(np.linalg.det(a[:3, :3]))
         )
     if big:  # (its spacings would be inf: repr and orientation failed inside nibabel)
-        raise ValueError(f"{name} is too large: its spacings overflow float64: {a.tolist()}")
+        raise ValueError(
+            f"{name} is too large: its spacings or their product overflow float64: {a.tolist()}"
+        )
     if abs(np.linalg.det(a[:3, :3])) < 1e-12:
         raise ValueError(f"{name} is singular (a zero spacing or collinear axes): {a.tolist()}")
     return a

@@ -452,6 +452,14 @@ def test_a_dry_run_says_when_another_run_holds_the_folder_and_never_releases_a_l
         code = "import sys; from medproc.manifest import OutdirLock; OutdirLock(sys.argv[1])"
         other = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True)
         assert other.returncode != 0 and b"another medproc convert" in other.stderr
+        # a second lock in this process is refused without touching the first (POSIX would
+        # grant it, and releasing either would have dropped both)
+        with pytest.raises(
+            medproc.errors.OutputError, match=f"this process \\(pid {os.getpid()}\\)"
+        ):
+            OutdirLock(str(out))
+        other = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True)
+        assert other.returncode != 0 and b"another medproc convert" in other.stderr
     finally:
         lock.release()
 

@@ -237,11 +237,21 @@ def test_an_inverse_after_a_size_change_goes_by_the_metatensors_affine(files):
     cut["label"].affine = flipped["label"].affine @ torch.tensor(
         [[1, 0, 0, 3], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]], dtype=torch.float64
     )
-    back = resample.inverse(cut)["label"].numpy()
+    both = resample.inverse(cut)
+    back = both["label"].numpy()
     ref = direct[0]["label"].numpy()
     covered = back != 0
     assert covered.sum() > 0.5 * (ref != 0).sum()
     np.testing.assert_array_equal(back[covered], ref[covered])
+    # the flipped image kept its size: its affine (not the plan's) says where it lies
+    assert _rel(both["image"].numpy(), direct[0]["image"].numpy()) < 1e-5
+    # a MetaTensor of another size on a grid of other spacings (a hand-built identity affine):
+    # no such change, refused
+    stale = copy.deepcopy(outs[0])
+    stale["image"] = stale["image"][:, 2:]
+    stale["image"].affine = torch.eye(4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="an affine of other spacings"):
+        resample.inverse(stale)
 
 
 @pytest.mark.gpu

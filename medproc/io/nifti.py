@@ -110,7 +110,9 @@ def nifti_header_check(img, path) -> tuple[tuple, np.dtype]:
     raw = _raw_fields(img, path)
     _check_pixdim(img, shape, path, raw["pixdim"])
     bad = [
-        f"{n}={c}" for n, c in zip(("qform_code", "sform_code"), raw["codes"]) if c not in range(6)
+        f"{n}={c}"
+        for n, c in zip(("qform_code", "sform_code"), raw["codes"])
+        if c == c and c not in range(6)
     ]
     if bad:  # (nibabel resets it to 0 and guesses: a mirrored volume under a wrong warning)
         raise ReadError(

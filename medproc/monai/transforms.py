@@ -18,6 +18,7 @@ from monai.transforms import InvertibleTransform, MapTransform
 from monai.utils import ensure_tuple_rep
 
 from ..errors import check_device
+from ..geometry import spacing_of
 from ..plan import Plan, make_plan, say_notes
 from ..resample import check_label_grid
 from ..spec import Spec
@@ -324,22 +325,24 @@ def _record_plan(record: Mapping) -> Plan:
 def _inverted(x, record: Mapping, key) -> MetaTensor:
     """``x`` (on a Resampled output grid) back on that Resampled's input grid."""
     plan = _record_plan(record)
-    if tuple(x.shape[1:]) == plan.out_shape:
+    same = tuple(x.shape[1:]) == plan.out_shape
+    a = to_volume(x).affine if isinstance(x, MetaTensor) else None
+    if same and (a is None or np.allclose(a, plan.out_affine, atol=1e-4)):
         vol = to_volume(x, affine=plan.out_affine)
-    elif isinstance(x, MetaTensor):
+    elif a is not None and np.allclose(spacing_of(a), spacing_of(plan.out_affine), rtol=1e-4):
         # its grid changed after Resampled without a record on its stack (pad_list_data_collate
-        # padding a batch, Invertd's prediction with the padded image's affine): back from the
-        # grid its affine says, in world space, as MONAI's own inverses go
+        # padding a batch, a flip left on the stack): back from the grid its affine says, in
+        # world space, as MONAI's own inverses go (a grid of other spacings is no such change)
         vol = to_volume(x)
-        a = vol.affine
         plan = Plan(
             plan.in_shape, plan.in_affine, vol.shape[:3], a, np.linalg.inv(plan.in_affine) @ a
         )
     else:
         raise ValueError(
-            f"Resampled.inverse: key {key!r} is {tuple(x.shape[1:])} but Resampled made "
-            f"{plan.out_shape}, and a plain tensor has no affine to say where it lies: give a "
-            "MetaTensor, or invert what changed its size first"
+            f"Resampled.inverse: key {key!r} is {tuple(x.shape[1:])} on "
+            f"{'no affine' if a is None else 'an affine of other spacings'}, but Resampled made "
+            f"{plan.out_shape} at {tuple(np.round(spacing_of(plan.out_affine), 4))} mm: invert "
+            "what changed its grid first (Compose.inverse and monai.transforms.Invertd do)"
         )
     interp = interp_of(record["extra_info"]["mode"], key)
     on_gpu = isinstance(x, torch.Tensor) and x.is_cuda
