@@ -30,7 +30,7 @@ def dtype_clips(array, spec: Spec) -> str | None:
         return None
     if it is not None and (it.scale or it.clip):
         lo, hi = it.scale or it.clip
-    elif _fits(array.dtype, dt):  # (no pass over the voxels: int16 CT to int16, say)
+    elif _fits(array, dt):  # (no pass over the voxels: int16 CT to int16, say)
         return None
     else:
         lo, hi = float(array.min()), float(array.max())
@@ -44,10 +44,12 @@ def dtype_clips(array, spec: Spec) -> str | None:
     )
 
 
-def _fits(src, dt: np.dtype) -> bool:
-    """Every value of ``src`` (a numpy or torch dtype) is one of ``dt``'s."""
+def _fits(array, dt: np.dtype) -> bool:
+    """Every value ``array`` (numpy or torch) can hold is one of ``dt``'s."""
+    from .pipeline._dtypes import _dtype_name
+
     try:
-        return np.can_cast(np.dtype(str(src).removeprefix("torch.")), dt, "safe")
+        return np.can_cast(np.dtype(_dtype_name(array)), dt, "safe")
     except TypeError:
         return False
 

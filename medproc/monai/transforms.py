@@ -19,6 +19,7 @@ from monai.utils import ensure_tuple_rep
 
 from ..errors import check_device
 from ..geometry import spacing_of
+from ..pipeline._dtypes import _dtype_name
 from ..plan import Plan, make_plan, say_notes
 from ..resample import check_label_grid
 from ..spec import Spec
@@ -275,7 +276,7 @@ def _say_label_as_image(keys, vols, roles) -> bool:
     the keys they name."""
     for k in keys[1:]:
         a = vols[k].array
-        if roles[k][1] or str(a.dtype).removeprefix("torch.")[:3] not in ("int", "uin", "boo"):
+        if roles[k][1] or _dtype_name(a)[:3] not in ("int", "uin", "boo"):
             continue
         flat = a.reshape(-1)
         sample = flat[:: max(1, flat.shape[0] // 262_144)]
