@@ -327,14 +327,15 @@ def _inverted(x, record: Mapping, key) -> MetaTensor:
     """``x`` (on a Resampled output grid) back on that Resampled's input grid."""
     plan = _record_plan(record)
     same = tuple(x.shape[1:]) == plan.out_shape
-    a = to_volume(x).affine if isinstance(x, MetaTensor) else None
+    own = to_volume(x) if isinstance(x, MetaTensor) else None  # (a view, on its own affine)
+    a = None if own is None else own.affine
     if same and (a is None or np.allclose(a, plan.out_affine, atol=1e-4)):
         vol = to_volume(x, affine=plan.out_affine)
     elif a is not None and np.allclose(spacing_of(a), spacing_of(plan.out_affine), rtol=1e-4):
         # its grid changed after Resampled without a record on its stack (pad_list_data_collate
         # padding a batch, a flip left on the stack): back from the grid its affine says, in
         # world space, as MONAI's own inverses go (a grid of other spacings is no such change)
-        vol = to_volume(x)
+        vol = own
         plan = Plan(
             plan.in_shape, plan.in_affine, vol.shape[:3], a, np.linalg.inv(plan.in_affine) @ a
         )
