@@ -335,7 +335,7 @@ def foresee(batch: Batch, spec) -> None:
             keep.append(t)  # (the run plans with the voxels and says what is wrong)
             continue
         try:
-            check_output_size(plan.out_shape, g.channels, g.nbytes, c.source)
+            check_output_size(plan, g.channels, g.nbytes, c.source)
         except MedprocError as e:
             batch.decided.append({**t.row, "status": "failed", "error": str(e)})  # (as a run)
             continue

@@ -14,17 +14,29 @@ from .volume import Volume
 __all__ = ["resample", "resample_batch", "check_label_grid"]
 
 
-def check_output_size(out_shape, channels: int, in_bytes: int, source=None) -> None:
-    """Refuse an output grid that would not fit in memory (e.g. spacing=0.001) before the engine
-    allocates it: resampling holds the input (``in_bytes``) and about twice the float32 output
-    at its peak (6.8 GB for a 3.2 GB output on DALI's CPU backend). ``convert --dry-run`` asks
-    it from the headers alone."""
-    from .io.safety import human, max_bytes
+def check_output_size(plan, channels: int, in_bytes: int, source=None) -> None:
+    """Refuse a plan's output grid that would not fit in memory (e.g. spacing=0.001) before the
+    engine allocates it: resampling holds the input (``in_bytes``) and about twice the float32
+    output at its peak (6.8 GB for a 3.2 GB output on DALI's CPU backend). Refuse too a grid
+    whose spacing the readers would refuse (``shape=`` can make one): medproc writes nothing it
+    cannot read back. ``convert --dry-run`` asks it from the headers alone."""
+    from .geometry import spacing_of
+    from .io.safety import SPACING_RANGE_MM, human, max_bytes
 
+    out_shape = plan.out_shape
     if max(int(n) for n in out_shape) >= 2**31:  # (DALI's extents are 32-bit: it came back 1)
         raise UsageError(
             f"the output grid would be {'x'.join(map(str, out_shape))} voxels: an axis of 2^31 "
             "voxels or more cannot be resampled; choose a smaller shape or a coarser spacing",
+            source,
+        )
+    lo, hi = SPACING_RANGE_MM
+    sp = spacing_of(plan.out_affine)
+    if not all(lo <= s <= hi for s in sp):
+        raise UsageError(
+            f"the output grid ({'x'.join(map(str, out_shape))} voxels) would have a spacing of "
+            f"{'x'.join(f'{s:.3g}' for s in sp)} mm; a spacing outside {lo:g} to {hi:g} mm cannot "
+            "be read back; choose another shape",
             source,
         )
     nbytes = int(np.prod(out_shape, dtype=object)) * max(channels, 1) * 4
@@ -43,7 +55,7 @@ def _check_output_size(vol: Volume, plan) -> None:
     a = vol.array  # numpy, or a torch tensor (CUDA: medproc.load(..., device="gpu"))
     item = a.itemsize if isinstance(a, np.ndarray) else a.element_size()
     in_bytes = int(np.prod(a.shape, dtype=object)) * item
-    check_output_size(plan.out_shape, vol.channels, in_bytes, vol.meta.get("source"))
+    check_output_size(plan, vol.channels, in_bytes, vol.meta.get("source"))
 
 
 def check_label_grid(image: Volume, label: Volume, label_name=None, image_name=None) -> None:

@@ -256,6 +256,11 @@ class Spec:
                 )
             if isinstance(self.fill, np.generic):  # (recorded as JSON with the options)
                 object.__setattr__(self, "fill", self.fill.item())
+            if np.isnan(self.fill) and np.dtype(name).kind in "iu":  # (the padding became 0)
+                raise UsageError(
+                    f"fill=NaN cannot mark the padding of an output of dtype {name} (integers hold no "
+                    "NaN); give a number, or a float dtype"
+                )
         if isinstance(self.intensity, dict):
             object.__setattr__(self, "intensity", Intensity(**self.intensity))
         if not isinstance(self.intensity, Intensity):

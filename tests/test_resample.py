@@ -423,6 +423,11 @@ def test_api_misuse_found_by_a_probe_is_refused_or_handled():
             medproc.Spec(spacing=2.0, fill=bad)
     assert type(medproc.Spec(fill=np.float32(-1024)).fill) is float  # (JSON-recorded)
     medproc.Spec(fill=float(np.finfo(np.float32).max))  # (float32 holds it)
+    with pytest.raises(
+        medproc.UsageError, match="fill=NaN cannot mark the padding of an output of dtype int16"
+    ):
+        medproc.Spec(spacing=2.0, fill=float("nan"), dtype="int16")  # (it padded with 0)
+    assert np.isnan(medproc.Spec(fill=float("nan"), dtype="float16").fill)
     be = np.arange(60, dtype=">i2").reshape(3, 4, 5)
     with tempfile.TemporaryDirectory() as d:
         for ext in ("nrrd", "mha"):
@@ -449,3 +454,17 @@ def test_a_volume_the_engine_cannot_take_is_named_in_a_batch():
     named.meta["source"] = "big.nii"
     with pytest.raises(medproc.errors.ReadError, match=r"^big.nii: uint64 image values"):
         medproc.resample(named, spacing=2)
+
+
+def test_a_shape_whose_spacing_cannot_be_read_back_is_refused_before_resampling(tmp_path):
+    """shape=(10000, 8, 8) of an 8 mm extent made 0.0008 mm voxels: the output was written and
+    medproc.load then refused it (spacing below 0.001 mm). The readers' range is checked when
+    planning, naming the volume; a shape inside the range resamples and reads back."""
+    img = medproc.Volume(np.zeros((8, 8, 8), np.float32), np.eye(4))
+    img.meta["source"] = "tiny.nii"
+    with pytest.raises(medproc.errors.UsageError, match=r"tiny.nii.*0.0008x1x1 mm.*read back"):
+        medproc.resample(img, shape=(10000, 8, 8), device="cpu")
+    out = medproc.resample(img, shape=(8000, 8, 8), device="cpu")  # 0.001 mm: the edge
+    medproc.save(out, str(tmp_path / "edge.nii.gz"))
+    back = medproc.load(str(tmp_path / "edge.nii.gz"))
+    np.testing.assert_allclose(back.spacing, [0.001, 1, 1], rtol=1e-6)
