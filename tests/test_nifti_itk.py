@@ -354,3 +354,19 @@ def test_a_nrrd_without_a_voxel_size_is_said_as_niftis_is(tmp_path, geometry, sa
     np.testing.assert_allclose(v.spacing, ref.GetSpacing())
     warned = [w for w in v.meta["warnings"] if "voxel size is unknown" in w]
     assert (says in warned[0]) if says else not warned
+
+
+def test_a_nrrd_space_direction_of_length_zero_is_named_not_called_non_finite(tmp_path):
+    """SimpleITK reads a (0,0,0) space direction as a NaN direction: the error said the affine
+    was not finite. It now names the axis and the vector; a collinear pair is still refused."""
+    data = np.zeros(64, np.int16).tobytes()
+    head = "NRRD0004\ntype: short\ndimension: 3\nsizes: 4 4 4\nspace: left-posterior-superior\n"
+    for dirs, says in (
+        ("(2,0,0) (0,0,0) (0,0,1)", r"v.nrrd: its 'space directions' give axis 1 the vector"),
+        ("(1,0,0) (1,0,0) (0,0,1)", r"v.nrrd: the voxel axes .* are collinear"),
+    ):
+        path = tmp_path / "v.nrrd"
+        tail = "encoding: raw\nendian: little\n\n"
+        path.write_bytes(f"{head}space directions: {dirs}\n{tail}".encode() + data)
+        with pytest.raises(medproc.errors.ReadError, match=says):
+            medproc.load(str(path))

@@ -10,13 +10,12 @@ or hostile header can neither read files it should not nor allocate without boun
 
 from __future__ import annotations
 
-import math
 import os
-import re
 
 import numpy as np
 
 from ..errors import ReadError
+from .itk_fields import check_directions, check_finite, nrrd_unsized
 from .safety import check_declared, check_inside, os_error
 
 __all__ = ["check_itk_header", "check_itk_zlib", "ItkHeader"]
@@ -49,56 +48,6 @@ _MET_BYTES = {
     "MET_DOUBLE": 8,
 }
 _MAX_HEADER = 1 << 20  # a text header longer than 1 MiB is not a header
-
-#: the geometry fields (lower case) whose numbers must be finite: SimpleITK reads NaN in them as
-#: 0 (a MetaImage's TransformMatrix/ElementSpacing) or a made-up 1 mm (a NRRD's spacings)
-_GEOMETRY_FIELDS = (
-    # NRRD
-    "space directions",
-    "space origin",
-    "spacings",
-    "axis mins",
-    "axis maxs",
-    # MetaImage
-    "elementspacing",
-    "elementsize",
-    "offset",
-    "origin",
-    "position",
-    "transformmatrix",
-    "rotation",
-    "orientation",
-    "centerofrotation",
-)
-#: NRRD per-axis fields, where ``nan`` marks an axis without that quantity (the NRRD format):
-#: allowed only on an axis that is not spatial (its ``kinds`` entry; without one, beyond 3)
-_NRRD_PER_AXIS = ("spacings", "axis mins", "axis maxs")
-_SPATIAL_KINDS = ("domain", "space", "time")
-
-
-def _check_finite(fields: dict[str, str], path: str) -> None:
-    """Every number of a geometry field is finite (``none`` is a word, skipped), but for the
-    ``nan`` of a NRRD axis that is not spatial."""
-    kinds = fields.get("kinds", "").split()
-    for key in _GEOMETRY_FIELDS:
-        val = fields.get(key)
-        if val is None:
-            continue
-        for axis, tok in enumerate(re.findall(r"[^\s(),]+", val)):
-            try:
-                x = float(tok)
-            except ValueError:
-                continue
-            if math.isfinite(x):
-                continue
-            spatial = kinds[axis].lower() in _SPATIAL_KINDS if axis < len(kinds) else axis < 3
-            if math.isnan(x) and key in _NRRD_PER_AXIS and not spatial:
-                continue
-            raise ReadError(
-                f"its {key!r} field holds {tok!r} ({val[:80]!r}): the geometry must be "
-                "finite numbers (the header is damaged)",
-                path,
-            )
 
 
 class ItkHeader:
@@ -184,26 +133,14 @@ def _nrrd(path: str) -> ItkHeader:
         if names is None:
             names = _expand(ref, path, sizes[-1] if sizes else 1) if len(ref.split()) > 1 else [ref]
         files = [check_inside(x, path) for x in names]
-    _check_finite(fields, path)
+    check_finite(fields, path)
+    check_directions(fields.get("space directions", ""), path)
     data_start = text_end + (2 if end == text_end else 4)
     if encoding in ("ascii", "text", "txt"):
         itemsize, compressed = 1, None  # at least one character per value
     hdr = ItkHeader(sizes, itemsize, compressed, files, data_start)
-    hdr.notes = _nrrd_unsized(fields, len(sizes))
+    hdr.notes = nrrd_unsized(fields, len(sizes))
     return hdr
-
-
-def _nrrd_unsized(fields: dict[str, str], n: int) -> list[str]:
-    """A note when a NRRD gives a spatial axis no size (SimpleITK makes it 1 mm, unsaid)."""
-    dirs, what = fields.get("space directions"), "the header has no 'space directions'"
-    if dirs is not None:
-        none = [i for i, d in enumerate(re.findall(r"\([^)]*\)|none", dirs)) if d == "none"]
-        if not none or n - len(none) >= 3:
-            return []  # (all axes sized, or 3 spatial ones beside a channel or time axis)
-        what = f"axis {', '.join(map(str, none))} has no direction ('none')"
-    elif "spacings" in fields:
-        return []
-    return [f"{what}: its voxel size is unknown and read as 1 mm; check the geometry"]
 
 
 def _meta(path: str) -> ItkHeader:
@@ -240,7 +177,7 @@ def _meta(path: str) -> ItkHeader:
             f"its DimSize/NDims fields are missing or not integers ({fields.get('dimsize')!r})",
             path,
         ) from None
-    _check_finite(fields, path)
+    check_finite(fields, path)
     if ndims and len(sizes) != ndims:
         raise ReadError(f"NDims = {ndims} but DimSize has {len(sizes)} values", path)
     etype = fields.get("elementtype", "").upper()
