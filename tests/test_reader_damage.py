@@ -238,21 +238,69 @@ def test_multiframe_with_one_position_is_placed_from_it(sample_data, tmp_path):
     np.testing.assert_allclose(vol.affine[:3, 3], series.affine[:3, 3], atol=1e-6)
 
 
-@pytest.mark.parametrize("field, offset", [("sform_code", 254), ("qform_code", 252)])
+@pytest.mark.parametrize(
+    "image, field, offset, fmt",
+    [
+        (nib.Nifti1Image, "sform_code", 254, "<h"),
+        (nib.Nifti1Image, "qform_code", 252, "<h"),
+        (nib.Nifti2Image, "sform_code", 348, "<i"),  # (NIfTI-2: int32 codes)
+        (nib.Nifti2Image, "qform_code", 344, "<i"),
+    ],
+)
 @pytest.mark.parametrize("gz", [False, True])
-def test_a_transform_code_outside_nifti_is_refused_not_guessed(tmp_path, field, offset, gz):
+def test_a_transform_code_outside_nifti_is_refused_not_guessed(
+    tmp_path, image, field, offset, fmt, gz
+):
     """sform_code 77 on an RAS sform: nibabel resets it to 0, and the volume was read with
     nibabel's guess, mirrored left-right (LAS), under the warning 'neither sform nor qform is
-    set' (a prober's file). Refused, naming the field and its value."""
-    img = nib.Nifti1Image(np.zeros((4, 5, 6), np.int16), np.diag([2.0, 3.0, 4.0, 1.0]))
+    set' (a prober's file). Refused, naming the field and its value, in NIfTI-1 and -2."""
+    img = image(np.zeros((4, 5, 6), np.int16), np.diag([2.0, 3.0, 4.0, 1.0]))
     img.set_sform(img.affine, code=1)
     img.set_qform(img.affine, code=1)
     raw = bytearray(img.to_bytes())
-    struct.pack_into("<h", raw, offset, 77)
+    assert struct.unpack_from(fmt, raw, offset)[0] == 1  # (the field is where it is written)
+    struct.pack_into(fmt, raw, offset, 77)
     path = tmp_path / ("bad.nii.gz" if gz else "bad.nii")
     path.write_bytes(gzip.compress(bytes(raw)) if gz else bytes(raw))
     with pytest.raises(medproc.errors.ReadError, match=rf"bad.nii.*{field}=77 is not a NIfTI"):
         medproc.load(str(path))
-    struct.pack_into("<h", raw, offset, 2)  # a valid code reads as before
+    struct.pack_into(fmt, raw, offset, 2)  # a valid code reads as before
     path.write_bytes(gzip.compress(bytes(raw)) if gz else bytes(raw))
     np.testing.assert_allclose(medproc.load(str(path)).affine, img.affine)
+
+
+_NRRD = "NRRD0004\ntype: short\ndimension: 3\nsizes: 8 6 5\nendian: little\nencoding: raw\n"
+_RAW_HEADERS = {  # uncompressed, the voxels attached (or in v<tail>.raw for .nhdr)
+    "nrrd": _NRRD + "\n",
+    "nhdr": _NRRD + "data file: {raw}\n",
+    "mha": _MHA.replace("CompressedData = True\n{size}", "").format(ref="LOCAL"),
+}
+
+
+def _with_tail(tmp_path, ext: str, tail: int) -> str:
+    """A volume of SHAPE as ``ext``, with ``tail`` bytes after its voxel data."""
+    path = tmp_path / f"v{tail}.{ext}"
+    if ext.startswith("nii"):
+        v = medproc.Volume(VALUES.reshape(SHAPE, order="F"), np.diag([1.0, 1.0, 2.0, 1.0]))
+        medproc.save(v, str(path))
+        data = (gzip.decompress if ext == "nii.gz" else bytes)(path.read_bytes()) + bytes(tail)
+        path.write_bytes(gzip.compress(data) if ext == "nii.gz" else data)
+    elif ext == "nhdr":
+        path.write_text(_RAW_HEADERS[ext].format(raw=f"v{tail}.raw"))
+        (tmp_path / f"v{tail}.raw").write_bytes(VALUES.tobytes() + bytes(tail))
+    else:
+        path.write_bytes(_RAW_HEADERS[ext].encode() + VALUES.tobytes() + bytes(tail))
+    return str(path)
+
+
+@pytest.mark.parametrize("ext", ["nii", "nii.gz", "nrrd", "nhdr", "mha"])
+def test_data_beyond_the_declared_voxels_is_said_not_read_silently(tmp_path, ext):
+    """A file holding more than its header declares was read without a word (a prober's
+    files; DICOM refuses): a header whose sizes are too small gives a cut volume. The voxels
+    declared are read exactly as before, and the volume's warnings say how many bytes follow
+    them; a file without them says nothing."""
+    for tail in (0, 96):
+        vol = medproc.load(_with_tail(tmp_path, ext, tail))
+        np.testing.assert_array_equal(vol.array, VALUES.reshape(SHAPE, order="F"))
+        said = [w for w in vol.meta["warnings"] if "after the 8x6x5" in w]
+        assert (len(said) == 1 and "holds 96 byte(s)" in said[0]) if tail else not said

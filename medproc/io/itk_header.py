@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ReadError
 from .itk_fields import check_directions, check_finite, nrrd_unsized
-from .safety import check_declared, check_inside, os_error
+from .safety import check_declared, check_inside, os_error, trailing_note
 
 __all__ = ["check_itk_header", "check_itk_zlib", "ItkHeader"]
 
@@ -63,6 +63,7 @@ class ItkHeader:
         self.sizes, self.itemsize, self.compressed = sizes, itemsize, compressed
         self.data_files, self.data_start = data_files, data_start
         self.compressed_size, self.exact = compressed_size, exact
+        self.skips = False  # (the data files start after skipped bytes or lines)
 
 
 def _read_lines(path: str, magic: bytes | None):
@@ -136,9 +137,12 @@ def _nrrd(path: str) -> ItkHeader:
     check_finite(fields, path)
     check_directions(fields.get("space directions", ""), path)
     data_start = text_end + (2 if end == text_end else 4)
-    if encoding in ("ascii", "text", "txt"):
+    text = encoding in ("ascii", "text", "txt")
+    if text:
         itemsize, compressed = 1, None  # at least one character per value
-    hdr = ItkHeader(sizes, itemsize, compressed, files, data_start)
+    exact = ttype in _NRRD_BYTES and not text
+    hdr = ItkHeader(sizes, itemsize, compressed, files, data_start, exact=exact)
+    hdr.skips = "byte skip" in fields or "line skip" in fields
     hdr.notes = nrrd_unsized(fields, len(sizes))
     return hdr
 
@@ -205,7 +209,9 @@ def _meta(path: str) -> ItkHeader:
         else:
             names = [ref]
         files = [check_inside(x, path) for x in names]
-    return ItkHeader(sizes, itemsize, compressed, files, pos, csize, etype in _MET_BYTES)
+    hdr = ItkHeader(sizes, itemsize, compressed, files, pos, csize, etype in _MET_BYTES)
+    hdr.skips = "headersize" in fields
+    return hdr
 
 
 def check_itk_header(path: str) -> ItkHeader:
@@ -234,6 +240,9 @@ def check_itk_header(path: str) -> ItkHeader:
         compressed=hdr.compressed if hdr.compressed != "bzip2" else None,
         stored=stored,
     )
+    plain = hdr.exact and not (hdr.compressed or hdr.skips)
+    extra = trailing_note(stored - nbytes if plain else 0, what)
+    hdr.notes += [extra] if extra else []
     return hdr
 
 

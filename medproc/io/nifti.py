@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ReadError
 from ..geometry import is_orthogonal
 from ..volume import Volume
-from .safety import check_affine, check_declared, check_file, os_error
+from .safety import check_affine, check_declared, check_file, os_error, trailing_note
 
 __all__ = [
     "load_nifti",
@@ -284,8 +284,9 @@ def _drain(f, limit: int) -> int:
     return n
 
 
-def _whole_gzip(img, path) -> np.ndarray:
-    """The voxels (scaled as nibabel scales them) of a ``.nii.gz``, decompressed by ISA-L
+def _whole_gzip(img, path) -> tuple[np.ndarray, int]:
+    """The voxels (scaled as nibabel scales them) of a ``.nii.gz`` and the bytes its gzip data
+    holds after them (up to :data:`GZIP_TAIL_MAX`), decompressed by ISA-L
     straight into the array's memory: the gzip trailer's CRC-32 and length are checked (nibabel
     stops reading at the voxels' end, so a damaged file read as valid), it is ~1.7x faster than
     nibabel's zlib stream, and the memory it takes is the declared size once (decompressing to
@@ -323,7 +324,7 @@ def _whole_gzip(img, path) -> np.ndarray:
             path,
         )
     arr = np.ndarray(proxy.shape, proxy.dtype, buffer=buf, offset=offset, order="F")
-    return apply_read_scaling(arr, np.asanyarray(proxy.slope), np.asanyarray(proxy.inter))
+    return apply_read_scaling(arr, np.asanyarray(proxy.slope), np.asanyarray(proxy.inter)), tail
 
 
 def load_nifti(path: str, nan: str = "error") -> Volume:
@@ -340,16 +341,19 @@ def load_nifti(path: str, nan: str = "error") -> Volume:
         oserror="the voxel data cannot be read ({e}): truncated or damaged?",
         other="the voxel data cannot be read ({e}): the file is truncated or damaged",
     ):
+        proxy = img.dataobj
         if str(path).lower().endswith(".nii.gz"):
-            data = _whole_gzip(img, path)
+            data, tail = _whole_gzip(img, path)
         else:
-            data = np.asanyarray(img.dataobj)  # applies scl_slope/scl_inter like every reader
+            data = np.asanyarray(proxy)  # applies scl_slope/scl_inter like every reader
+            tail = os.path.getsize(path) - int(proxy.offset) - proxy.dtype.itemsize * data.size
         if not data.flags.writeable:  # a view of a read-only mapping
             data = data.copy()
     check_dtype(data.dtype, path)  # scaling may change it
     if data.ndim == 2:
         data = data[:, :, None]
-    warnings = []
+    declared = f"{'x'.join(map(str, proxy.shape))} {proxy.dtype.name} voxels"
+    warnings = [w for w in [trailing_note(tail, declared)] if w]
     if data.ndim > 4:
         extra = data.shape[3:]
         data = data.reshape(data.shape[:3] + (-1,), order="F")

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import LimitError, ReadError
 
 __all__ = [
+    "trailing_note",
     "max_bytes",
     "human",
     "check_file",
@@ -177,6 +178,17 @@ def check_declared(
             f"{max(available, 0)} bytes of data: the file is truncated or its header is damaged",
             path,
         )
+
+
+def trailing_note(extra: int, what: str) -> str | None:
+    """A volume's note when its file holds ``extra`` bytes after the ``what`` its header
+    declares (they are not read): a header whose sizes are too small reads as a cut volume."""
+    if extra <= 0:
+        return None
+    return (
+        f"the file holds {extra} byte(s) after the {what} its header declares; they are not "
+        "read (if the header's sizes are wrong, the volume is cut: check them)"
+    )
 
 
 def is_within(path: str, folder: str, real: bool = False) -> bool:
