@@ -304,3 +304,37 @@ def test_data_beyond_the_declared_voxels_is_said_not_read_silently(tmp_path, ext
         np.testing.assert_array_equal(vol.array, VALUES.reshape(SHAPE, order="F"))
         said = [w for w in vol.meta["warnings"] if "after the 8x6x5" in w]
         assert (len(said) == 1 and "holds 96 byte(s)" in said[0]) if tail else not said
+
+
+@pytest.mark.parametrize(
+    "field, says",
+    [
+        ("HeaderSize = 10\n", r"HeaderSize = 10 points inside the header's text"),
+        ("HeaderSize = 99999\n", r"HeaderSize = 99999 leaves 0 bytes for 480 bytes"),
+        ("HeaderSize = -7\n", r"HeaderSize = '-7': expected a number of bytes >= 0, or -1"),
+        ("BinaryData = False\n", r"BinaryData = False \(voxels stored as text\)"),
+        ("ElementType = MET_FOO\n", r"ElementType = 'MET_FOO': expected a MetaImage scalar"),
+    ],
+)
+def test_metaimage_fields_simpleitk_misreads_are_named(tmp_path, field, says):
+    """A HeaderSize inside the header's text had SimpleITK read the text as voxels (no error);
+    one past the data, and BinaryData = False, gave "No such file or directory"; an unknown
+    ElementType gave "Unknown PixelType: unknown(0)". Each is named."""
+    head = _RAW_HEADERS["mha"].replace("ElementDataFile", field + "ElementDataFile")
+    if "MET_FOO" in field:
+        head = head.replace("ElementType = MET_SHORT\n", "")
+    path = tmp_path / "v.mha"
+    path.write_bytes(head.encode() + VALUES.tobytes())
+    with pytest.raises(medproc.errors.ReadError, match=says):
+        medproc.load(str(path))
+
+
+def test_a_metaimage_header_size_that_points_at_the_voxels_reads_them(tmp_path):
+    """HeaderSize counts from the file's first byte (the text header included), or is -1 (the
+    voxels end the file): both read the voxels exactly."""
+    head = _RAW_HEADERS["mha"].replace("ElementDataFile", "HeaderSize = {}\nElementDataFile")
+    at = len(head.format(100))  # (three digits: the header's length is the same)
+    path = tmp_path / "v.mha"
+    for skip in (-1, at):
+        path.write_bytes(head.format(skip).encode() + VALUES.tobytes())
+        np.testing.assert_array_equal(medproc.load(str(path)).array.ravel("F"), VALUES)

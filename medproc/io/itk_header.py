@@ -185,7 +185,19 @@ def _meta(path: str) -> ItkHeader:
     if ndims and len(sizes) != ndims:
         raise ReadError(f"NDims = {ndims} but DimSize has {len(sizes)} values", path)
     etype = fields.get("elementtype", "").upper()
-    itemsize = _MET_BYTES.get(etype, 1) * max(channels, 1)
+    if etype not in _MET_BYTES:  # (SimpleITK: "Unknown PixelType: unknown(0)")
+        raise ReadError(
+            f"ElementType = {fields.get('elementtype', '(none)')!r}: expected a MetaImage scalar "
+            f"type ({', '.join(_MET_BYTES)})",
+            path,
+        )
+    if fields.get("binarydata", "true").lower() == "false":  # (SimpleITK: "No such file ...")
+        raise ReadError(
+            "BinaryData = False (voxels stored as text): SimpleITK cannot read such a MetaImage; "
+            "rewrite it with binary voxel data",
+            path,
+        )
+    itemsize = _MET_BYTES[etype] * max(channels, 1)
     compressed = "zlib" if fields.get("compresseddata", "").lower() == "true" else None
     csize = None
     if compressed and "compresseddatasize" in fields:
@@ -209,9 +221,42 @@ def _meta(path: str) -> ItkHeader:
         else:
             names = [ref]
         files = [check_inside(x, path) for x in names]
-    hdr = ItkHeader(sizes, itemsize, compressed, files, pos, csize, etype in _MET_BYTES)
-    hdr.skips = "headersize" in fields
+    hdr = ItkHeader(sizes, itemsize, compressed, files, pos, csize)
+    if "headersize" in fields:
+        hdr.skips = True
+        _header_size(fields["headersize"], hdr, path)
     return hdr
+
+
+def _header_size(value: str, hdr: ItkHeader, path: str) -> None:
+    """Check a MetaImage's HeaderSize: the bytes before the voxels in each data file (counted
+    from the file's first byte, the text header included for LOCAL data; -1: the voxels end the
+    file). SimpleITK read the header's own text as voxels when it pointed inside it, and said
+    "No such file or directory" when it pointed past the data."""
+    try:
+        skip = int(value)
+    except ValueError:
+        skip = None
+    if skip is None or skip < -1:
+        raise ReadError(f"HeaderSize = {value!r}: expected a number of bytes >= 0, or -1", path)
+    if skip == -1 or hdr.compressed:
+        return
+    sources = hdr.data_files or [path]
+    per_file = int(np.prod(hdr.sizes, dtype=object)) * hdr.itemsize // len(sources)
+    if not hdr.data_files and skip < hdr.data_start:
+        raise ReadError(
+            f"HeaderSize = {skip} points inside the header's text (which ends at byte "
+            f"{hdr.data_start}): the voxels would be read from the text (the header is damaged)",
+            path,
+        )
+    for src in sources:
+        if skip + per_file > os.path.getsize(src):
+            name = "" if src == path else f" of {os.path.basename(src)}"
+            raise ReadError(
+                f"HeaderSize = {skip} leaves {max(os.path.getsize(src) - skip, 0)} bytes{name} "
+                f"for {per_file} bytes of voxels (the header is damaged)",
+                path,
+            )
 
 
 def check_itk_header(path: str) -> ItkHeader:
