@@ -225,11 +225,22 @@ def arena_bytes(gb: float | None = None) -> int:
 
 
 class Streamed:
-    """A DataLoader whose batches are finished by the engine in its background thread."""
+    """A DataLoader whose batches are finished by the engine in its background thread.
 
-    def __init__(self, loader, engine, graph, ahead: int, with_label: bool, arena=None):
+    Its pieces are in the arena of its ``holder``, the server's transform: one arena per
+    server, which every worker forks with and every loader reads from. (With an arena per
+    loader, a train loader's workers forked after a val loader was made wrote into the val
+    loader's arena, and the train batches came out zeros, without an error.)"""
+
+    def __init__(self, loader, engine, graph, ahead: int, with_label: bool, holder=None):
         self.loader, self.engine, self.graph = loader, engine, graph
-        self.ahead, self.with_label, self.arena = ahead, with_label, arena
+        self.ahead, self.with_label, self.holder = ahead, with_label, holder
+
+    @property
+    def arena(self):
+        """The arena the pieces are in: the holder's (the server's transform, whose one arena
+        may be made after this loader, by a later loader with workers), read when used."""
+        return getattr(self.holder, "arena", None)
 
     def _tensor(self, x):
         return self.arena.tensor(x) if isinstance(x, Slot) else x

@@ -387,13 +387,13 @@ class ProxyServer:
             return Mapped(base, self._proxy.server.produce_data)
         from ._proxy_arena import Arena, Streamed, arena_bytes, fork_context
 
-        arena = None
         if num_workers > 0:
             kw["multiprocessing_context"] = fork_context(kw.get("multiprocessing_context"))
             kw.setdefault("persistent_workers", True)
-            per_batch = batch_size * (1 + int(self.with_label))
-            entries = (num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3) * per_batch
-            arena = Arena(arena_bytes(self.arena_gb), entries, pin=self.device == "gpu")
-            self.transform.arena = arena  # the workers fork with it
+            if self.transform.arena is None:  # one per server (train and val loaders share it)
+                held = num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3
+                n = max(held * batch_size * (1 + int(self.with_label)), 512)
+                self.transform.arena = Arena(arena_bytes(self.arena_gb), n, self.device == "gpu")
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)
-        return Streamed(base, self._engine, self._graph, self.prefetch, self.with_label, arena)
+        s = (self._engine, self._graph, self.prefetch, self.with_label, self.transform)
+        return Streamed(base, *s)

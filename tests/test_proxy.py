@@ -503,3 +503,40 @@ def test_an_arena_larger_than_the_memory_is_refused_naming_it():
     with ProxyServer(medproc.Spec(spacing=2.0, crop=(8, 8, 8)), device="cpu", arena_gb=1e6) as s:
         with pytest.raises(ValueError, match="arena_gb must be > 0 and at most the host's memory"):
             s.loader(CaseDataset(2, s.transform), batch_size=1, num_workers=2)
+
+
+class ValuedDataset(torch.utils.data.Dataset):
+    """Sample i: a 20^3 volume of the value ``scale * (i + 1)`` and a box label."""
+
+    def __init__(self, n, transform, scale):
+        self.n, self.transform, self.scale = n, transform, scale
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        img = medproc.Volume(np.full((20, 20, 20), self.scale * (i + 1), np.float32), np.eye(4))
+        lab = np.zeros((20, 20, 20), np.uint8)
+        lab[5:15, 5:15, 5:15] = 1
+        return self.transform({"image": img, "label": medproc.Volume(lab, np.eye(4))})
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_train_and_val_loaders_of_one_server_each_get_their_own_samples(persistent):
+    """A train and a val loader made from one server (with workers, before either is
+    iterated; then an inline one): each loader's workers wrote into the arena of the loader
+    made last, and the train batches came out zeros, without an error; an inline loader made
+    after one with workers failed with an AttributeError. Every batch now holds its own
+    samples' values and labels, over two epochs of each."""
+    spec = medproc.Spec(spacing=2.0, crop=(8, 8, 8))
+    with ProxyServer(spec, device="cpu", batch_size=2, with_label=True) as server:
+        kw = {"batch_size": 2, "num_workers": 2, "persistent_workers": persistent}
+        train = server.loader(ValuedDataset(4, server.transform, 1.0), **kw)
+        val = server.loader(ValuedDataset(4, server.transform, 100.0), **kw)
+        inline = server.loader(ValuedDataset(2, server.transform, 7.0), batch_size=2)
+        for loader, scale in ((train, 1.0), (val, 100.0), (inline, 7.0)) * 2:
+            got = [b for b in loader]
+            values = torch.cat([b["image"].mean(dim=(1, 2, 3, 4)) for b in got])
+            n = len(values)
+            np.testing.assert_allclose(values.numpy(), scale * np.arange(1, n + 1), rtol=1e-6)
+            assert all(int(b["label"].sum()) == 2 * 125 for b in got)  # 5^3 voxels each
