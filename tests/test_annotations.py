@@ -477,3 +477,35 @@ def test_lesions_refuse_what_would_place_them_wrong(kw, said):
     args = dict(centers=np.zeros((2, 3)), sizes=np.ones((2, 3))) | kw
     with pytest.raises(ValueError, match=said):
         Lesions(**args)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["case001.nii.gz", "/data/luna/case001.nii.gz", "D:\\data\\case001.nii.gz", "sub/case001.mhd"],
+)
+def test_an_image_named_by_file_name_or_path_gets_its_lesions(tmp_path, sample_data, key):
+    """A LUNA-style CSV keyed by a file name or path (POSIX or Windows), or a JSON whose image
+    is a Windows path: LoadVolumed found no lesions and said nothing, so the case trained as a
+    negative (a prober's files). Keys are read as the file's stem, as a JSON's were; the
+    lesions equal those of the stem-keyed table, in LoadVolumed too; a UID stays as it is."""
+    from medproc.monai import LoadVolumed
+
+    rows = "-62.0,-10.0,5.0,14.0\n75.0,15.0,-20.0,10.0\n"
+    head = "seriesuid,coordX,coordY,coordZ,diameter_mm\n"
+    ref, named = tmp_path / "ref.csv", tmp_path / "named.csv"
+    ref.write_text(head + "".join(f"case001,{r}\n" for r in rows.splitlines()))
+    named.write_text(head + "".join(f'"{key}",{r}\n' for r in rows.splitlines()))
+    want = read_luna_csv(str(ref))["case001"]
+    got = read_luna_csv(str(named))
+    assert list(got) == ["case001"]
+    np.testing.assert_allclose(got["case001"].centers, want.centers)
+    np.testing.assert_allclose(read_luna_csv(str(named), series=key).centers, want.centers)
+    doc = {"coordinate_system": "LPS", "cases": [{"image": key, "points": [[1, 2, 3, 4]]}]}
+    (tmp_path / "named.json").write_text(json.dumps(doc))
+    assert list(read_json(str(tmp_path / "named.json"))) == ["case001"]
+    image = os.path.join(sample_data, "nifti", "images", "case001.nii.gz")
+    d = LoadVolumed(["image"], lesion_key="les")({"image": image, "les": str(named)})
+    np.testing.assert_allclose(d["les"].centers, want.centers)
+    uid = "1.2.826.0.1.3680043.8.498.2026.1.1"
+    (tmp_path / "uid.csv").write_text(head + f"{uid},{rows.splitlines()[0]}\n")
+    assert list(read_luna_csv(str(tmp_path / "uid.csv"))) == [uid]

@@ -35,7 +35,8 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
     """LUNA16-style ``seriesuid,coordX,coordY,coordZ,diameter_mm`` (world LPS mm).
 
     Returns ``{seriesuid: Lesions}``, or the Lesions of ``series`` (empty if it has none).
-    ``seriesuid`` is a DICOM SeriesInstanceUID or an image file's stem. A malformed file (not
+    ``seriesuid`` is a DICOM SeriesInstanceUID or an image file's stem (a file name or path
+    is read as its stem: ``D:\\scans\\case001.nii.gz`` is ``case001``). A malformed file (not
     UTF-8, binary, missing columns, a value that is not a number) raises :class:`ReadError`
     naming the line.
     """
@@ -68,7 +69,7 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
                 where=where,
             )
         _sane(xyz, d, path, where)
-        uid = (row["seriesuid"] or "").strip()
+        uid = _stem((row["seriesuid"] or "").strip())  # (a file name or path: its stem)
         if not uid:
             raise ReadError("empty seriesuid", path, where=where)
         rows.setdefault(uid, []).append((xyz * _FLIP, d, f"{os.path.basename(path)}:{line}"))
@@ -83,7 +84,7 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
         for uid, rs in rows.items()
     }
     if series is not None:
-        return out.get(series, Lesions.empty())
+        return out.get(_stem(series), Lesions.empty())
     return out
 
 
@@ -372,9 +373,11 @@ def _numbers(v, n, path, where) -> np.ndarray:
 
 
 def _stem(p: str) -> str:
+    """An annotation's image key: a file name or path (POSIX or Windows: tables are made on
+    both) without its folders and image extension; a SeriesInstanceUID stays as it is."""
     from ..io import stem
 
-    return stem(p, extra=(".dcm",))
+    return stem(p.replace("\\", "/"), extra=(".dcm",))
 
 
 def _check_top_keys(doc: dict, path: str) -> None:
