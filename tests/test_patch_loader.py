@@ -604,3 +604,51 @@ def test_a_case_listed_twice_is_cached_once_and_drawn_twice():
     drawn = sorted(str(b["case"][0]["image"]) for b in batches)
     assert drawn == sorted(str(c["image"]) for c in datalist() * 2)
     loader.close()
+
+
+def test_a_second_thread_is_refused_while_the_first_waits_for_a_batch(monkeypatch):
+    """Two threads iterating one loader both failed, one with a bare 'generator already
+    executing' (a prober's script), and so did close() from another thread while the loop
+    waited for a batch. A second thread's iteration is now refused, naming the rule, and the
+    first thread's epoch goes on whole; close() from another thread then ends the waiting
+    loop with the truncated-epoch error."""
+    import threading
+
+    gate = threading.Event()
+    real = PatchLoader._item
+
+    def held(self, indices):  # (the engine's thread waits here: the loop waits for a batch)
+        gate.wait(30)
+        return real(self, indices)
+
+    monkeypatch.setattr(PatchLoader, "_item", held)
+    loader = PatchLoader(datalist(), SPEC, (8, 8, 8), 1, device="cpu")
+    for closing in (False, True):
+        gate.clear()
+        got = []
+
+        def loop(got=got):
+            try:
+                got.append(sum(1 for _ in loader))
+            except RuntimeError as e:
+                got.append(str(e))
+
+        first = threading.Thread(target=loop)
+        first.start()
+        deadline = time.monotonic() + 10
+        while not (loader._feed is not None and loader._feed.gi_running):
+            assert time.monotonic() < deadline, "the loop never waited for a batch"
+            time.sleep(0.01)
+        if closing:
+            loader.close()
+        else:
+            with pytest.raises(RuntimeError, match="another thread is iterating this loader"):
+                next(iter(loader))
+        gate.set()
+        first.join(30)
+        if closing:
+            assert got and "closed during the epoch, after 0 of" in str(got[0])
+        else:
+            assert got == [len(loader)]
+    assert sum(1 for _ in loader) == len(loader)  # iterating again starts anew
+    loader.close()

@@ -306,7 +306,13 @@ class PatchLoader:
         drawn are those of epochs made one after the other. An epoch left early (``break``)
         drops the batches made ahead for it: the next one starts afresh (with a seed, how many
         draws the dropped batches took depends on timing, so runs that break early are not
-        reproducible draw for draw). One epoch's iterator at a time: an older one raises."""
+        reproducible draw for draw). One epoch's iterator at a time: an older one raises, and
+        a second thread's while another thread waits for a batch."""
+        if self._feed is not None and self._feed.gi_running:  # (the other thread goes on)
+            raise RuntimeError(
+                "PatchLoader: another thread is iterating this loader now; a loader gives one "
+                "epoch at a time, to one thread: make a loader per thread"
+            )
         self.epoch += 1
         if self._feed is not None and self._left:
             self.close()
@@ -324,6 +330,8 @@ class PatchLoader:
                     "runs one epoch at a time); iterate the loader again"
                 )
             if self._feed is not feed or self._left <= 0:  # closed, or the epoch is done
+                if self._feed is not feed:  # (closed by another thread while it ran: stop it)
+                    feed.close()
                 self._cut_short(feed)
                 return
             try:
@@ -359,7 +367,8 @@ class PatchLoader:
         if feed is not None:
             # (an epoch cut short by another thread says so, see _cut_short)
             self._closed = (feed, self._given, threading.get_ident())
-            feed.close()
+            if not feed.gi_running:  # (else the iterating thread closes it: see __iter__)
+                feed.close()
 
     def _cut_short(self, feed) -> None:
         """Raise if ``feed`` was closed by another thread before its epoch was done: a
