@@ -225,8 +225,8 @@ def write_layouts(a, targets: dict, batch, con) -> int:
                 doc = json.load(f)
             n = {k: len(doc[k]) for k in ("training", "validation", "test")}
             con.print(
-                f"MONAI datalist: {p} ({n['training']} training, {n['validation']} validation, "
-                f"{n['test']} test case(s) without a label)",
+                f"MONAI datalist: {p} ({n['training']} training and {n['validation']} validation "
+                f"case(s); {n['test']} test case(s), those without a label)",
                 soft_wrap=True,
             )
     except (MedprocError, ValueError, OSError) as e:

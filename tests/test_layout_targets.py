@@ -160,7 +160,7 @@ def test_a_rerun_keeps_the_datasets_channel_name(sample_data, tmp_path, capsys):
     assert json.load(open(ds / "dataset.json"))["channel_names"] == {"0": "MR"}
     more = ["--labels", str(labels), "-o", str(tmp_path / "out"), "--spacing", "4"]
     assert main(["convert", str(images), *more, "--layout", "monai"]) == 0
-    said = "(2 training, 0 validation, 0 test case(s) without a label)"
+    said = "(2 training and 0 validation case(s); 0 test case(s), those without a label)"
     assert said in capsys.readouterr().err
 
 

@@ -540,3 +540,27 @@ def test_train_and_val_loaders_of_one_server_each_get_their_own_samples(persiste
             n = len(values)
             np.testing.assert_allclose(values.numpy(), scale * np.arange(1, n + 1), rtol=1e-6)
             assert all(int(b["label"].sum()) == 2 * 125 for b in got)  # 5^3 voxels each
+
+
+@pytest.mark.parametrize(
+    ("device", "workers"), [("cpu", 2), pytest.param("gpu", 2, marks=pytest.mark.gpu)]
+)
+def test_the_proxy_example_runs_on_the_sample_data_with_lesions_on_their_labels(
+    device, workers, capsys
+):
+    """examples/proxy_loader.py (the user guide's proxy, runnable): every batch has its fixed
+    size, and every lesion inside the output lies on a voxel of its label map."""
+    import os
+    import re
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
+    import proxy_loader
+
+    assert proxy_loader.main(["--device", device, "--workers", str(workers)]) == 0
+    lines = [s for s in capsys.readouterr().out.splitlines() if s.startswith("epoch")]
+    assert len(lines) == 4  # 2 epochs of the 2 sample cases
+    for line in lines:
+        assert "batch (2, 1, 128, 128, 80) torch.float32, 2 lesion(s)" in line
+        on = [int(x) for x in re.findall(r"\d+", line.split("inside:")[1])]
+        assert len(on) == 2 and 0 not in on, line
