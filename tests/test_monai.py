@@ -279,6 +279,23 @@ def test_the_common_mistakes_of_a_monai_script_are_named(sample_data):
         Resampled(["label", "image"], spec)
 
 
+def test_a_channel_last_or_2d_image_is_named_for_what_it_is():
+    """A (i, j, k, 1) MetaTensor (LoadImaged of a 4-D NIfTI, no EnsureChannelFirstd) was
+    resampled as 40 channels of (j, k, 1) without a word, as MONAI does it: said. A 2-D image
+    with its channel first was told to add EnsureChannelFirstd, which it had (a prober's)."""
+    import torch
+    from monai.data import MetaTensor
+
+    last = MetaTensor(torch.zeros(40, 27, 20, 1), affine=torch.eye(4))
+    with pytest.warns(medproc.errors.MedprocWarning, match=r"\(40, 27, 20, 1\) .* channel-last"):
+        assert to_volume(last).shape[:3] == (27, 20, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a few channels: no word)
+        to_volume(MetaTensor(torch.zeros(3, 27, 20, 1), affine=torch.eye(4)))
+    with pytest.raises(ValueError, match=r"\(1, 40, 40\): a 2-D image with its channel first"):
+        to_volume(MetaTensor(torch.zeros(1, 40, 40), affine=torch.eye(4)))
+
+
 def test_loadvolumed_takes_loadimageds_switches_where_they_mean_what_it_does(sample_data):
     path = os.path.join(sample_data, "nifti", "images", "case001.nii.gz")
     plain = LoadVolumed("image")({"image": path})["image"]

@@ -91,15 +91,35 @@ def to_volume(x, affine=None) -> Volume:
             "LoadVolumed keeps the affine under '<key>_meta_dict') or affine="
         )
     if len(x.shape) != 4:
-        fix = (
-            "a channel was added twice: LoadVolumed (and LoadImaged(ensure_channel_first=True))"
-            " already put it first, remove EnsureChannelFirstd"
-            if len(x.shape) == 5 and x.shape[0] == 1
-            else "load it with LoadVolumed or LoadImaged(..., ensure_channel_first=True), or "
-            "add EnsureChannelFirstd"
-        )
+        if len(x.shape) == 5 and x.shape[0] == 1:
+            fix = (
+                "a channel was added twice: LoadVolumed (and LoadImaged(ensure_channel_first="
+                "True)) already put it first, remove EnsureChannelFirstd"
+            )
+        elif len(x.shape) == 3 and x.shape[0] <= 4:
+            fix = (
+                "a 2-D image with its channel first: medproc resamples 3-D volumes; "
+                "LoadVolumed reads a 2-D file as one slice (1, i, j, 1)"
+            )
+        else:
+            fix = (
+                "load it with LoadVolumed or LoadImaged(..., ensure_channel_first=True), or "
+                "add EnsureChannelFirstd"
+            )
         raise ValueError(
             f"expected a channel-first image (C, i, j, k), got shape {tuple(x.shape)}: {fix}"
+        )
+    if x.shape[0] >= 8 and x.shape[-1] == 1:  # (MONAI resamples it so too: said, not refused)
+        import warnings
+
+        from ..errors import MedprocWarning
+
+        warnings.warn(
+            f"an image of shape {tuple(x.shape)} is read as {x.shape[0]} channels of "
+            f"{tuple(x.shape[1:])}: is it channel-last (i, j, k, 1)? MONAI's LoadImaged keeps "
+            "a 4-D file's last axis last: add EnsureChannelFirstd, or load it with LoadVolumed",
+            MedprocWarning,
+            stacklevel=2,
         )
     aff = np.asarray(aff.detach().cpu() if torch.is_tensor(aff) else aff, dtype=np.float64)
     if torch.is_tensor(x):
