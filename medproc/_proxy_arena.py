@@ -267,14 +267,27 @@ class Streamed:
     def __iter__(self):
         from .pipeline import stacked
 
-        for res, batch in self.engine.stream(self._items(), as_torch=True, ahead=self.ahead):
-            if self.arena is not None:
-                self._release(batch)  # the engine has copied them: the workers may refill
-            cols = list(zip(*res))
-            for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
-                same = all(t.shape == col[0].shape for t in col)
-                batch[key] = stacked(col) if same else list(col)
-            yield batch
+        try:
+            for res, batch in self.engine.stream(self._items(), as_torch=True, ahead=self.ahead):
+                if self.arena is not None:
+                    self._release(batch)  # the engine has copied them: the workers may refill
+                cols = list(zip(*res))
+                for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
+                    same = all(t.shape == col[0].shape for t in col)
+                    batch[key] = stacked(col) if same else list(col)
+                yield batch
+        except Exception:
+            self._end_workers()
+            raise
+
+    def _end_workers(self) -> None:
+        """After a failed epoch, end the DataLoader's persistent workers now, in this process:
+        left to the garbage collector, their iterator was collected in a later loader's forked
+        worker, which printed "AssertionError: can only test a child process"."""
+        it = getattr(self.loader, "_iterator", None)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+            self.loader._iterator = None
 
 
 def fork_context(ctx):

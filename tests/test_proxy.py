@@ -564,3 +564,29 @@ def test_the_proxy_example_runs_on_the_sample_data_with_lesions_on_their_labels(
         assert "batch (2, 1, 128, 128, 80) torch.float32, 2 lesion(s)" in line
         on = [int(x) for x in re.findall(r"\d+", line.split("inside:")[1])]
         assert len(on) == 2 and 0 not in on, line
+
+
+class FailingDataset(ValuedDataset):
+    def __getitem__(self, i):
+        if i == 3:
+            raise OSError("disk gone")
+        return super().__getitem__(i)
+
+
+def test_a_failed_epoch_with_workers_leaves_no_workers_behind():
+    """A dataset error in a worker reached the loop, as it should, but the failed loader's
+    persistent workers lived on until the garbage collector took their iterator, at times in
+    a later loader's forked worker, which then printed 'AssertionError: can only test a child
+    process' tracebacks (a prober's script). They now end with the failed epoch; the next
+    loader works."""
+    import multiprocessing
+
+    before = len(multiprocessing.active_children())
+    spec = medproc.Spec(spacing=2.0, crop=(8, 8, 8))
+    with ProxyServer(spec, device="cpu", batch_size=2, with_label=True) as server:
+        failing = server.loader(FailingDataset(6, server.transform, 1.0), 2, num_workers=2)
+        with pytest.raises(OSError, match="disk gone"):
+            list(failing)
+        assert len(multiprocessing.active_children()) == before  # (failing is still held)
+        after = server.loader(ValuedDataset(4, server.transform, 1.0), 2, num_workers=2)
+        assert sum(len(b["image"]) for b in after) == 4
