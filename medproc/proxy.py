@@ -18,13 +18,7 @@ Two routes to the pipeline:
 - ``route="dali-proxy"``: DALI Proxy (``DALIServer``), GPU only, fixed output size. Its queue
   pickles every input, so it loses to the engine route (docs/benchmarks.md).
 
-Example
--------
->>> spec = medproc.Spec(spacing=1.5, orientation="RAS", crop=(96, 96, 96))  # doctest: +SKIP
->>> with ProxyServer(spec, device="gpu", batch_size=4) as server:            # doctest: +SKIP
-...     ds = MyDataset(transform=Compose([read_case, parse_lesions, server.transform]))
-...     for batch in server.loader(ds, batch_size=4, num_workers=8):
-...         batch["image"], batch["affine"], batch["lesions"], batch["boxes"]
+A runnable example on the bundled sample data: ``examples/proxy_loader.py``.
 """
 
 from __future__ import annotations
@@ -167,10 +161,13 @@ class ProxyTransform:
                 f"the server was made with_label=True but sample "
                 f"{img.meta.get('source') or ''} has no 'label'"
             )
-        if lab is not None:
-            from .resample import check_label_grid
+        if lab is not None:  # (here, in the worker, the sample is known: named)
+            from .resample import check_label_grid, check_label_values
 
             check_label_grid(img, lab)
+            check_label_values(
+                lab, lab.meta.get("source") or f"the label of {img.meta.get('source')}"
+            )
         # ship only the input box the output touches (a crop of a big volume is a small box)
         region, plan = self.plan(sample).input_region()
         out = {k: v for k, v in sample.items() if k not in ("image", "label", "lesions")}

@@ -36,6 +36,10 @@ def _run(args, capsys):
 
 
 LESION_CSVS = {
+    "utf16.csv": (
+        "seriesuid,coordX,coordY,coordZ,diameter_mm\na,1,2,3,4\n".encode("utf-16"),
+        "is UTF-16 text .*save it as UTF-8",  # (was "Latin-1 or binary?")
+    ),
     "garbage.csv": (os.urandom(3000), "not UTF-8|NUL"),
     "latin1.csv": ((HEAD + "café,1,2,3,4\n").encode("latin-1"), r"line 2: is not UTF-8"),
     "nul.csv": ((HEAD + "a,1,2\x00,3,4\n").encode(), r"line 2: holds NUL bytes"),

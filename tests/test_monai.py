@@ -296,6 +296,13 @@ def test_a_channel_last_or_2d_image_is_named_for_what_it_is():
         to_volume(MetaTensor(torch.zeros(1, 40, 40), affine=torch.eye(4)))
 
 
+def test_loadvolumed_names_the_key_of_a_value_that_is_no_path():
+    """{"image": None} (a datalist's missing file) said 'path must be a str or path-like',
+    naming no key."""
+    with pytest.raises(medproc.UsageError, match=r"sample\['image'\] must be a file or folder"):
+        LoadVolumed(["image"])({"image": None})
+
+
 def test_loadvolumed_takes_loadimageds_switches_where_they_mean_what_it_does(sample_data):
     path = os.path.join(sample_data, "nifti", "images", "case001.nii.gz")
     plain = LoadVolumed("image")({"image": path})["image"]

@@ -590,3 +590,15 @@ def test_a_failed_epoch_with_workers_leaves_no_workers_behind():
         assert len(multiprocessing.active_children()) == before  # (failing is still held)
         after = server.loader(ValuedDataset(4, server.transform, 1.0), 2, num_workers=2)
         assert sum(len(b["image"]) for b in after) == 4
+
+
+def test_a_float_label_is_refused_in_the_worker_naming_the_sample():
+    """A label map of 1.5s was refused by the engine's thread, naming no sample (a prober's);
+    the worker that has the sample refuses it, naming its image."""
+    spec = medproc.Spec(spacing=2.0, crop=(8, 8, 8))
+    img = medproc.Volume(np.zeros((20, 20, 20), np.float32), np.eye(4))
+    img.meta["source"] = "case7.nii.gz"
+    lab = medproc.Volume(np.full((20, 20, 20), 1.5, np.float32), np.eye(4))
+    with ProxyServer(spec, device="cpu", batch_size=1, with_label=True) as server:
+        with pytest.raises(medproc.errors.ReadError, match=r"the label of case7.nii.gz: .*1.5"):
+            server.transform({"image": img, "label": lab})

@@ -30,6 +30,12 @@ def read_text(path: str) -> str:
             raw = f.read()
     except OSError as e:
         raise os_error(e, path) from None
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):  # (was "Latin-1 or binary?")
+        raise ReadError(
+            "is UTF-16 text (its first bytes say so; Excel's 'Unicode Text' is saved so): "
+            "save it as UTF-8",
+            path,
+        )
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

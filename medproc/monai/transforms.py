@@ -86,6 +86,13 @@ class LoadVolumed(MapTransform):
         d = dict(data)
         first = None
         for key in self.key_iterator(d):
+            if not isinstance(d[key], (str, bytes, os.PathLike)):  # (load named no key)
+                from ..errors import UsageError
+
+                raise UsageError(
+                    f"LoadVolumed: sample[{key!r}] must be a file or folder path, got "
+                    f"{type(d[key]).__name__} {d[key]!r:.60}"
+                )
             vol = load(d[key], series=self.series, device=self.device)
             first = vol if first is None else first
             store(d, key, to_metatensor(vol))
