@@ -509,3 +509,8 @@ def test_an_image_named_by_file_name_or_path_gets_its_lesions(tmp_path, sample_d
     uid = "1.2.826.0.1.3680043.8.498.2026.1.1"
     (tmp_path / "uid.csv").write_text(head + f"{uid},{rows.splitlines()[0]}\n")
     assert list(read_luna_csv(str(tmp_path / "uid.csv"))) == [uid]
+    two = tmp_path / "two.csv"  # two images of one stem: refused, not merged into one
+    two.write_text(head + f"site1/case001.nii.gz,{rows.splitlines()[0]}\n"
+                   f"site2/case001.nii.gz,{rows.splitlines()[1]}\n")  # fmt: skip
+    with pytest.raises(medproc.errors.ReadError, match=r"line 3: 'site2.*line 2.*'case001'"):
+        read_luna_csv(str(two))

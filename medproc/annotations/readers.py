@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import warnings
@@ -12,6 +11,7 @@ import numpy as np
 from ..errors import MedprocWarning, ReadError
 from ..geometry import LPS_TO_RAS
 from .dicom_labels import read_rtstruct, read_seg  # noqa: F401 (re-exported)
+from .keys import _DATALIST, check_top_keys, image_key
 from .lesions import Lesions
 
 __all__ = ["read_luna_csv", "read_json", "read_seg", "read_rtstruct", "BOX_MODES"]
@@ -46,6 +46,7 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
     need = ("seriesuid", "coordX", "coordY", "coordZ", "diameter_mm")
     _not_dicom(path, "lesion table")
     rows: dict[str, list] = {}
+    raws: dict[str, tuple] = {}  # key -> (the seriesuid written, its line)
     for line, row in read_csv_rows(path, need, "lesion table (LUNA16 CSV)"):
         where = f"line {line}"
         if any(row.get(c) is None for c in need):
@@ -69,9 +70,18 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
                 where=where,
             )
         _sane(xyz, d, path, where)
-        uid = _stem((row["seriesuid"] or "").strip())  # (a file name or path: its stem)
+        raw = (row["seriesuid"] or "").strip()
+        uid = image_key(raw)  # (a file name or path: its stem)
         if not uid:
             raise ReadError("empty seriesuid", path, where=where)
+        if raws.setdefault(uid, (raw, line))[0] != raw:  # (two images under one key)
+            first = raws[uid]
+            raise ReadError(
+                f"{raw!r} and {first[0]!r} (line {first[1]}) are both read as the image "
+                f"{uid!r}: give each image one name, or key them by distinct names",
+                path,
+                where=where,
+            )
         rows.setdefault(uid, []).append((xyz * _FLIP, d, f"{os.path.basename(path)}:{line}"))
     out = {
         uid: Lesions(
@@ -84,7 +94,7 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
         for uid, rs in rows.items()
     }
     if series is not None:
-        return out.get(_stem(series), Lesions.empty())
+        return out.get(image_key(series), Lesions.empty())
     return out
 
 
@@ -144,7 +154,7 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
             f"the top level is a JSON {type(doc).__name__}; expected an object with a 'cases' list",
             path,
         )
-    _check_top_keys(doc, path)
+    check_top_keys(doc, path)
     system = _text(doc.get("coordinate_system", "RAS"), path, "coordinate_system").upper()
     if system not in ("RAS", "LPS"):
         raise ReadError(f"coordinate_system must be 'RAS' or 'LPS', got {system!r}", path)
@@ -253,7 +263,7 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
             kinds.append("point")
             labels.append(0)
             ids.append(f"{os.path.basename(path)}:{where}.points[{p}]")
-        key = _stem(img)
+        key = image_key(img)
         if key in first:
             raise ReadError(
                 f"image {img!r} is listed again (first in {first[key]}); list each image once",
@@ -269,7 +279,7 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
             ids,
         )
     if image is not None:
-        return out.get(_stem(image), Lesions.empty())
+        return out.get(image_key(image), Lesions.empty())
     return out
 
 
@@ -292,7 +302,6 @@ def _converted(doc: dict, path) -> dict:
     return {"image": doc["image"], "boxes": boxes, "labels": labels, "points": points}
 
 
-_DATALIST = ("training", "validation", "test")  # MONAI's datalist layout
 _CASE_KEYS = {"image", "boxes", "labels", "points"}  # an item of medproc's 'cases'
 
 
@@ -370,34 +379,3 @@ def _numbers(v, n, path, where) -> np.ndarray:
     if arr is None or arr.shape != (n,) or not np.all(np.isfinite(arr)):
         raise ReadError(f"expected {n} finite numbers, got {v!r:.80}", path, where=where)
     return arr
-
-
-def _stem(p: str) -> str:
-    """An annotation's image key: a file name or path (POSIX or Windows: tables are made on
-    both) without its folders and image extension; a SeriesInstanceUID stays as it is."""
-    from ..io import stem
-
-    return stem(p.replace("\\", "/"), extra=(".dcm",))
-
-
-def _check_top_keys(doc: dict, path: str) -> None:
-    """A top-level key that is a near miss of ``coordinate_system``, ``box_mode`` or
-    ``cases`` (``coordinate_sytem``, ``boxmode``), or a unit (``units: cm``), is an error: left
-    unread, the boxes would be placed with the defaults (RAS, cccwhd, mm), wrong without a
-    word. Other keys (a datalist's "name", "labels"...) are left alone."""
-    known = ("coordinate_system", "box_mode", "cases")
-    for key in doc:
-        low = str(key).lower()
-        if key in known or key in _DATALIST:
-            continue
-        if low in ("unit", "units", "length_unit", "coordinate_units", "spacing_units"):
-            raise ReadError(
-                f"key {key!r}: coordinates and sizes are read as millimetres (there is no unit "
-                "key); convert them to mm and drop the key",
-                path,
-            )
-        close = difflib.get_close_matches(low.replace("-", "_"), known, n=1, cutoff=0.75)
-        if close:
-            unread = {"coordinate_system": " (unread: RAS)", "box_mode": " (unread: cccwhd)"}
-            raise ReadError(f"unknown key {key!r}: did you mean {close[0]!r}?"
-                            f"{unread.get(close[0], '')}", path)  # fmt: skip

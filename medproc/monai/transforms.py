@@ -107,10 +107,10 @@ def _lesions_of(path: str, vol) -> object:
     images: LUNA16's): keyed by the image's file stem (JSON, CSV) or its SeriesInstanceUID
     (CSV); none listed: no lesions (a negative case)."""
     from ..annotations import Lesions, read_json, read_luna_csv
-    from ..io import stem
+    from ..annotations.keys import image_key
 
     source = str(vol.meta.get("source", ""))
-    keys = [k for k in (vol.meta.get("series_uid"), stem(source, extra=(".dcm",))) if k]
+    keys = [k for k in (vol.meta.get("series_uid"), image_key(source)) if k]
     table = read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
     if not any(k in table for k in keys) and keys:
         _near_miss(keys[-1], table, path)  # (by its file stem: UIDs are never near misses)
