@@ -18,10 +18,11 @@ def check_output_size(plan, channels: int, in_bytes: int, source=None) -> None:
     """Refuse a plan's output grid that would not fit in memory (e.g. spacing=0.001) before the
     engine allocates it: resampling holds the input (``in_bytes``) and about twice the float32
     output at its peak (6.8 GB for a 3.2 GB output on DALI's CPU backend). Refuse too a grid
-    whose spacing the readers would refuse (``shape=`` can make one): medproc writes nothing it
-    cannot read back. ``convert --dry-run`` asks it from the headers alone."""
+    whose spacing the readers would refuse (``shape=`` can make one) when the input's is not:
+    a resample makes nothing medproc cannot read back. ``convert --dry-run`` asks it from the
+    headers alone."""
     from .geometry import spacing_of
-    from .io.safety import SPACING_RANGE_MM, human, max_bytes
+    from .io.safety import SPACING_RANGE_MM, human, max_bytes, spacings_outside
 
     out_shape = plan.out_shape
     if max(int(n) for n in out_shape) >= 2**31:  # (DALI's extents are 32-bit: it came back 1)
@@ -32,7 +33,7 @@ def check_output_size(plan, channels: int, in_bytes: int, source=None) -> None:
         )
     lo, hi = SPACING_RANGE_MM
     sp = spacing_of(plan.out_affine)
-    if not all(lo <= s <= hi for s in sp):
+    if spacings_outside(sp) and not spacings_outside(spacing_of(plan.in_affine)):
         raise UsageError(
             f"the output grid ({'x'.join(map(str, out_shape))} voxels) would have a spacing of "
             f"{'x'.join(f'{s:.3g}' for s in sp)} mm; a spacing outside {lo:g} to {hi:g} mm cannot "

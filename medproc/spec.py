@@ -206,10 +206,10 @@ class Spec:
     def __post_init__(self):
         object.__setattr__(self, "spacing", _triple(self.spacing, "spacing"))
         if self.spacing is not None:
-            from .io.safety import SPACING_RANGE_MM
+            from .io.safety import SPACING_RANGE_MM, spacings_outside
 
             lo, hi = SPACING_RANGE_MM  # (what the readers accept: outputs must read back)
-            if not all(lo <= s <= hi for s in self.spacing):
+            if spacings_outside(self.spacing):
                 raise UsageError(f"spacing must be {lo:g} to {hi:g} mm, got {self.spacing}")
         object.__setattr__(self, "shape", _triple(self.shape, "shape", integer=True))
         object.__setattr__(self, "crop", _triple(self.crop, "crop", integer=True))

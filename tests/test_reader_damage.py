@@ -335,6 +335,17 @@ def test_a_metaimage_header_size_that_points_at_the_voxels_reads_them(tmp_path):
     head = _RAW_HEADERS["mha"].replace("ElementDataFile", "HeaderSize = {}\nElementDataFile")
     at = len(head.format(100))  # (three digits: the header's length is the same)
     path = tmp_path / "v.mha"
-    for skip in (-1, at):
+    for skip in (-1, 0, at):  # (0: nothing skipped, as no HeaderSize line)
         path.write_bytes(head.format(skip).encode() + VALUES.tobytes())
         np.testing.assert_array_equal(medproc.load(str(path)).array.ravel("F"), VALUES)
+
+
+def test_a_hex_encoded_nrrd_is_read_without_a_trailing_note(tmp_path):
+    """Hex data takes two characters per byte: it was said to hold bytes after its voxels
+    (review)."""
+    path = tmp_path / "v.nrrd"
+    head = _NRRD.replace("encoding: raw", "encoding: hex") + "\n"
+    path.write_bytes(head.encode() + VALUES.tobytes().hex().encode() + b"\n")
+    vol = medproc.load(str(path))
+    np.testing.assert_array_equal(vol.array, VALUES.reshape(SHAPE, order="F"))
+    assert not [w for w in vol.meta["warnings"] if "after the" in w]

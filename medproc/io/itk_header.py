@@ -137,7 +137,7 @@ def _nrrd(path: str) -> ItkHeader:
     check_finite(fields, path)
     check_directions(fields.get("space directions", ""), path)
     data_start = text_end + (2 if end == text_end else 4)
-    text = encoding in ("ascii", "text", "txt")
+    text = encoding in ("ascii", "text", "txt", "hex")  # (hex: two characters per byte)
     if text:
         itemsize, compressed = 1, None  # at least one character per value
     exact = ttype in _NRRD_BYTES and not text
@@ -239,7 +239,7 @@ def _header_size(value: str, hdr: ItkHeader, path: str) -> None:
         skip = None
     if skip is None or skip < -1:
         raise ReadError(f"HeaderSize = {value!r}: expected a number of bytes >= 0, or -1", path)
-    if skip == -1 or hdr.compressed:
+    if skip in (-1, 0) or hdr.compressed:  # (0: no bytes skipped)
         return
     sources = hdr.data_files or [path]
     per_file = int(np.prod(hdr.sizes, dtype=object)) * hdr.itemsize // len(sources)

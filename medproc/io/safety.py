@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import LimitError, ReadError
 
 __all__ = [
+    "spacings_outside",
     "trailing_note",
     "max_bytes",
     "human",
@@ -228,6 +229,13 @@ def check_inside(ref: str, header, kind: str = "data file") -> str:
     return target
 
 
+def spacings_outside(spacings) -> list[tuple[str, float]]:
+    """``(axis, spacing)`` of the spacings outside :data:`SPACING_RANGE_MM`, in axis order
+    (what the readers refuse, and so what medproc does not write)."""
+    lo, hi = SPACING_RANGE_MM
+    return [(ax, float(s)) for ax, s in zip("ijk", spacings) if not lo <= s <= hi]
+
+
 def check_affine(affine, path, source: str = "the header") -> np.ndarray:
     """``affine`` as float64 4x4 when it is finite, invertible and its spacings are plausible
     (:data:`SPACING_RANGE_MM`); a :class:`ReadError` naming ``source`` otherwise."""
@@ -241,7 +249,7 @@ def check_affine(affine, path, source: str = "the header") -> np.ndarray:
         )
     sp = np.sqrt((a[:3, :3] ** 2).sum(axis=0))
     lo, hi = SPACING_RANGE_MM
-    bad = [(ax, s) for ax, s in zip("ijk", sp) if not lo <= s <= hi]
+    bad = spacings_outside(sp)
     if bad:
         ax, s = bad[0]
         raise ReadError(
