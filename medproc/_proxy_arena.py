@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["Arena", "Slot", "Streamed", "arena_bytes", "fork_context", "populate"]
+__all__ = ["Arena", "Slot", "Streamed", "WithArena", "arena_bytes", "fork_context", "populate"]
 
 _ALIGN = mmap.PAGESIZE  # pieces start on page boundaries (madvise needs them there)
 #: madvise(2) advice that maps a range's pages now, in one call (Linux 5.14+; not in Python's
@@ -203,6 +203,12 @@ class Arena:
         with self._lock:
             self._size[slot.index] = 0
 
+    def release_all(self) -> None:
+        """Give every piece back: once no process that writes into the arena is left (the
+        pieces of batches dropped unread would stay taken)."""
+        with self._lock:
+            self._size[:] = [0] * len(self._size)
+
 
 def arena_bytes(gb: float | None = None) -> int:
     """An arena's size: ``gb`` GiB, or by default 4 GiB at most (room for 16 workers' batches
@@ -224,23 +230,30 @@ def arena_bytes(gb: float | None = None) -> int:
     return int(max(min(4 * 2**30, ram // 8 // ranks), 64 * 2**20))
 
 
+class WithArena:
+    """A DataLoader's ``worker_init_fn`` that points the transform at its loader's arena in
+    each worker as it starts (then calls the user's ``then``). Set when the loader was made,
+    the transform pointed at the arena of the server's last loader: a train loader's workers
+    wrote into the val loader's arena, and the train batches came out zeros, without an error.
+    In the main process the transform has no arena (an inline loader's samples stay tensors)."""
+
+    def __init__(self, transform, arena: Arena, then=None):
+        self.transform, self.arena, self.then = transform, arena, then
+
+    def __call__(self, worker_id: int) -> None:
+        self.transform.arena = self.arena
+        if self.then is not None:
+            self.then(worker_id)
+
+
 class Streamed:
-    """A DataLoader whose batches are finished by the engine in its background thread.
+    """A DataLoader whose batches are finished by the engine in its background thread; its
+    workers' pieces are in ``arena`` (None: no workers)."""
 
-    Its pieces are in the arena of its ``holder``, the server's transform: one arena per
-    server, which every worker forks with and every loader reads from. (With an arena per
-    loader, a train loader's workers forked after a val loader was made wrote into the val
-    loader's arena, and the train batches came out zeros, without an error.)"""
-
-    def __init__(self, loader, engine, graph, ahead: int, with_label: bool, holder=None):
+    def __init__(self, loader, engine, graph, ahead: int, with_label: bool, arena=None):
         self.loader, self.engine, self.graph = loader, engine, graph
-        self.ahead, self.with_label, self.holder = ahead, with_label, holder
-
-    @property
-    def arena(self):
-        """The arena the pieces are in: the holder's (the server's transform, whose one arena
-        may be made after this loader, by a later loader with workers), read when used."""
-        return getattr(self.holder, "arena", None)
+        self.ahead, self.with_label, self.arena = ahead, with_label, arena
+        self._it = None  # the DataLoader's iterator of the epoch
 
     def _tensor(self, x):
         return self.arena.tensor(x) if isinstance(x, Slot) else x
@@ -257,7 +270,8 @@ class Streamed:
     def _items(self):
         from .pipeline import Job
 
-        for batch in self.loader:
+        self._it = iter(self.loader)
+        for batch in self._it:
             jobs = [
                 Job(self._tensor(p.array), p.plan, tuple(self._tensor(x) for x in p.labels))
                 for p in batch["image"]
@@ -267,8 +281,10 @@ class Streamed:
     def __iter__(self):
         from .pipeline import stacked
 
+        stream = self.engine.stream(self._items(), as_torch=True, ahead=self.ahead)
+        whole = False
         try:
-            for res, batch in self.engine.stream(self._items(), as_torch=True, ahead=self.ahead):
+            for res, batch in stream:
                 if self.arena is not None:
                     self._release(batch)  # the engine has copied them: the workers may refill
                 cols = list(zip(*res))
@@ -276,18 +292,26 @@ class Streamed:
                     same = all(t.shape == col[0].shape for t in col)
                     batch[key] = stacked(col) if same else list(col)
                 yield batch
-        except Exception:
-            self._end_workers()
-            raise
+            whole = True
+        finally:
+            if not whole:  # failed, or left early (break)
+                stream.close()  # (the engine's thread ends: it takes no more batches)
+                self._end_workers()
 
     def _end_workers(self) -> None:
-        """After a failed epoch, end the DataLoader's persistent workers now, in this process:
-        left to the garbage collector, their iterator was collected in a later loader's forked
-        worker, which printed "AssertionError: can only test a child process"."""
-        it = getattr(self.loader, "_iterator", None)
-        if it is not None and hasattr(it, "_shutdown_workers"):
-            it._shutdown_workers()
+        """After an epoch that failed or was left early: end its workers now, in this process,
+        and give their pieces back. Left to the garbage collector, a failed epoch's persistent
+        workers were collected in a later loader's forked worker, which printed "AssertionError:
+        can only test a child process"; the pieces of batches prefetched and then dropped
+        stayed taken, and the arena filled up (samples then go the slow way, as tensors)."""
+        it, self._it = self._it, None
+        if it is None or not hasattr(it, "_shutdown_workers"):
+            return  # (no workers)
+        it._shutdown_workers()  # (joined: none writes into the arena any more)
+        if getattr(self.loader, "_iterator", None) is it:  # persistent: the next epoch forks
             self.loader._iterator = None
+        if self.arena is not None:
+            self.arena.release_all()
 
 
 def fork_context(ctx):

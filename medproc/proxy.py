@@ -101,7 +101,7 @@ class ProxyTransform:
         self.augment = augment
         self.seed = seed
         self.box_mode = box_mode
-        self.arena = None  # set by ProxyServer.loader before the workers start
+        self.arena = None  # in a DataLoader worker: its loader's (WithArena); here none
         self._rng = None
 
     def _generator(self):
@@ -382,15 +382,16 @@ class ProxyServer:
 
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
             return Mapped(base, self._proxy.server.produce_data)
-        from ._proxy_arena import Arena, Streamed, arena_bytes, fork_context
+        from ._proxy_arena import Arena, Streamed, WithArena, arena_bytes, fork_context
 
+        arena = None
         if num_workers > 0:
             kw["multiprocessing_context"] = fork_context(kw.get("multiprocessing_context"))
             kw.setdefault("persistent_workers", True)
-            if self.transform.arena is None:  # one per server (train and val loaders share it)
-                held = num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3
-                n = max(held * batch_size * (1 + int(self.with_label)), 512)
-                self.transform.arena = Arena(arena_bytes(self.arena_gb), n, self.device == "gpu")
+            held = num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3
+            n = held * batch_size * (1 + int(self.with_label))
+            arena = Arena(arena_bytes(self.arena_gb), n, pin=self.device == "gpu")
+            # this loader's workers write into its arena, set in each as it starts (see WithArena)
+            kw["worker_init_fn"] = WithArena(self.transform, arena, kw.get("worker_init_fn"))
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)
-        s = (self._engine, self._graph, self.prefetch, self.with_label, self.transform)
-        return Streamed(base, *s)
+        return Streamed(base, self._engine, self._graph, self.prefetch, self.with_label, arena)

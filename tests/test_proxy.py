@@ -588,8 +588,27 @@ def test_a_failed_epoch_with_workers_leaves_no_workers_behind():
         with pytest.raises(OSError, match="disk gone"):
             list(failing)
         assert len(multiprocessing.active_children()) == before  # (failing is still held)
+        assert not any(failing.arena._size[:])  # its pieces given back
         after = server.loader(ValuedDataset(4, server.transform, 1.0), 2, num_workers=2)
         assert sum(len(b["image"]) for b in after) == 4
+
+
+def test_an_epoch_left_early_gives_its_pieces_back_and_the_next_is_whole():
+    """Batches prefetched for an epoch left with break were dropped by PyTorch with their
+    arena pieces still taken: after a few such epochs the arena was full and every sample went
+    the slow way (review). Leaving an epoch ends its workers and gives the pieces back; the
+    next epoch (new workers) is whole, in order."""
+    spec = medproc.Spec(spacing=2.0, crop=(8, 8, 8))
+    with ProxyServer(spec, device="cpu", batch_size=2, with_label=True) as server:
+        loader = server.loader(ValuedDataset(12, server.transform, 1.0), 2, num_workers=2)
+        for _ in range(3):
+            for b in loader:
+                break
+            del b
+            assert not any(loader.arena._size[:])
+        values = torch.cat([b["image"].mean(dim=(1, 2, 3, 4)) for b in loader])
+        np.testing.assert_allclose(values.numpy(), np.arange(1, 13), rtol=1e-6)
+        assert not any(loader.arena._size[:])  # (a whole epoch gives every piece back)
 
 
 def test_a_float_label_is_refused_in_the_worker_naming_the_sample():
