@@ -279,18 +279,23 @@ def test_the_common_mistakes_of_a_monai_script_are_named(sample_data):
         Resampled(["label", "image"], spec)
 
 
-def test_a_channel_last_or_2d_image_is_named_for_what_it_is():
+def test_a_channel_last_or_2d_image_is_named_for_what_it_is(tmp_path):
     """A (i, j, k, 1) MetaTensor (LoadImaged of a 4-D NIfTI, no EnsureChannelFirstd) was
     resampled as 40 channels of (j, k, 1) without a word, as MONAI does it: said. A 2-D image
     with its channel first was told to add EnsureChannelFirstd, which it had (a prober's)."""
+    import nibabel as nib
     import torch
     from monai.data import MetaTensor
+    from monai.transforms import LoadImaged
 
-    last = MetaTensor(torch.zeros(40, 27, 20, 1), affine=torch.eye(4))
+    path = os.path.join(tmp_path, "last.nii.gz")
+    nib.save(nib.Nifti1Image(np.zeros((40, 27, 20, 1), np.float32), np.eye(4)), path)
+    last = LoadImaged(["image"])({"image": path})["image"]  # (its last axis kept last)
     with pytest.warns(medproc.errors.MedprocWarning, match=r"\(40, 27, 20, 1\) .* channel-last"):
         assert to_volume(last).shape[:3] == (27, 20, 1)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # (a few channels: no word)
+        warnings.simplefilter("error")  # (channels first, as made or a few of them: no word)
+        to_volume(MetaTensor(torch.zeros(40, 27, 20, 1), affine=torch.eye(4)))
         to_volume(MetaTensor(torch.zeros(3, 27, 20, 1), affine=torch.eye(4)))
     with pytest.raises(ValueError, match=r"\(1, 40, 40\): a 2-D image with its channel first"):
         to_volume(MetaTensor(torch.zeros(1, 40, 40), affine=torch.eye(4)))

@@ -652,3 +652,38 @@ def test_a_second_thread_is_refused_while_the_first_waits_for_a_batch(monkeypatc
             assert got == [len(loader)]
     assert sum(1 for _ in loader) == len(loader)  # iterating again starts anew
     loader.close()
+
+
+def test_a_second_thread_is_refused_while_the_first_is_in_its_loop_body():
+    """The refusal held only while the first thread waited inside the loader; a training
+    step between batches let a second thread in, and the first then failed (review). The
+    thread in an epoch owns it until the epoch ends or is left."""
+    import threading
+
+    loader = PatchLoader(datalist(), SPEC, (8, 8, 8), 1, device="cpu")
+    inside, go, got = threading.Event(), threading.Event(), []
+
+    def loop():
+        for n, _ in enumerate(loader):
+            if n == 0:
+                inside.set()
+                go.wait(30)  # (a training step)
+        got.append(n + 1)
+
+    first = threading.Thread(target=loop)
+    first.start()
+    assert inside.wait(30)
+    with pytest.raises(RuntimeError, match="another thread is iterating this loader"):
+        next(iter(loader))
+    go.set()
+    first.join(30)
+    assert got == [len(loader)]
+    stale = iter(loader)  # an epoch left in this thread...
+    next(stale)
+    del stale  # ...frees the loader for another thread
+    other = []
+    t = threading.Thread(target=lambda: other.append(sum(1 for _ in loader)))
+    t.start()
+    t.join(30)
+    assert other == [len(loader)]
+    loader.close()

@@ -602,9 +602,9 @@ def test_an_epoch_left_early_gives_its_pieces_back_and_the_next_is_whole():
     with ProxyServer(spec, device="cpu", batch_size=2, with_label=True) as server:
         loader = server.loader(ValuedDataset(12, server.transform, 1.0), 2, num_workers=2)
         for _ in range(3):
-            for b in loader:
-                break
-            del b
+            epoch = iter(loader)
+            next(epoch)
+            del epoch  # (left, as by break)
             assert not any(loader.arena._size[:])
         values = torch.cat([b["image"].mean(dim=(1, 2, 3, 4)) for b in loader])
         np.testing.assert_allclose(values.numpy(), np.arange(1, 13), rtol=1e-6)

@@ -227,6 +227,7 @@ class PatchLoader:
         self._left = self._given = 0  # batches of the current epoch not yet / handed out
         self._closed = (None, 0, None)  # the feed close() ended last, batches given, by whom
         self._token = 0  # which iterator is the current epoch's (older ones raise)
+        self._owner = None  # the thread iterating the current epoch (until it ends or is left)
 
     def __repr__(self) -> str:
         gpu = sum(e.on_gpu for e in self.entries)
@@ -299,23 +300,21 @@ class PatchLoader:
         return jobs, self._graph, (affines, [e.case for e in entries], lesions)
 
     def __iter__(self) -> Iterator[dict]:
-        """One epoch: ``len(self)`` batches.
-
-        The engine's thread runs on from one epoch into the next (``prefetch`` batches ahead
-        of the loop, across the boundary too), so a new epoch starts without a wait; the patches
-        drawn are those of epochs made one after the other. An epoch left early (``break``)
-        drops the batches made ahead for it: the next one starts afresh (with a seed, how many
-        draws the dropped batches took depends on timing, so runs that break early are not
-        reproducible draw for draw). One epoch's iterator at a time: an older one raises, and
-        a second thread's while another thread waits for a batch."""
-        if self._feed is not None and self._feed.gi_running:  # (the other thread goes on)
-            raise RuntimeError(
+        """One epoch: ``len(self)`` batches. The engine's thread runs on into the next epoch
+        (``prefetch`` batches ahead, across the boundary too): it starts without a wait. An epoch
+        left early (``break``) drops the batches made ahead for it; the next starts afresh (with
+        a seed, runs that break early are not reproducible draw for draw). One epoch's iterator
+        at a time: an older one raises, and so does another thread's during an epoch."""
+        me, owner = threading.get_ident(), self._owner
+        if owner not in (None, me) and any(t.ident == owner for t in threading.enumerate()):
+            raise RuntimeError(  # (the other thread's epoch goes on)
                 "PatchLoader: another thread is iterating this loader now; a loader gives one "
-                "epoch at a time, to one thread: make a loader per thread"
+                "epoch at a time, to one thread: make a loader per thread (or close() it first)"
             )
         self.epoch += 1
         if self._feed is not None and self._left:
             self.close()
+        self._owner = me
         if self._feed is None:
             self._feed = self._engine.stream(
                 _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch, pacer=self.pacer
@@ -323,49 +322,51 @@ class PatchLoader:
         self._left, self._given = len(self), 0
         self._token += 1
         feed, token = self._feed, self._token
-        while True:
-            if self._token != token:
-                raise RuntimeError(
-                    "PatchLoader: this epoch's iterator was left for a newer one (a loader "
-                    "runs one epoch at a time); iterate the loader again"
+        try:
+            while True:
+                if self._token != token:
+                    raise RuntimeError(
+                        "PatchLoader: this epoch's iterator was left for a newer one (a loader "
+                        "runs one epoch at a time); iterate the loader again"
+                    )
+                if self._feed is not feed or self._left <= 0:  # closed, or the epoch is done
+                    if self._feed is not feed:  # (closed by another thread while it ran: stop it)
+                        feed.close()
+                    self._cut_short(feed)
+                    return
+                try:
+                    res, (affines, cases, lesions) = next(feed)
+                except StopIteration:  # closed meanwhile
+                    self._cut_short(feed)
+                    return
+                self._left -= 1
+                self._given += 1
+                affine = torch.from_numpy(affines)
+                img = MetaTensor(
+                    stacked([r[0] for r in res]),
+                    affine=affine,
+                    meta={"filename_or_obj": [str(c["image"]) for c in cases]},
                 )
-            if self._feed is not feed or self._left <= 0:  # closed, or the epoch is done
-                if self._feed is not feed:  # (closed by another thread while it ran: stop it)
-                    feed.close()
-                self._cut_short(feed)
-                return
-            try:
-                res, (affines, cases, lesions) = next(feed)
-            except StopIteration:  # closed meanwhile
-                self._cut_short(feed)
-                return
-            self._left -= 1
-            self._given += 1
-            affine = torch.from_numpy(affines)
-            img = MetaTensor(
-                stacked([r[0] for r in res]),
-                affine=affine,
-                meta={"filename_or_obj": [str(c["image"]) for c in cases]},
-            )
-            lab = MetaTensor(
-                stacked([r[1] for r in res]),
-                affine=affine.clone(),
-                meta={"filename_or_obj": [str(c.get("label")) for c in cases]},
-            )
-            img.is_batch = lab.is_batch = True
-            batch: dict = {}
-            store(batch, "image", img)  # (plain tensors under monai.data.set_track_meta(False))
-            store(batch, "label", lab)
-            yield {**batch, "case": cases, "lesions": lesions}
+                lab = MetaTensor(
+                    stacked([r[1] for r in res]),
+                    affine=affine.clone(),
+                    meta={"filename_or_obj": [str(c.get("label")) for c in cases]},
+                )
+                img.is_batch = lab.is_batch = True
+                batch: dict = {}
+                store(batch, "image", img)  # (plain tensors under monai.data.set_track_meta(False))
+                store(batch, "label", lab)
+                yield {**batch, "case": cases, "lesions": lesions}
+        finally:  # (the epoch ended, failed or was left: another thread may iterate)
+            self._owner = None if self._token == token else self._owner
 
     def close(self) -> None:
         """Stop the engine's thread (the batches it made ahead are dropped). Also done when
         the loader is garbage-collected; iterating again starts it anew. Called in the loop,
         it ends the epoch quietly; from another thread mid-epoch, the loop raises
         RuntimeError (a truncated epoch never looks complete)."""
-        feed, self._feed, self._left = self._feed, None, 0
-        if feed is not None:
-            # (an epoch cut short by another thread says so, see _cut_short)
+        feed, self._feed, self._left, self._owner = self._feed, None, 0, None
+        if feed is not None:  # (an epoch cut short by another thread says so: _cut_short)
             self._closed = (feed, self._given, threading.get_ident())
             if not feed.gi_running:  # (else the iterating thread closes it: see __iter__)
                 feed.close()

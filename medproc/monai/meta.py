@@ -109,7 +109,8 @@ def to_volume(x, affine=None) -> Volume:
         raise ValueError(
             f"expected a channel-first image (C, i, j, k), got shape {tuple(x.shape)}: {fix}"
         )
-    if x.shape[0] >= 8 and x.shape[-1] == 1:  # (MONAI resamples it so too: said, not refused)
+    last = isinstance(x, MetaTensor) and x.meta.get("original_channel_dim") == -1
+    if last and x.shape[0] >= 8 and x.shape[-1] == 1:  # (as LoadImaged left it; MONAI too)
         import warnings
 
         from ..errors import MedprocWarning
