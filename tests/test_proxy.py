@@ -505,14 +505,12 @@ def test_an_arena_larger_than_the_memory_is_refused_naming_it():
             s.loader(CaseDataset(2, s.transform), batch_size=1, num_workers=2)
 
 
-class ValuedDataset(torch.utils.data.Dataset):
+class ValuedDataset(CaseDataset):
     """Sample i: a 20^3 volume of the value ``scale * (i + 1)`` and a box label."""
 
     def __init__(self, n, transform, scale):
-        self.n, self.transform, self.scale = n, transform, scale
-
-    def __len__(self):
-        return self.n
+        super().__init__(n, transform)
+        self.scale = scale
 
     def __getitem__(self, i):
         img = medproc.Volume(np.full((20, 20, 20), self.scale * (i + 1), np.float32), np.eye(4))
