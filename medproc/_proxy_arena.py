@@ -203,11 +203,14 @@ class Arena:
         with self._lock:
             self._size[slot.index] = 0
 
-    def release_all(self) -> None:
-        """Give every piece back: once no process that writes into the arena is left (the
-        pieces of batches dropped unread would stay taken)."""
-        with self._lock:
-            self._size[:] = [0] * len(self._size)
+    def reset(self) -> None:
+        """Give every piece back and renew the lock, once no other process uses the arena:
+        the pieces of batches dropped unread would stay taken, and a worker terminated while
+        it held the lock would hold it for ever (the next epoch's workers fork with the new)."""
+        import multiprocessing
+
+        self._lock = multiprocessing.get_context("fork").Lock()
+        self._size[:] = [0] * len(self._size)
 
 
 def arena_bytes(gb: float | None = None) -> int:
@@ -311,7 +314,7 @@ class Streamed:
         if getattr(self.loader, "_iterator", None) is it:  # persistent: the next epoch forks
             self.loader._iterator = None
         if self.arena is not None:
-            self.arena.release_all()
+            self.arena.reset()
 
 
 def fork_context(ctx):
