@@ -111,10 +111,14 @@ def view_axes(affine, view: str) -> ViewAxes:
 def _window(arr: np.ndarray) -> tuple[float, float]:
     """Display window: a lung/soft-tissue CT window for HU data, else the 0.5-99.5 percentiles."""
     s = arr[::2, ::2, ::2] if min(arr.shape) > 8 else arr
+    if s.dtype.kind == "f":  # (NaN or inf kept with --nan keep: a window of the rest)
+        s = s[np.isfinite(s)]
+    if s.size == 0:
+        return 0.0, 1.0
     lo, hi = float(s.min()), float(s.max())
     if lo < -500 and hi > 200:
         return -1000.0, 400.0
-    p = np.percentile(s[::2].ravel(), [0.5, 99.5])
+    p = np.percentile(s.ravel()[::2], [0.5, 99.5])
     return float(p[0]), float(p[1]) if p[1] > p[0] else float(p[0]) + 1.0
 
 
@@ -165,7 +169,9 @@ def _panel(vol, lab, win, va, point, lesions, size):
     h = max(1, int(round(nrow * sp[va.row] * scale)))
     u, v = _lin(ncol, w, va.col_flip), _lin(nrow, h, va.row_flip)
     g = (_sample(plane(vol.array), v, u, True) - win[0]) * (255.0 / (win[1] - win[0]))
-    rgb = np.repeat(np.clip(g, 0, 255)[..., None], 3, axis=2)
+    bad = ~np.isfinite(g)  # (NaN voxels, kept: drawn in a colour of their own)
+    rgb = np.repeat(np.clip(np.where(bad, 0, g), 0, 255)[..., None], 3, axis=2)
+    rgb[bad] = (0, 160, 255)
     if lab is not None:
         lv = _sample(plane(lab.array), v, u, False)
         if lv.any():
@@ -236,7 +242,10 @@ def _targets(before, label, lesions, max_targets):
         points = {}
         for view in VIEWS:  # per view: the slice with the most voxels, at their centroid
             ax = view_axes(label.affine, view).fixed
-            k = int(np.argmax(mask.sum(axis=tuple(a for a in range(3) if a != ax))))
+            n = mask.sum(axis=tuple(a for a in range(3) if a != ax))
+            ties = np.flatnonzero(n == n.max())  # (of equal slices, the one nearest the centroid:
+            centroid = (n * np.arange(n.size)).sum() / n.sum()  # the first was the label's edge)
+            k = int(ties[np.argmin(np.abs(ties - centroid))])
             ijk = np.insert(np.argwhere(np.take(mask, k, axis=ax)).mean(0), ax, k)
             points[view] = label.voxel_to_world(ijk)
         out.append((f"label {v}: views through its largest extent", points))
