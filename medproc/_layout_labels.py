@@ -29,9 +29,9 @@ def find_dicom_labels(roots) -> dict[str, str]:
     out: dict[str, str] = {}
     roots = [os.fspath(r) for r in ([roots] if isinstance(roots, (str, os.PathLike)) else roots)]
     files = [r for r in roots if os.path.isfile(r)]
-    files += [
-        os.path.join(d, n) for r in roots for d, _, fs in sorted(os.walk(r)) for n in sorted(fs)
-    ]
+    files += [os.path.join(d, n) for r in roots for d, _, fs in os.walk(r) for n in fs]
+    files.sort()  # (path order, whether given as files or found under folders: the CLI gives
+    # the scan's files, in the order the scan found them, and picked another file than this)
     seen, sop, more = set(), {}, {}  # real paths read; SOPInstanceUID per file used; left out
     for p in files:
         if os.path.realpath(p) in seen:
