@@ -195,7 +195,7 @@ def prepare(
     from ._gpu_share import service_count, service_wanted
     from ._procs import _cores, auto_workers, can_fork, check_dask, dask_executor, start_pool
     from ._trace import span
-    from .manifest import check_outdir
+    from .manifest import check_outdir, check_qc_folder
 
     if _in_rerun_script():
         raise UsageError(  # (a spawned worker re-running the user's script: say it, once)
@@ -215,6 +215,8 @@ def prepare(
             "no such file (the annotation file, --annotations); check the path", annotations
         )
     table = read_annotation_table(annotations) if annotations else None  # fails before work
+    if qc:
+        check_qc_folder(outdir)
     if dry_run:
         check_outdir(outdir)
         say_if_locked(outdir)

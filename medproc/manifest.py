@@ -110,6 +110,16 @@ def check_outdir(outdir: str) -> None:
         )
 
 
+def check_qc_folder(outdir: str) -> None:
+    """Raise :class:`OutputError` when ``OUTDIR/qc`` (``--qc``'s pictures) exists and is not a
+    folder: every case failed as a bug, recorded as killed."""
+    qc = os.path.join(os.fspath(outdir), "qc")
+    if os.path.lexists(qc) and not os.path.isdir(qc):
+        raise OutputError(
+            "exists and is not a folder: --qc writes its pictures in it; move it away", qc
+        )
+
+
 def prepare_outdir(outdir: str) -> OutdirLock:
     """Create, check and lock ``outdir``; remove stale temporaries. Returns the lock."""
     outdir = os.fspath(outdir)

@@ -271,6 +271,19 @@ def test_output_folder_that_is_a_file_or_busy(image, tmp_path, capsys):
     assert rc == 0
 
 
+@pytest.mark.parametrize("dry", [False, True])
+def test_a_qc_folder_that_is_a_file_is_refused_before_any_work(image, tmp_path, capsys, dry):
+    """OUTDIR/qc a file: every case failed as 'a bug in medproc' (FileExistsError) and was
+    recorded 'killed?', while --dry-run said all was fine (a prober's)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    _write(out / "qc", "x")
+    args = ["convert", image, "-o", str(out), "--spacing", "3", "--qc"] + ["--dry-run"] * dry
+    rc, err = _run(args, capsys)
+    assert rc == 2 and f"{out / 'qc'}: exists and is not a folder: --qc writes" in err
+    assert sorted(os.listdir(out)) == ["qc"]  # (nothing done)
+
+
 def test_output_folder_not_writable(image, tmp_path):
     from badinputs import deny_prefix
 
