@@ -342,6 +342,12 @@ def test_an_edited_manifest_never_makes_a_layout_write_outside_its_folder(
         (lambda rows: rows[0].update(case=str(tmp_path / "victim")), "not a file name medproc"),
         (lambda rows: rows[0].update(case="../../victim"), "not a file name medproc"),
         (lambda rows: rows[1].update(case=rows[0]["case"]), "repeats case 'case001'"),
+        (  # two rows of one output: it was trained on twice (a prober's)
+            lambda rows: rows[1].update(
+                output=rows[0]["output"], label_output=rows[0]["label_output"]
+            ),
+            r"cases 'case001' and 'case002' both name .*case001.nii.gz as their output",
+        ),
     ):
         manifest.write_text(good)
         edit(change)
