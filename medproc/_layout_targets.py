@@ -44,6 +44,17 @@ def check_nnunet_target(target: str) -> None:
             f"{target} exists and is not a dataset medproc wrote: medproc never replaces a folder "
             "it did not write (not even with --force); move it away or choose another name"
         )
+    parent = os.path.dirname(os.path.abspath(target))
+    same = sorted(  # (nnU-Net refuses a raw folder where two datasets share an ID)
+        n
+        for n in (os.listdir(parent) if os.path.isdir(parent) else [])
+        if n != name and _NNUNET_NAME.match(n) and n[:10] == name[:10]
+    )
+    if same:
+        raise FileExistsError(
+            f"{os.path.join(parent, same[0])} has the dataset ID {name[7:10]} of {name}: nnU-Net "
+            "refuses two datasets of one ID; choose another ID, or move that dataset away"
+        )
 
 
 def is_medproc_dataset(folder) -> bool:

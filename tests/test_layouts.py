@@ -103,6 +103,9 @@ def test_nnunet_refuses_bad_names_and_existing_folders_and_replaces_with_overwri
     assert not os.path.exists(os.path.join(d, "stale.txt"))
     assert json.load(open(os.path.join(d, "dataset.json")))["channel_names"] == {"0": "zscore"}
     assert sorted(os.listdir(tmp_path)) == ["Dataset002_A"]
+    with pytest.raises(FileExistsError, match=r"Dataset002_A has the dataset ID 002 of Dat"):
+        write_nnunet(out, tmp_path / "Dataset002_B")  # (nnU-Net refuses two of one ID)
+    assert sorted(os.listdir(tmp_path)) == ["Dataset002_A"]
 
 
 def test_label_values_with_gaps_are_renumbered_consistently(converted, tmp_path):
