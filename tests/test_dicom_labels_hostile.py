@@ -398,3 +398,16 @@ def test_read_seg_with_an_image_says_when_frames_are_off_its_slices(case, tmp_pa
         warnings.simplefilter("error")
         lab = read_seg(p, image=image).array
     assert np.flatnonzero(lab.sum((0, 1))).tolist() == [10, 11]
+
+
+def test_a_contour_running_past_the_image_edge_is_cut_and_said(tmp_path, case):
+    """A contour partly off the image was clipped without a word (a prober's): its voxels on
+    the image are labelled exactly, and a warning says it was cut."""
+    _, image, _ = case
+    p = write_rt(tmp_path / "edge.dcm", [(1, "GTV")], [(1, 10, sq(-10, 10))])
+    with pytest.warns(MedprocWarning, match=r"edge.dcm: 1 contour\(s\) run past the edge"):
+        lab = read_rtstruct(p, image).array
+    assert int((lab[:, :, 10] == 1).sum()) == 100 and int(lab.sum()) == 100  # voxels 0..9
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (a contour inside: no word)
+        read_rtstruct(write_rt(tmp_path / "in.dcm", [(1, "GTV")], [(1, 10, sq(0, 10))]), image)

@@ -333,7 +333,7 @@ def _roi_masks(ds, names, roi, image: Volume, path: str):
     ROI numbers met."""
     inv = np.linalg.inv(image.affine)
     masks: dict[int, dict[int, list]] = {}
-    drawn = outside = 0
+    drawn = outside = cut = 0
     unlisted = []
     for rc in ds.ROIContourSequence:
         num = int(rc.ReferencedROINumber)
@@ -367,6 +367,9 @@ def _roi_masks(ds, names, roi, image: Volume, path: str):
                 continue
             slices.setdefault(k, []).append(inside)
             drawn += 1
+            cut += bool(
+                np.any((idx[:, :2] < -0.5) | (idx[:, :2] > np.array(image.shape[:2]) - 0.5))
+            )
     out: dict[int, dict[int, np.ndarray]] = {}
     for num, slices in masks.items():
         said = {}
@@ -375,6 +378,8 @@ def _roi_masks(ds, names, roi, image: Volume, path: str):
         if any(said.values()):
             ks = sorted(k for k, t in said.items() if t)
             _warn(f"{path}: ROI {num} ({names[num]!r}), slice(s) {ks}: {said[ks[0]]}")
+    if cut:  # (was clipped without a word)
+        _warn(f"{path}: {cut} contour(s) run past the edge of the image: cut at the edge")
     return out, drawn, outside, unlisted
 
 
