@@ -95,17 +95,17 @@ def _finished_rows(source, rows=None) -> list[dict]:
         done.append(r)
     if not done:
         raise MedprocError("no finished case in the manifest (status ok or skipped)", where)
-    owner: dict = {}  # one file, one case (two rows of one output: trained on twice)
-    for r in done:
-        for key in ("output", "label_output"):
-            if r.get(key):
-                first = owner.setdefault(os.path.realpath(r[key]), r["case"])
-                if first != r["case"]:
-                    raise MedprocError(
-                        f"cases {first!r} and {r['case']!r} both name {r[key]} as their "
-                        f"{key.replace('_', ' ')}; was the manifest edited? Convert again",
-                        where,
-                    )
+    # in a manifest an output is one case's (two rows of one: trained on twice); rows given
+    # may pair one image with two raters' labels
+    owner: dict = {}
+    for r in done if isinstance(source, (str, os.PathLike)) else []:
+        first = owner.setdefault(os.path.realpath(r["output"]), r["case"])
+        if first != r["case"]:
+            raise MedprocError(
+                f"cases {first!r} and {r['case']!r} both name {r['output']} as their output; "
+                "was the manifest edited? Convert again to rewrite it",
+                where,
+            )
     return sorted(done, key=lambda r: r["case"])
 
 
