@@ -203,6 +203,12 @@ class Arena:
         with self._lock:
             self._size[slot.index] = 0
 
+    def roomy(self) -> bool:
+        """Whether at most half the entries and half the bytes are taken."""
+        with self._lock:
+            sizes = [s for s in self._size[:] if s]
+        return len(sizes) * 2 <= len(self._size) and sum(sizes) * 2 <= self.nbytes
+
     def reset(self) -> None:
         """Give every piece back and renew the lock, once no other process uses the arena:
         the pieces of batches dropped unread would stay taken, and a worker terminated while
@@ -256,7 +262,8 @@ class Streamed:
     def __init__(self, loader, engine, graph, ahead: int, with_label: bool, arena=None):
         self.loader, self.engine, self.graph = loader, engine, graph
         self.ahead, self.with_label, self.arena = ahead, with_label, arena
-        self._it = None  # the DataLoader's iterator of the epoch
+        self._live = 0  # epochs being iterated (a loader without persistent workers may
+        # have two at once)
 
     def _tensor(self, x):
         return self.arena.tensor(x) if isinstance(x, Slot) else x
@@ -270,11 +277,12 @@ class Streamed:
     def __len__(self):
         return len(self.loader)
 
-    def _items(self):
+    def _items(self, held: list):
+        """The engine's items; ``held`` gets this epoch's DataLoader iterator."""
         from .pipeline import Job
 
-        self._it = iter(self.loader)
-        for batch in self._it:
+        held.append(iter(self.loader))
+        for batch in held[0]:
             jobs = [
                 Job(self._tensor(p.array), p.plan, tuple(self._tensor(x) for x in p.labels))
                 for p in batch["image"]
@@ -284,8 +292,10 @@ class Streamed:
     def __iter__(self):
         from .pipeline import stacked
 
-        stream = self.engine.stream(self._items(), as_torch=True, ahead=self.ahead)
-        whole = False
+        held, pid, given = [], os.getpid(), 0
+        stream = self.engine.stream(self._items(held), as_torch=True, ahead=self.ahead)
+        whole = failed = False
+        self._live += 1
         try:
             for res, batch in stream:
                 if self.arena is not None:
@@ -294,26 +304,35 @@ class Streamed:
                 for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
                     same = all(t.shape == col[0].shape for t in col)
                     batch[key] = stacked(col) if same else list(col)
+                given += 1
                 yield batch
             whole = True
+        except Exception:
+            failed = True
+            raise
         finally:
-            if not whole:  # failed, or left early (break)
+            self._live -= 1
+            if not whole and given < len(self) and os.getpid() == pid:  # failed, or left early
                 stream.close()  # (the engine's thread ends: it takes no more batches)
-                self._end_workers()
+                self._end_workers(held[0] if held else None, failed)
 
-    def _end_workers(self) -> None:
-        """After an epoch that failed or was left early: end its workers now, in this process,
-        and give their pieces back. Left to the garbage collector, a failed epoch's persistent
-        workers were collected in a later loader's forked worker, which printed "AssertionError:
-        can only test a child process"; the pieces of batches prefetched and then dropped
-        stayed taken, and the arena filled up (samples then go the slow way, as tensors)."""
-        it, self._it = self._it, None
+    def _end_workers(self, it, failed: bool) -> None:
+        """After an epoch that failed or was left early (``break``): end its workers now, in
+        this process, and give their pieces back. Left to the garbage collector, a failed
+        epoch's persistent workers were collected in a later loader's forked worker, which
+        printed "AssertionError: can only test a child process". The pieces of batches
+        prefetched and dropped stay taken: persistent workers left by a ``break`` are kept
+        (a new fork each time cost a validation loop ~0.2 s per pass) until that has taken
+        half the arena; then they are ended and the arena given back whole."""
         if it is None or not hasattr(it, "_shutdown_workers"):
             return  # (no workers)
+        persistent = getattr(self.loader, "_iterator", None) is it
+        if persistent and not failed and (self.arena is None or self.arena.roomy()):
+            return
         it._shutdown_workers()  # (joined: none writes into the arena any more)
-        if getattr(self.loader, "_iterator", None) is it:  # persistent: the next epoch forks
+        if persistent:  # the next epoch forks new ones
             self.loader._iterator = None
-        if self.arena is not None:
+        if self.arena is not None and self._live == 0:  # (no other epoch writes into it)
             self.arena.reset()
 
 

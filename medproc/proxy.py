@@ -134,7 +134,7 @@ class ProxyTransform:
         return plan
 
     def _ship(self, region):
-        """The region into the server's arena (pinned shared memory), else a shared tensor."""
+        """The region into its loader's arena (pinned shared memory), else a shared tensor."""
         slot = self.arena.put(region) if self.arena is not None else None
         return slot if slot is not None else _shareable(region)
 
@@ -257,14 +257,15 @@ class ProxyServer:
     route : {"engine", "dali-proxy"}
         How voxels reach the pipeline.
     arena_gb : float, optional
-        The engine route's transfer arena: pinned shared memory that the workers write input
-        boxes into, each taking a piece of its size (at most workers x ``prefetch_factor`` +
-        ``prefetch`` batches of pieces at once). Default 4 GiB, or an eighth of the host's
-        memory per local rank if less (committed as used on the CPU; page-locked whole on the
-        GPU). A box arriving when no piece of its size is free goes through a shared-memory
-        tensor instead (slower, never a wait).
-        Pieces of batches a loop leaves unfinished (``break``) are not given back: a loader that
-        is broken out of every epoch slowly falls back to shared-memory tensors.
+        Each loader's transfer arena (a loader with workers has one): pinned shared memory
+        that its workers write input boxes into, each taking a piece of its size (at most
+        workers x ``prefetch_factor`` + ``prefetch`` batches of pieces at once). Default 4 GiB,
+        or an eighth of the host's memory per local rank if less (committed as used on the
+        CPU; page-locked whole on the GPU: a train and a val loader pin it twice). A box
+        arriving when no piece of its size is free goes through a shared-memory tensor
+        instead (slower, never a wait). The pieces of batches a ``break`` drops stay taken
+        while at most half the arena is; past that the loader's workers are ended there and
+        the arena given back (the next epoch forks new ones), as after a failed epoch.
     """
 
     def __init__(
@@ -389,7 +390,7 @@ class ProxyServer:
             kw["multiprocessing_context"] = fork_context(kw.get("multiprocessing_context"))
             kw.setdefault("persistent_workers", True)
             held = num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3
-            n = held * batch_size * (1 + int(self.with_label))
+            n = 4 * held * batch_size * (1 + int(self.with_label))  # (room for breaks)
             arena = Arena(arena_bytes(self.arena_gb), n, pin=self.device == "gpu")
             # this loader's workers write into its arena, set in each as it starts (see WithArena)
             kw["worker_init_fn"] = WithArena(self.transform, arena, kw.get("worker_init_fn"))
