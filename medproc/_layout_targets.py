@@ -45,10 +45,10 @@ def check_nnunet_target(target: str) -> None:
             "it did not write (not even with --force); move it away or choose another name"
         )
     parent = os.path.dirname(os.path.abspath(target))
-    same = sorted(  # (nnU-Net refuses a raw folder where two datasets share an ID)
-        n
+    same = sorted(  # (nnU-Net refuses a raw folder where two datasets share an ID: it takes
+        n  # every folder whose name starts with DatasetNNN, Dataset501_X.bak too)
         for n in (os.listdir(parent) if os.path.isdir(parent) else [])
-        if n != name and _NNUNET_NAME.match(n) and n[:10] == name[:10]
+        if n != name and n.startswith(name[:10]) and os.path.isdir(os.path.join(parent, n))
     )
     if same:
         raise FileExistsError(

@@ -405,7 +405,7 @@ def test_a_contour_running_past_the_image_edge_is_cut_and_said(tmp_path, case):
     the image are labelled exactly, and a warning says it was cut."""
     _, image, _ = case
     p = write_rt(tmp_path / "edge.dcm", [(1, "GTV")], [(1, 10, sq(-10, 10))])
-    with pytest.warns(MedprocWarning, match=r"edge.dcm: 1 contour\(s\) run past the edge"):
+    with pytest.warns(MedprocWarning, match=r"edge.dcm: ROI 1 \('GTV'\): contour\(s\) run past"):
         lab = read_rtstruct(p, image).array
     assert int((lab[:, :, 10] == 1).sum()) == 100 and int(lab.sum()) == 100  # voxels 0..9
     with warnings.catch_warnings():

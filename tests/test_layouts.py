@@ -105,7 +105,10 @@ def test_nnunet_refuses_bad_names_and_existing_folders_and_replaces_with_overwri
     assert sorted(os.listdir(tmp_path)) == ["Dataset002_A"]
     with pytest.raises(FileExistsError, match=r"Dataset002_A has the dataset ID 002 of Dat"):
         write_nnunet(out, tmp_path / "Dataset002_B")  # (nnU-Net refuses two of one ID)
-    assert sorted(os.listdir(tmp_path)) == ["Dataset002_A"]
+    os.rename(d, tmp_path / "Dataset002_A.bak")  # (nnU-Net takes any DatasetNNN* folder)
+    with pytest.raises(FileExistsError, match=r"Dataset002_A.bak has the dataset ID 002"):
+        write_nnunet(out, tmp_path / "Dataset002_C")
+    os.rename(tmp_path / "Dataset002_A.bak", d)
 
 
 def test_label_values_with_gaps_are_renumbered_consistently(converted, tmp_path):

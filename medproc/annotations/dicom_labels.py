@@ -333,7 +333,8 @@ def _roi_masks(ds, names, roi, image: Volume, path: str):
     ROI numbers met."""
     inv = np.linalg.inv(image.affine)
     masks: dict[int, dict[int, list]] = {}
-    drawn = outside = cut = 0
+    drawn = outside = 0
+    cut: set = set()  # the ROIs with a contour running past the image's edge
     unlisted = []
     for rc in ds.ROIContourSequence:
         num = int(rc.ReferencedROINumber)
@@ -367,9 +368,9 @@ def _roi_masks(ds, names, roi, image: Volume, path: str):
                 continue
             slices.setdefault(k, []).append(inside)
             drawn += 1
-            cut += bool(
-                np.any((idx[:, :2] < -0.5) | (idx[:, :2] > np.array(image.shape[:2]) - 0.5))
-            )
+            edge = np.array(image.shape[:2]) - 0.5 + 1e-3  # (a BODY contour along the border)
+            if np.any((idx[:, :2] < -0.501) | (idx[:, :2] > edge)):
+                cut.add(f"ROI {num} ({names[num]!r})")
     out: dict[int, dict[int, np.ndarray]] = {}
     for num, slices in masks.items():
         said = {}
@@ -379,7 +380,7 @@ def _roi_masks(ds, names, roi, image: Volume, path: str):
             ks = sorted(k for k, t in said.items() if t)
             _warn(f"{path}: ROI {num} ({names[num]!r}), slice(s) {ks}: {said[ks[0]]}")
     if cut:  # (was clipped without a word)
-        _warn(f"{path}: {cut} contour(s) run past the edge of the image: cut at the edge")
+        _warn(f"{path}: {', '.join(sorted(cut))}: contour(s) run past the image's edge: cut there")
     return out, drawn, outside, unlisted
 
 

@@ -305,8 +305,8 @@ class PatchLoader:
         left early (``break``) drops the batches made ahead for it; the next starts afresh (with
         a seed, runs that break early are not reproducible draw for draw). One epoch's iterator
         at a time: an older one raises, and so does another thread's during an epoch."""
-        me, owner = threading.get_ident(), self._owner
-        if owner not in (None, me) and any(t.ident == owner for t in threading.enumerate()):
+        me, owner = threading.current_thread(), self._owner and self._owner()  # (a weakref:
+        if owner is not None and owner is not me and owner.is_alive():  # idents are reused)
             raise RuntimeError(  # (the other thread's epoch goes on)
                 "PatchLoader: another thread is iterating this loader now; a loader gives one "
                 "epoch at a time, to one thread: make a loader per thread (or close() it first)"
@@ -314,7 +314,7 @@ class PatchLoader:
         self.epoch += 1
         if self._feed is not None and self._left:
             self.close()
-        self._owner = me
+        self._owner = weakref.ref(me)
         if self._feed is None:
             self._feed = self._engine.stream(
                 _epochs(weakref.ref(self)), as_torch=True, ahead=self.prefetch, pacer=self.pacer
