@@ -591,14 +591,15 @@ def test_a_failed_epoch_with_workers_leaves_no_workers_behind():
         assert sum(len(b["image"]) for b in after) == 4
 
 
-def test_breaking_out_of_epochs_keeps_the_workers_and_the_arena_from_filling():
+@pytest.mark.parametrize("device", DEVICES)
+def test_breaking_out_of_epochs_keeps_the_workers_and_the_arena_from_filling(device):
     """Batches prefetched for an epoch left with break are dropped by PyTorch with their arena
     pieces taken. Ending the workers at every break cost a validation loop a fork per pass
     (review); leaving the pieces taken filled the arena. Persistent workers are kept while at
     most half the arena is taken, then ended and the arena given back: the pieces taken stay
     bounded, and a whole epoch after the breaks is whole and in order."""
     spec = medproc.Spec(spacing=2.0, crop=(8, 8, 8))
-    with ProxyServer(spec, device="cpu", batch_size=2, with_label=True) as server:
+    with ProxyServer(spec, device=device, batch_size=2, with_label=True) as server:
         loader = server.loader(ValuedDataset(12, server.transform, 1.0), 2, num_workers=2)
         sizes = loader.arena._size
         epoch = iter(loader)
@@ -612,7 +613,7 @@ def test_breaking_out_of_epochs_keeps_the_workers_and_the_arena_from_filling():
             del epoch
             # (half the entries, and one epoch's prefetch left taken by the last break)
             assert sum(1 for s in sizes[:] if s) <= len(sizes) // 2 + 12 * 2
-        values = torch.cat([b["image"].mean(dim=(1, 2, 3, 4)) for b in loader])
+        values = torch.cat([b["image"].mean(dim=(1, 2, 3, 4)).cpu() for b in loader])
         np.testing.assert_allclose(values.numpy(), np.arange(1, 13), rtol=1e-6)
 
 
