@@ -148,6 +148,7 @@ EXIT_ALL = exit_status(
     "the command could not start: bad arguments or inputs (the message says which)",
     "some cases or files failed",
     head="exit status (each command's --help says more):",
+    terminated="terminated (SIGTERM; convert records its cases first, see convert --help)",
 )
 EXIT_INSPECT = exit_status(
     "every volume was read",

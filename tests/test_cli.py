@@ -42,6 +42,12 @@ def test_help_shows_every_default_and_the_exit_codes(command, capsys):
     codes = codes if command == "convert" else codes[:-1]  # (143: convert's SIGTERM)
     table = out[out.index("exit status:") :]
     assert [c for c in re.findall(r"^  (\d+) ", table, flags=re.M)] == codes, table
+    with pytest.raises(SystemExit):  # medproc --help: every code (143 named, a newcomer's)
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert re.findall(r"^  (\d+) ", top[top.index("exit status") :], flags=re.M) == (
+        ["0", "1", "2", "130", "141", "143"]
+    )
     if command == "convert":
         assert "130" in out and "(default: auto)" in out and "(default: linear)" in out
         assert "(default: none)" in out and "{folder}" not in out and "folder:" in out
