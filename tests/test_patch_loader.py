@@ -3,6 +3,7 @@ engine pass; every voxel where its affine says (against medproc.resample); lesio
 
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -647,7 +648,8 @@ def test_a_second_thread_is_refused_while_the_first_waits_for_a_batch(monkeypatc
         gate.set()
         first.join(30)
         if closing:
-            assert got and "closed during the epoch, after 0 of" in str(got[0])
+            # (after 0 or 1 batches: the engine may have made the epoch's first ahead)
+            assert got and re.search(r"closed during the epoch, after [01] of", str(got[0]))
         else:
             assert got == [len(loader)]
     assert sum(1 for _ in loader) == len(loader)  # iterating again starts anew
