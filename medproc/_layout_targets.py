@@ -27,14 +27,15 @@ __all__ = [
 ]
 
 
-_NNUNET_NAME = re.compile(r"^Dataset\d{3}_[A-Za-z0-9_\-]+$")
+_NNUNET_NAME = re.compile(r"^(Dataset(\d{3}))_[A-Za-z0-9_\-]+$")  # (prefix, ID)
 
 
 def check_nnunet_target(target: str) -> None:
     """Raise ValueError for a dataset folder nnU-Net would not find (by its name), and
     FileExistsError for one that exists and that medproc did not write (never replaced)."""
     name = os.path.basename(os.path.abspath(target))
-    if not _NNUNET_NAME.match(name):
+    named = _NNUNET_NAME.match(name)
+    if not named:
         raise ValueError(
             f"nnU-Net finds raw datasets by name: {name!r} must look like 'Dataset501_Lungs' "
             "(Dataset + 3 digits + _ + name), inside $nnUNet_raw"
@@ -48,11 +49,11 @@ def check_nnunet_target(target: str) -> None:
     same = sorted(  # (nnU-Net refuses a raw folder where two datasets share an ID: it takes
         n  # every folder whose name starts with DatasetNNN, Dataset501_X.bak too)
         for n in (os.listdir(parent) if os.path.isdir(parent) else [])
-        if n != name and n.startswith(name[:10]) and os.path.isdir(os.path.join(parent, n))
+        if n != name and n.startswith(named[1]) and os.path.isdir(os.path.join(parent, n))
     )
     if same:
         raise FileExistsError(
-            f"{os.path.join(parent, same[0])} has the dataset ID {name[7:10]} of {name}: nnU-Net "
+            f"{os.path.join(parent, same[0])} has the dataset ID {named[2]} of {name}: nnU-Net "
             "refuses two datasets of one ID; choose another ID, or move that dataset away"
         )
 

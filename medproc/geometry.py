@@ -46,15 +46,13 @@ def as_affine(affine, name: str = "affine") -> np.ndarray:
     if not np.allclose(a[3], [0, 0, 0, 1]):
         raise ValueError(f"{name}'s last row must be [0, 0, 0, 1], got {a[3].tolist()}")
     with np.errstate(over="ignore"):
-        big = not (
-            np.all(np.isfinite(np.linalg.norm(a[:3, :3], axis=0)))
-            and np.isfinite(np.linalg.det(a[:3, :3]))
-        )
+        det = np.linalg.det(a[:3, :3])
+        big = not (np.all(np.isfinite(np.linalg.norm(a[:3, :3], axis=0))) and np.isfinite(det))
     if big:  # (its spacings would be inf: repr and orientation failed inside nibabel)
         raise ValueError(
             f"{name} is too large: its spacings or their product overflow float64: {a.tolist()}"
         )
-    if abs(np.linalg.det(a[:3, :3])) < 1e-12:
+    if abs(det) < 1e-12:
         raise ValueError(f"{name} is singular (a zero spacing or collinear axes): {a.tolist()}")
     return a
 
