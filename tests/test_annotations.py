@@ -514,3 +514,16 @@ def test_an_image_named_by_file_name_or_path_gets_its_lesions(tmp_path, sample_d
                    f"site2/case001.nii.gz,{rows.splitlines()[1]}\n")  # fmt: skip
     with pytest.raises(medproc.errors.ReadError, match=r"line 3: 'site2.*line 2.*'case001'"):
         read_luna_csv(str(two))
+
+
+def test_a_repeated_luna_row_is_read_once_with_a_warning(tmp_path):
+    """A row given twice (same image, centre and diameter) was two lesions: two boxes on one
+    nodule in detection training, said nowhere. It is read once; the warning names both lines.
+    A second lesion of the same image, or the same centre with another diameter, stays."""
+    p = tmp_path / "les.csv"
+    p.write_text(_HEAD + "a,1,2,3,5\na,7,8,9,5\na,1,2,3,5\na,1,2,3,6\nb,1,2,3,5\n")
+    with pytest.warns(medproc.MedprocWarning, match=r"les.csv: line 4 repeats line 2 .*1 rep"):
+        got = read_luna_csv(str(p))
+    assert len(got["a"]) == 3 and len(got["b"]) == 1
+    np.testing.assert_allclose(got["a"].centers, [[-1, -2, 3], [-7, -8, 9], [-1, -2, 3]])
+    np.testing.assert_allclose(got["a"].sizes[:, 0], [5, 5, 6])

@@ -47,6 +47,8 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
     _not_dicom(path, "lesion table")
     rows: dict[str, list] = {}
     raws: dict[str, tuple] = {}  # key -> (the seriesuid written, its line)
+    firsts: dict[tuple, int] = {}  # (key, x, y, z, diameter) -> its first line
+    repeats: list[str] = []
     for line, row in read_csv_rows(path, need, "lesion table (LUNA16 CSV)"):
         where = f"line {line}"
         if any(row.get(c) is None for c in need):
@@ -82,7 +84,18 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
                 path,
                 where=where,
             )
+        seen = firsts.setdefault((uid, *xyz.tolist(), d), line)
+        if seen != line:  # (kept once: twice would be two boxes on one lesion)
+            repeats.append(f"line {line} repeats line {seen}")
+            continue
         rows.setdefault(uid, []).append((xyz * _FLIP, d, f"{os.path.basename(path)}:{line}"))
+    if repeats:
+        warnings.warn(
+            f"{path}: {'; '.join(repeats[:5])}{' ...' if len(repeats) > 5 else ''} (the same "
+            f"image, centre and diameter): {len(repeats)} repeated row(s) read once",
+            MedprocWarning,
+            stacklevel=2,
+        )
     out = {
         uid: Lesions(
             np.array([r[0] for r in rs]),
