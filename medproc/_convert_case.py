@@ -153,6 +153,7 @@ def _write_case(
         save(out_lab, label_path, threads=threads)
     n_les = ""
     if lesions is not None:
+        _note(vol, lesions.off_image(vol.affine, vol.shape))  # (before resampling: the input)
         off = _write_annotations(out_path, out, lesions)
         n_les = str(len(lesions))
         if off:  # (the manifest's count is of every lesion written; say which are off)

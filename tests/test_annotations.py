@@ -527,3 +527,49 @@ def test_a_repeated_luna_row_is_read_once_with_a_warning(tmp_path):
     assert len(got["a"]) == 3 and len(got["b"]) == 1
     np.testing.assert_allclose(got["a"].centers, [[-1, -2, 3], [-7, -8, 9], [-1, -2, 3]])
     np.testing.assert_allclose(got["a"].sizes[:, 0], [5, 5, 6])
+
+
+def test_lesions_outside_their_image_are_named_and_an_lps_ras_mixup_is_said(tmp_path):
+    """Lesions of a table in LPS read as RAS (or of another image) lie off the image: convert
+    wrote them as "inside": false on the output only when the output grid missed them, and
+    LoadVolumed said nothing, so a detection model trained on boxes beside the body. The
+    input image is checked now: the warning names the lesion and, when negating x and y puts
+    every lesion inside, the likely LPS/RAS mix-up. A correct table says nothing."""
+    from medproc.monai import LoadVolumed
+
+    aff = np.diag([2.0, 2.0, 2.0, 1.0])  # RAS x, y, z in [0, 78] mm: off the origin
+    img = tmp_path / "scan.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros((40, 40, 20), np.int16), aff), str(img))
+    head = "seriesuid,coordX,coordY,coordZ,diameter_mm\n"
+    right, mixed, away = (tmp_path / f"{n}.csv" for n in ("right", "mixed", "away"))
+    right.write_text(head + "scan,-30,-50,10,6\nscan,-70,-4,30,5\n")  # LPS of RAS (30,50),(70,4)
+    mixed.write_text(head + "scan,30,50,10,6\nscan,70,4,30,5\n")  # RAS given as LPS
+    away.write_text(head + "scan,-30,-50,10,6\nscan,-30,-50,300,5\n")  # 300 mm: past the top
+    load = LoadVolumed(["image"], lesion_key="les")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", medproc.MedprocWarning)
+        d = load({"image": str(img), "les": str(right)})
+    assert len(d["les"]) == 2
+    with pytest.warns(medproc.MedprocWarning, match=r"mixed.csv on .*scan.nii.gz: 2 of 2 lesion"
+                      r"\(s\) lie outside the image \(first: mixed.csv:2 at RAS \(-30, -50, 10\)"
+                      r".*x and y negated all lie inside; are LPS"):  # fmt: skip
+        load({"image": str(img), "les": str(mixed)})
+    with pytest.warns(medproc.MedprocWarning, match=r"away.csv:3 at RAS \(30, 50, 300\) mm\): do "):
+        load({"image": str(img), "les": str(away)})
+    out = tmp_path / "o"
+    args = ["convert", str(img), "-o", str(out), "--spacing", "4", "-q"]
+    assert main(args + ["--annotations", str(mixed)]) == 0
+    (row,) = _rows(out / "manifest.csv")
+    assert "2 of 2 lesion(s) lie outside the image" in row["warnings"]
+    assert "negated" in row["warnings"]
+    assert main(["convert", str(img), "-o", str(tmp_path / "o2"), "--spacing", "4", "-q",
+                 "--annotations", str(right)]) == 0  # fmt: skip
+    (row,) = _rows(tmp_path / "o2" / "manifest.csv")
+    assert "outside" not in row["warnings"]
+
+
+def _rows(path):
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -10,6 +10,8 @@ from ..geometry import apply_affine
 
 __all__ = ["Lesions"]
 
+_XY = np.array([-1.0, -1.0, 1.0])  # x and y negated: LPS <-> RAS
+
 
 @dataclass
 class Lesions:
@@ -99,6 +101,26 @@ class Lesions:
             else:
                 sizes[n] = self.sizes[n] * scale
         return Lesions(c, sizes, self.kinds, self.labels.copy(), self.ids)
+
+    def off_image(self, affine: np.ndarray, shape) -> str | None:
+        """A note when lesion centres lie outside the image of ``affine`` and ``shape`` (more
+        than half a voxel beyond its edge), else None: an annotation of another image, or a
+        table in LPS read as RAS (x and y negated), which the note then says."""
+        out = [g for g in self.on_grid(affine, shape) if not g["inside"]]
+        if not out:
+            return None
+        first = ", ".join(f"{x:g}" for x in out[0]["center_world_ras"])
+        note = (
+            f"{len(out)} of {len(self)} lesion(s) lie outside the image (first: {out[0]['id']}"
+            f" at RAS ({first}) mm)"
+        )
+        negated = Lesions(self.centers * _XY, self.sizes, self.kinds, self.labels, self.ids)
+        if not any(not g["inside"] for g in negated.on_grid(affine, shape)):
+            note += (
+                ": with x and y negated all lie inside; are LPS coordinates read as RAS, or "
+                "the reverse? (LUNA16's CSV and MONAI's LUNA16 boxes are LPS)"
+            )
+        return note + ": do these annotations belong to this image?"
 
     def on_grid(self, affine: np.ndarray, shape) -> list[dict]:
         """Where each lesion sits on a grid: one dict per lesion.

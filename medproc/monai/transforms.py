@@ -114,7 +114,15 @@ def _lesions_of(path: str, vol) -> object:
     table = read_json(path) if path.lower().endswith(".json") else read_luna_csv(path)
     if not any(k in table for k in keys) and keys:
         _near_miss(keys[-1], table, path)  # (by its file stem: UIDs are never near misses)
-    return Lesions.of(table, keys)
+    les = Lesions.of(table, keys)
+    note = les.off_image(vol.affine, vol.shape)
+    if note:
+        import warnings
+
+        from ..errors import MedprocWarning
+
+        warnings.warn(f"{path} on {source}: {note}", MedprocWarning, stacklevel=4)
+    return les
 
 
 def _near_miss(key: str, table: dict, path: str) -> None:
