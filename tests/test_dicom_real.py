@@ -36,8 +36,8 @@ def _reference(path):
         return None, None
     if "Rows" not in ds or ds.get("Modality") in ("SR", "RTPLAN", "RTSTRUCT"):
         return None, None
-    if _longer_than_declared(ds):
-        return None, None  # pixel data longer than Rows x Columns x frames: refused by medproc
+    if _longer_than_declared(ds) and any(ds.PixelData[_declared(ds) :]):
+        return None, None  # longer than Rows x Columns x frames, not zero padding: refused
     nf = int(ds.get("NumberOfFrames") or 1)
     spp = int(ds.get("SamplesPerPixel") or 1)
     if arr.ndim == (2 if spp == 1 else 3):
@@ -68,21 +68,42 @@ def _longer_than_declared(ds) -> bool:
     ts = ds.file_meta.get("TransferSyntaxUID")
     if ts is None or ts.is_compressed or ts.is_deflated or "PixelData" not in ds:
         return False
-    n = int(ds.Rows) * int(ds.Columns) * int(ds.get("NumberOfFrames") or 1)
-    n *= int(ds.get("SamplesPerPixel") or 1)
-    want = n * int(ds.BitsAllocated) // 8 if int(ds.BitsAllocated) != 1 else (n + 7) // 8
+    want = _declared(ds)
     return len(ds.PixelData) > want + want % 2
 
 
-def test_pixel_data_longer_than_declared_is_refused(quiet):
-    """pydicom's MR_small_padded.dcm holds 128 bytes (a row) more than its header declares;
-    pydicom reads the declared part, medproc refuses the file: which part is the image?"""
+def _declared(ds) -> int:
+    """Bytes of native pixel data that Rows x Columns x frames x samples x bits declare."""
+    n = int(ds.Rows) * int(ds.Columns) * int(ds.get("NumberOfFrames") or 1)
+    n *= int(ds.get("SamplesPerPixel") or 1)
+    return n * int(ds.BitsAllocated) // 8 if int(ds.BitsAllocated) != 1 else (n + 7) // 8
+
+
+def test_pixel_data_with_excess_zero_padding_is_read_and_other_excess_refused(tmp_path):
+    """pydicom's MR_small_padded.dcm holds 128 zero bytes (a row) more than its header
+    declares. DICOM asks readers to accept such padding (PS3.5 8.1.1), as pydicom, SimpleITK
+    and dcm2niix do; medproc refused the file (a geometry auditor's finding). It now reads the
+    declared part, equal to MR_small.dcm, and says so; excess that is not zero (Rows or
+    Columns not matching the data: which part is the image?) is still refused."""
     from pydicom.data import get_testdata_file
 
     p = get_testdata_file("MR_small_padded.dcm")
     assert _longer_than_declared(pydicom.dcmread(p))
-    with pytest.raises(medproc.ReadError, match=r"MR_small_padded.dcm: PixelData holds 8320 bytes"):
-        medproc.load(p)
+    with pytest.warns(medproc.MedprocWarning, match="128 zero bytes past the 8192"):
+        vol = medproc.load(p)
+    ref = medproc.load(get_testdata_file("MR_small.dcm"))
+    np.testing.assert_array_equal(vol.array, ref.array)
+    np.testing.assert_allclose(vol.affine, ref.affine, atol=1e-9)
+    assert any("excess padding" in w for w in vol.meta["warnings"])
+    raw = bytearray(open(p, "rb").read())
+    ds = pydicom.dcmread(p)
+    end = raw.index(bytes(ds.PixelData[:64])) + len(ds.PixelData)  # (a padding element follows)
+    raw[end - 1] = 7  # the last byte of the excess
+    bad = tmp_path / "MR_small_badpad.dcm"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(medproc.ReadError, match=r"MR_small_badpad.dcm: PixelData holds 8320 "
+                       r"bytes, more than the 8192 .*not zero padding"):  # fmt: skip
+        medproc.load(str(bad))
 
 
 @pytest.mark.parametrize("path", FILES, ids=[os.path.basename(f) for f in FILES])

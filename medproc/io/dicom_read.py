@@ -19,7 +19,7 @@ from .dicom_header import frame_notes, n_frames
 from .dicom_records import expected_pixel_bytes
 from .dicom_rescale import rescale, rescaled_dtype  # noqa: F401  (rescaled_dtype: re-exported)
 from .dicom_scan import DicomSeries, scan_dicom, series_source
-from .safety import os_error
+from .safety import all_zero, os_error
 
 _NATIVE_TS = {"1.2.840.10008.1.2", "1.2.840.10008.1.2.1", "1.2.840.10008.1.2.2"}
 
@@ -125,7 +125,8 @@ def _read_native(
                 length = int.from_bytes(head[4:8], "little")
             if length == 0xFFFFFFFF:
                 return None
-            if length < want or length > want + want % 2:
+            padded = length > want + want % 2 and all_zero(path, f.tell() + want, length - want)
+            if length < want or (length > want + want % 2 and not padded):
                 raise ReadError(
                     f"PixelData holds {length} bytes, {want} expected for {rows}x{cols} "
                     f"{dt.name}: Rows/Columns/BitsAllocated do not match the pixel data",

@@ -21,8 +21,16 @@ import os
 from pydicom.uid import UID
 
 from ..errors import ReadError
-from .dicom_header import _fast_pixels, _number, _val, frames_of, n_frames, read_header
-from .safety import check_declared, check_file, os_error
+from .dicom_header import (
+    PADDING_NOTE,
+    _fast_pixels,
+    _number,
+    _val,
+    frames_of,
+    n_frames,
+    read_header,
+)
+from .safety import all_zero, check_declared, check_file, os_error
 
 __all__ = [
     "scan_file",
@@ -277,9 +285,17 @@ def _pixel_problem(path, offset, ts, info, nframes, size) -> str | None:
                 "NumberOfFrames or BitsAllocated do not match the pixel data"
             )
         if length > want + want % 2:
+            if all_zero(path, offset + head + want, length - want):
+                info[PADDING_NOTE] = (
+                    f"PixelData holds {length - want} zero bytes past the {want} that {what} "
+                    "need: excess padding, which DICOM asks readers to accept (PS3.5 8.1.1); "
+                    "left out"
+                )
+                return None
             return (
-                f"PixelData holds {length} bytes, more than the {want} that {what} need: "
-                "Rows, Columns, NumberOfFrames or BitsAllocated do not match the pixel data"
+                f"PixelData holds {length} bytes, more than the {want} that {what} need, and "
+                "the excess is not zero padding: Rows, Columns, NumberOfFrames or "
+                "BitsAllocated do not match the pixel data"
             )
     elif length == -1 and nframes * 8 > size - offset:
         raise ReadError(

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import LimitError, ReadError
 
 __all__ = [
+    "all_zero",
     "spacings_outside",
     "trailing_note",
     "max_bytes",
@@ -264,3 +265,16 @@ def check_affine(affine, path, source: str = "the header") -> np.ndarray:
             path,
         )
     return a
+
+
+def all_zero(path: str, start: int, n: int) -> bool:
+    """Whether the ``n`` bytes of ``path`` from ``start`` are all zero (DICOM's excess pixel
+    padding; read 1 MiB at a time)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        while n > 0:
+            block = f.read(min(n, 1 << 20))
+            if not block or block.count(0) != len(block):
+                return False
+            n -= len(block)
+    return True
