@@ -35,6 +35,8 @@ __all__ = [
     "start_pool",
     "kill_pool",
     "ignore_sigint",
+    "early_sigterm",
+    "Terminated",
     "sigint_blocked",
     "Interrupts",
 ]
@@ -105,8 +107,10 @@ def _cores() -> int:
 
 
 def ignore_sigint() -> None:
-    """In a worker: ignore SIGINT (the main process handles Ctrl-C), then unblock it."""
+    """In a worker: ignore SIGINT (the main process handles Ctrl-C), then unblock it; SIGTERM
+    ends the worker (not the main process's handlers, which a fork copies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
@@ -245,6 +249,31 @@ def dask_executor(address: str, workers: int):
     return ex, [client.close]
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the medproc command before its batch ran (listing inputs, reading
+    headers): it ends as a Ctrl-C would, releasing the output folder, with status 143."""
+
+
+def _early_term(signum, frame):
+    raise Terminated
+
+
+@contextlib.contextmanager
+def early_sigterm():
+    """In the command's main thread, where nobody handles SIGTERM: it raises
+    :class:`Terminated` meanwhile (the batch's :class:`Interrupts` takes over while it runs)."""
+    mine = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    )
+    old = signal.signal(signal.SIGTERM, _early_term) if mine else None
+    try:
+        yield
+    finally:
+        if mine:
+            signal.signal(signal.SIGTERM, old)
+
+
 class Interrupts:
     """SIGINT in the main thread: the first sets ``requested`` (and calls ``on_first``), the
     second raises ``KeyboardInterrupt``. SIGTERM (``timeout``, ``docker stop``, a scheduler
@@ -261,7 +290,7 @@ class Interrupts:
         # so; SIGTERM only where nobody handles it: an application's own handler is kept)
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             self.old[signal.SIGINT] = signal.signal(signal.SIGINT, self._handler)
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, _early_term):
             self.old[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._term)
         return self
 

@@ -291,8 +291,15 @@ def _command(a) -> int:
     levels = {n: lg.level for n, lg in quiet.items()}
     for lg in quiet.values():  # the readers' chatter about damaged headers: our errors say it
         lg.setLevel(logging.CRITICAL)
+    from ._procs import Terminated, early_sigterm
+
     try:
-        return a.func(a)
+        with early_sigterm():
+            return a.func(a)
+    except Terminated:
+        again = "; run the same command again to continue" if a.command == "convert" else ""
+        print(f"medproc {a.command}: terminated (SIGTERM){again}", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         again = "; run the same command again to continue" if a.command == "convert" else ""
         print(f"medproc {a.command}: interrupted{again}", file=sys.stderr)
