@@ -374,3 +374,31 @@ def test_a_label_map_given_an_images_mode_is_said_and_roles_named_backwards_too(
     assert set(np.unique(out["label"].numpy())) <= set(np.unique(d["label"].numpy()))
     with pytest.warns(medproc.errors.MedprocWarning, match="the first key \\('seg'\\)"):
         Resampled(["seg", "img"], spec)
+
+
+def test_a_second_image_taken_for_a_label_map_by_the_default_mode_is_said(sample_data):
+    """Keys t1, t2, seg without mode= (BraTS: a key per modality): t2 was resampled with
+    nearest neighbour, kept int16 and skipped the intensity step, unsaid (a MONAI user's
+    finding: MONAI's Spacingd interpolates every key unless told). Said on the first sample,
+    naming the key and a mode to pass; image + label, and an explicit mode, say nothing."""
+    root = os.path.join(sample_data, "nifti")
+    case = {"t1": f"{root}/images/case001.nii.gz", "seg": f"{root}/labels/case001.nii.gz"}
+    d = LoadVolumed(["t1", "seg"])(case)
+    d["t2"] = d["t1"].clone()
+    spec = medproc.Spec(spacing=3, intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1)))
+    r = Resampled(["t1", "t2", "seg"], spec)
+    with pytest.warns(
+        medproc.errors.MedprocWarning,
+        match=r"key 't2' is resampled as a label map .* looks like an image \(\d+\+ distinct "
+        r"values\); pass mode= per key, e.g. mode=\('bilinear', 'bilinear', 'nearest'\)",
+    ):
+        out = r(dict(d))
+    assert out["t2"].dtype == d["t2"].dtype  # (what the default does: said, not changed)
+    floats = {**d, "t2": d["t1"].float() * 0.37}  # fractional values, few or many
+    with pytest.warns(medproc.errors.MedprocWarning, match="'t2'.*fractional values"):
+        Resampled(["t1", "t2", "seg"], spec)(dict(floats))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", medproc.errors.MedprocWarning)
+        r(dict(d))  # (the first sample only)
+        Resampled(["t1", "seg"], spec)(dict(d))
+        Resampled(["t1", "t2", "seg"], spec, mode=("bilinear", "bilinear", "nearest"))(dict(d))

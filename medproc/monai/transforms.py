@@ -15,14 +15,19 @@ import numpy as np
 import torch
 from monai.data import MetaTensor, get_track_meta
 from monai.transforms import InvertibleTransform, MapTransform
-from monai.utils import ensure_tuple_rep
+from monai.utils import ensure_tuple_rep, get_equivalent_dtype
 
 from ..errors import check_device
 from ..geometry import spacing_of
-from ..pipeline._dtypes import _dtype_name
 from ..plan import Plan, make_plan, say_notes
 from ..resample import check_label_grid
 from ..spec import Spec
+from ._key_roles import (
+    check_loadimaged_kwargs,
+    label_named,
+    say_image_as_label,
+    say_label_as_image,
+)
 from ._voxels import MONAI_NAME, interp_of, invert, resample_arrays
 from .meta import fetch, store, to_metatensor, to_volume, with_voxels
 
@@ -51,6 +56,12 @@ class LoadVolumed(MapTransform):
     ensure_channel_first, image_only : bool
         ``LoadImaged``'s, accepted where they mean what ``LoadVolumed`` does anyway (``True``:
         a channel first, MetaTensors); ``False`` is refused with the reason.
+    dtype : numpy or torch dtype, optional
+        As ``LoadImaged``'s ``dtype``: every key's voxels cast to it once read. ``None`` (the
+        default) keeps each file's own dtype (int16 CT stays int16: half the memory of
+        ``LoadImaged``'s default ``np.float32``; :class:`Resampled` gives images the spec's
+        dtype). Pass ``np.float32`` where code after it needs float voxels (an intensity
+        shift before any resampling, a torch loss on the label).
     """
 
     def __init__(
@@ -62,7 +73,10 @@ class LoadVolumed(MapTransform):
         allow_missing_keys=False,
         ensure_channel_first: bool = True,
         image_only: bool = True,
+        dtype=None,
+        **loadimaged,
     ):
+        check_loadimaged_kwargs(loadimaged)
         if ensure_channel_first is not True:
             raise ValueError(
                 "LoadVolumed always puts the channel first ((C, i, j, k), as "
@@ -78,6 +92,7 @@ class LoadVolumed(MapTransform):
         self.series = series
         self.lesion_key = lesion_key
         self.device = device
+        self.dtype = None if dtype is None else get_equivalent_dtype(dtype, torch.Tensor)
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
         """Read every key's path (and the lesion file) into the sample."""
@@ -95,7 +110,8 @@ class LoadVolumed(MapTransform):
                 )
             vol = load(d[key], series=self.series, device=self.device)
             first = vol if first is None else first
-            store(d, key, to_metatensor(vol))
+            x = to_metatensor(vol)
+            store(d, key, x if self.dtype is None else x.to(dtype=self.dtype))
         les = d.get(self.lesion_key) if self.lesion_key else None
         if isinstance(les, (str, os.PathLike)) and first is not None:
             d[self.lesion_key] = _lesions_of(os.fspath(les), first)
@@ -197,9 +213,10 @@ class Resampled(MapTransform, InvertibleTransform):
         self.device = device
         self.lesion_key = lesion_key
         self._warned = False  # (a label map given an image's mode: said once)
+        self._by_default = mode is None and len(self.keys) > 1  # (checked on the first sample)
         if mode is None:
             self.roles = ((spec.interp, False),) + (("nearest", True),) * (len(self.keys) - 1)
-            first_label = _label_named(self.keys[0]) and not all(map(_label_named, self.keys[1:]))
+            first_label = label_named(self.keys[0]) and not all(map(label_named, self.keys[1:]))
             if len(self.keys) > 1 and ("image" in self.keys[1:] or first_label):  # say so
                 import warnings
 
@@ -241,7 +258,10 @@ class Resampled(MapTransform, InvertibleTransform):
             vols = {k: v.numpy() for k, v in vols.items()}
         roles = dict(items)
         if self.spec.intensity.active and not self._warned:
-            self._warned = _say_label_as_image(keys, vols, roles)
+            self._warned = say_label_as_image(keys, vols, roles)
+        if self._by_default:
+            self._by_default = False
+            say_image_as_label(keys, vols, roles)
         stats = next((k for k in keys if not roles[k][1]), keys[0])
         arr = vols[stats].array if self.spec.needs_array else None
         nearest = any(roles[k][0] == "nearest" for k in keys)
@@ -277,39 +297,6 @@ class Resampled(MapTransform, InvertibleTransform):
             record = self.pop_transform(d[key])
             d[key] = _inverted(d[key], record, key)
         return d
-
-
-def _label_named(key) -> bool:
-    return any(w in str(key).lower() for w in ("label", "seg", "mask"))
-
-
-def _say_label_as_image(keys, vols, roles) -> bool:
-    """Warn (once: returns True) when a key after the first, resampled as an image, holds what
-    looks like a label map: whole numbers named like one or with few values. With one mode for
-    every key it gets the spec's intensity step and interpolation (a label of 0/1/2 clipped and
-    scaled came back as 0.714-0.716 everywhere), where MONAI's intensity transforms touch only
-    the keys they name."""
-    for k in keys[1:]:
-        a = vols[k].array
-        if roles[k][1] or _dtype_name(a)[:3] not in ("int", "uin", "boo"):
-            continue
-        flat = a.reshape(-1)
-        sample = flat[:: max(1, flat.shape[0] // 262_144)]
-        few = len(torch.unique(sample) if torch.is_tensor(sample) else np.unique(sample)) <= 16
-        if _label_named(k) or few:
-            import warnings
-
-            from ..errors import MedprocWarning
-
-            warnings.warn(
-                f"Resampled: key {k!r} looks like a label map ({a.dtype}, whole numbers) but its "
-                "mode makes it an image: it gets the spec's intensity step and is interpolated; "
-                f"give it mode 'nearest' (e.g. mode=('bilinear', 'nearest'))",
-                MedprocWarning,
-                stacklevel=3,
-            )
-            return True
-    return False
 
 
 def plan_of(x: MetaTensor) -> Plan:
