@@ -376,17 +376,18 @@ def test_a_label_map_given_an_images_mode_is_said_and_roles_named_backwards_too(
         Resampled(["seg", "img"], spec)
 
 
-def test_a_second_image_taken_for_a_label_map_by_the_default_mode_is_said(sample_data):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_second_image_taken_for_a_label_map_by_the_default_mode_is_said(sample_data, device):
     """Keys t1, t2, seg without mode= (BraTS: a key per modality): t2 was resampled with
     nearest neighbour, kept int16 and skipped the intensity step, unsaid (a MONAI user's
     finding: MONAI's Spacingd interpolates every key unless told). Said on the first sample,
     naming the key and a mode to pass; image + label, and an explicit mode, say nothing."""
     root = os.path.join(sample_data, "nifti")
     case = {"t1": f"{root}/images/case001.nii.gz", "seg": f"{root}/labels/case001.nii.gz"}
-    d = LoadVolumed(["t1", "seg"])(case)
+    d = LoadVolumed(["t1", "seg"], device=device)(case)
     d["t2"] = d["t1"].clone()
     spec = medproc.Spec(spacing=3, intensity=medproc.Intensity(clip=(-1000, 400), scale=(0, 1)))
-    r = Resampled(["t1", "t2", "seg"], spec)
+    r = Resampled(["t1", "t2", "seg"], spec, device=device)
     with pytest.warns(
         medproc.errors.MedprocWarning,
         match=r"key 't2' is resampled as a label map .* looks like an image \(\d+\+ distinct "
@@ -396,9 +397,45 @@ def test_a_second_image_taken_for_a_label_map_by_the_default_mode_is_said(sample
     assert out["t2"].dtype == d["t2"].dtype  # (what the default does: said, not changed)
     floats = {**d, "t2": d["t1"].float() * 0.37}  # fractional values, few or many
     with pytest.warns(medproc.errors.MedprocWarning, match="'t2'.*fractional values"):
-        Resampled(["t1", "t2", "seg"], spec)(dict(floats))
+        Resampled(["t1", "t2", "seg"], spec, device=device)(dict(floats))
     with warnings.catch_warnings():
         warnings.simplefilter("error", medproc.errors.MedprocWarning)
         r(dict(d))  # (the first sample only)
-        Resampled(["t1", "seg"], spec)(dict(d))
-        Resampled(["t1", "t2", "seg"], spec, mode=("bilinear", "bilinear", "nearest"))(dict(d))
+        Resampled(["t1", "seg"], spec, device=device)(dict(d))
+        modes = ("bilinear", "bilinear", "nearest")
+        Resampled(["t1", "t2", "seg"], spec, mode=modes, device=device)(dict(d))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_loadvolumed_casts_like_loadimaged_dtype_and_names_loadimaged_only_arguments(
+    sample_data, device
+):
+    """A MONAI user's findings: int16 voxels truncated a later RandShiftIntensityd's offsets and
+    a uint8 label broke BCEWithLogitsLoss, with no LoadImaged-like dtype= to ask for float; and
+    the LUNA16 recipe's LoadImaged(meta_key_postfix=...) gave a bare TypeError."""
+    import torch
+    from monai.transforms import RandShiftIntensityd
+
+    root = os.path.join(sample_data, "nifti")
+    case = {"image": f"{root}/images/case001.nii.gz", "label": f"{root}/labels/case001.nii.gz"}
+    kept = LoadVolumed(["image", "label"], device=device)(case)
+    d = LoadVolumed(["image", "label"], dtype=np.float32, device=device)(case)
+    assert d["image"].dtype == d["label"].dtype == torch.float32
+    assert d["image"].device == kept["image"].device and kept["image"].dtype == torch.int16
+    np.testing.assert_array_equal(
+        d["image"].cpu().numpy(), kept["image"].cpu().numpy().astype(np.float32)
+    )
+    assert d["image"].meta["filename_or_obj"] == kept["image"].meta["filename_or_obj"]
+    shift = RandShiftIntensityd("image", offsets=0.3, prob=1.0)
+    shift.set_random_state(0)
+    moved = shift(dict(d))["image"] - d["image"]
+    assert 0 < float(moved.abs().max()) < 0.3 and float(moved.std()) < 1e-3  # not truncated
+    loss = torch.nn.BCEWithLogitsLoss()(torch.zeros_like(d["label"]), (d["label"] > 0).float())
+    assert torch.isfinite(loss)
+    torch.nn.BCEWithLogitsLoss()(torch.zeros_like(d["label"]), d["label"].clamp(0, 1))
+    with pytest.raises(TypeError, match="LoadImaged's 'meta_key_postfix'.*drop the argument"):
+        LoadVolumed(["image"], meta_key_postfix="meta_dict")
+    with pytest.raises(TypeError, match="LoadImaged's 'reader': medproc's own readers"):
+        LoadVolumed(["image"], reader="ITKReader")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'serise'"):
+        LoadVolumed(["image"], serise=2)
