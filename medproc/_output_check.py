@@ -2,7 +2,8 @@
 declares (a ``.npy``'s header, a ``.nii``'s header, a ``.nii.gz``'s gzip trailer) and its
 header's shape and dtype against its sidecar's, so that a resumed run redoes a case whose output
 was cut short or replaced, instead of skipping it as done. Reads a few hundred bytes per file;
-damage that keeps the size and the header is not seen."""
+damage that keeps the size and the header is not seen, unless ``--verify`` asks for
+:func:`unreadable`: every file read whole (a ``.nii.gz``'s gzip checksum checked)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 
 import numpy as np
 
-__all__ = ["damaged"]
+__all__ = ["damaged", "unreadable", "unreadable_all"]
 
 
 def damaged(path: str, shape=None, dtype=None) -> str | None:
@@ -72,3 +73,27 @@ def _header(path: str):
 
 def _said(size: int, want: int) -> str:
     return f"it holds {size} bytes where its header declares {want}"
+
+
+def unreadable(path: str) -> str | None:
+    """Why ``path`` cannot be read whole (None: it can): a ``.gz`` is decompressed to its end,
+    which checks its CRC-32 and length; other files are read to their end (I/O errors)."""
+    from isal import igzip
+
+    try:
+        with igzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+    except (OSError, EOFError, ValueError) as e:  # (gzip.BadGzipFile is an OSError)
+        return f"it cannot be read whole ({type(e).__name__}: {e})"
+    return None
+
+
+def unreadable_all(paths) -> dict:
+    """``{path: why}`` for the ``paths`` that cannot be read whole, read on a thread per core
+    (decompression releases the interpreter lock)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = sorted(set(paths))
+    with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as ex:
+        return {p: why for p, why in zip(paths, ex.map(unreadable, paths)) if why}

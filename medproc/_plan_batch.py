@@ -103,9 +103,10 @@ def _few(names) -> str:
     return ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
 
 
-def _not_whole(out_path: str, label_path: str | None) -> list[str]:
+def _not_whole(out_path: str, label_path: str | None, broken: dict) -> list[str]:
     """What of a finished case's files is missing or cut short (its sidecar, a whole image or
-    label map): the case is converted again."""
+    label map; ``broken``: files found unreadable by ``--verify``): the case is converted
+    again."""
     from ._output_check import damaged
 
     said, side = [], sidecar_path(out_path)
@@ -125,19 +126,28 @@ def _not_whole(out_path: str, label_path: str | None) -> list[str]:
             said.append(f"label sidecar {os.path.basename(lab_side)}")
     for what, p, dt in checks:
         why = damaged(p, shape, dt) if p and os.path.exists(p) else None
+        why = why or broken.get(p)
         if why:
             log.info("%s: %s: converted again", p, why)
             said.append(f"whole {what} (cut short or replaced)")
     return said
 
 
-def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) -> Batch:
+def plan_cases(
+    cases, outdir, prior, options, *, fmt, name, force, qc, table, verify=False
+) -> Batch:
     """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
-    made with other options and ``force`` is not set."""
+    made with other options and ``force`` is not set. ``verify``: finished outputs are read
+    whole (see :func:`medproc._output_check.unreadable`), those that cannot be are redone."""
+    from ._output_check import unreadable_all
     from .case_lesions import lesions_for, shared_lesion_keys
     from .errors import UsageError
 
     cases = list(cases)
+    done_files = [
+        r.get(k) for r in prior.values() if is_finished(r) for k in ("output", "label_output")
+    ]
+    broken = unreadable_all(p for p in done_files if p and os.path.isfile(p)) if verify else {}
     shared = shared_lesion_keys(cases, table)  # two images under one lesion key: both fail
     todo, decided, seen, conflicts, redo, changed = [], [], set(), {}, {}, []
     owner, seen_files = owners(prior), set()
@@ -192,7 +202,7 @@ def plan_cases(cases, outdir, prior, options, *, fmt, name, force, qc, table) ->
         lacks = [what for what, p in adds.items() if p and not os.path.exists(p)]
         there = os.path.exists(out_path)
         if there and recorded:  # (what a resume would keep must be whole, and say its grid)
-            lacks += _not_whole(out_path, label_path)
+            lacks += _not_whole(out_path, label_path, broken)
         done = there and not lacks  # (lacking a file this run adds: the case is redone)
         if there and recorded:
             made_with = _made_with(old)

@@ -35,6 +35,8 @@ __all__ = [
     "start_pool",
     "kill_pool",
     "ignore_sigint",
+    "in_rerun_script",
+    "drop_pool",
     "early_sigterm",
     "Terminated",
     "sigint_blocked",
@@ -308,3 +310,23 @@ class Interrupts:
     def __exit__(self, *exc):
         for sig, old in self.old.items():
             signal.signal(sig, old)
+
+
+def in_rerun_script() -> bool:
+    """Whether this call comes from a script's top level that a spawned worker is running
+    again (Python runs the main script as ``__mp_main__`` in each spawned process)."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "<module>" and f.f_globals.get("__name__") == "__mp_main__":
+            return True
+        f = f.f_back
+    return False
+
+
+def drop_pool(pool, warm: bool) -> None:
+    """Stop a pool that is not used after all. Workers that may still be importing DALI
+    (``warm``: nothing else was handed to them) are ended at once rather than waited for;
+    either way its thread is joined (no thread runs when this process forks again)."""
+    if warm:
+        kill_pool(pool)
+    pool.shutdown()

@@ -28,7 +28,6 @@ exit when the main process dies.
 from __future__ import annotations
 
 import logging
-import sys
 from concurrent.futures import BrokenExecutor
 
 import numpy as np
@@ -85,6 +84,7 @@ def convert(
     device: str = "cpu",
     workers: int | str = "auto",
     force: bool = False,
+    verify: bool = False,
     qc: bool = False,
     dask: str | None = None,
     annotations: str | None = None,
@@ -111,6 +111,9 @@ def convert(
         spawned workers (no fork, or a process that already holds DALI or CUDA): 1 on 2 cores
         or fewer or for 2 cases or fewer, else half the cores (see
         :func:`medproc._procs.auto_workers`).
+    verify : bool
+        Read every finished output whole (a ``.nii.gz``'s gzip checksum) and convert again
+        those that cannot be; otherwise a rerun checks their sizes and headers only.
     qc : bool
         Also write ``OUTDIR/qc/<name>.png`` (see :func:`medproc.qc.qc_figure`).
     dask : str, optional
@@ -152,6 +155,7 @@ def convert(
         device=device,
         workers=workers,
         force=force,
+        verify=verify,
         qc=qc,
         dask=dask,
         annotations=annotations,
@@ -174,6 +178,7 @@ def prepare(
     device: str = "cpu",
     workers: int | str = "auto",
     force: bool = False,
+    verify: bool = False,
     qc: bool = False,
     dask: str | None = None,
     annotations: str | None = None,
@@ -193,11 +198,20 @@ def prepare(
     from ._case_checks import say_if_locked
     from ._gpu_service import GpuService
     from ._gpu_share import service_count, service_wanted
-    from ._procs import _cores, auto_workers, can_fork, check_dask, dask_executor, start_pool
+    from ._procs import (
+        _cores,
+        auto_workers,
+        can_fork,
+        check_dask,
+        dask_executor,
+        drop_pool,
+        in_rerun_script,
+        start_pool,
+    )
     from ._trace import span
     from .manifest import check_outdir, check_qc_folder
 
-    if _in_rerun_script():
+    if in_rerun_script():
         raise UsageError(  # (a spawned worker re-running the user's script: say it, once)
             "convert() was called in a spawned worker process: Python re-runs your script in "
             "each worker it spawns (as it does once DALI or CUDA is loaded); put the script's "
@@ -297,7 +311,16 @@ def prepare(
         warn_unmatched(cases, table)
         warn_label_like(cases)
         batch = plan_cases(
-            cases, outdir, prior, opts, fmt=fmt, name=name, force=force, qc=qc, table=table
+            cases,
+            outdir,
+            prior,
+            opts,
+            fmt=fmt,
+            name=name,
+            force=force,
+            qc=qc,
+            table=table,
+            verify=verify,
         )
         batch.skipped, batch.spec, batch.device, batch.nan = skipped, spec, device, nan
         batch.dry_run, batch.closers = dry_run, closers
@@ -319,7 +342,7 @@ def prepare(
         elif batch.workers > 1 and not dry_run:
             if pool is not None and size < batch.workers:  # more cases than folders
                 closers.remove(pool.shutdown)
-                _drop(pool, warm)
+                drop_pool(pool, warm)
                 pool = None
             if pool is None:  # only now that we know it is worth it
                 pool = fork_pool(batch.workers)
@@ -329,7 +352,7 @@ def prepare(
             batch.executor = pool  # one case, to a worker that imported DALI meanwhile
         elif pool is not None:  # one worker is enough: no pool
             closers.remove(pool.shutdown)
-            _drop(pool, warm)
+            drop_pool(pool, warm)
         how = getattr(batch.executor, "medproc_start_method", None)
         how = "in this process" if batch.executor is None else f"{how or 'given'} pool"
         if service is not None:
@@ -349,28 +372,6 @@ def prepare(
         except KeyboardInterrupt:  # (a second Ctrl-C while closing: the first is raised)
             pass
         raise
-
-
-def _in_rerun_script() -> bool:
-    """Whether this call comes from a script's top level that a spawned worker is running
-    again (Python runs the main script as ``__mp_main__`` in each spawned process)."""
-    f = sys._getframe(1)
-    while f is not None:
-        if f.f_code.co_name == "<module>" and f.f_globals.get("__name__") == "__mp_main__":
-            return True
-        f = f.f_back
-    return False
-
-
-def _drop(pool, warm: bool) -> None:
-    """Stop a pool that is not used after all. Workers that may still be importing DALI
-    (``warm``: nothing else was handed to them) are ended at once rather than waited for;
-    either way its thread is joined (no thread runs when this process forks again)."""
-    if warm:
-        from ._procs import kill_pool
-
-        kill_pool(pool)
-    pool.shutdown()
 
 
 def _in_worker(todo) -> bool:

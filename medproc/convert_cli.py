@@ -146,6 +146,12 @@ def add_convert_parser(sub) -> None:
         help="redo finished cases, also those made with other options",
     )
     o.add_argument(
+        "--verify",
+        action="store_true",
+        help="on a rerun, read every finished output whole (a .nii.gz's gzip checksum) and "
+        "convert again those that cannot be (default: sizes and headers checked)",
+    )
+    o.add_argument(
         "--dry-run",
         action="store_true",
         help="list the cases and the files they would write; write nothing",
@@ -250,6 +256,7 @@ def _cmd_convert(a) -> int:
         device=a.device,
         workers=a.workers,
         force=a.force,
+        verify=a.verify,
         qc=a.qc,
         dask=a.dask,
         annotations=a.annotations,
