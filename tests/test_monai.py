@@ -439,3 +439,44 @@ def test_loadvolumed_casts_like_loadimaged_dtype_and_names_loadimaged_only_argum
         LoadVolumed(["image"], reader="ITKReader")
     with pytest.raises(TypeError, match="unexpected keyword argument 'serise'"):
         LoadVolumed(["image"], serise=2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_list_of_files_under_one_key_is_stacked_as_channels(tmp_path, device):
+    """BraTS datalists give each case's modalities as a list under "image"; LoadImaged stacks
+    them as channels, LoadVolumed refused the list (a MONAI user's finding). Now stacked on
+    the first file's grid (mixed dtypes promoted as numpy does), resampled channel by channel
+    by Resampled; a file off that grid, or a 4-D one, is refused naming it."""
+    import nibabel as nib
+    import torch
+
+    aff = np.diag([2.0, 2.0, 3.0, 1.0])
+    rng = np.random.default_rng(0)
+    t1 = rng.integers(0, 900, (20, 18, 12)).astype(np.int16)
+    t2 = rng.random((20, 18, 12)).astype(np.float32)
+    paths = []
+    for n, a in (("t1", t1), ("t2", t2)):
+        paths.append(str(tmp_path / f"{n}.nii.gz"))
+        nib.save(nib.Nifti1Image(a, aff), paths[-1])
+    d = LoadVolumed("image", device=device)({"image": paths})
+    x = d["image"]
+    assert x.shape == (2, 20, 18, 12) and x.dtype == torch.float32
+    np.testing.assert_array_equal(x[0].cpu().numpy(), t1)
+    np.testing.assert_array_equal(x[1].cpu().numpy(), t2)
+    np.testing.assert_allclose(x.affine.numpy(), aff)
+    assert x.meta["filename_or_obj"] == paths[0]
+    out = Resampled("image", medproc.Spec(spacing=4.0), device=device)(d)["image"]
+    one = Resampled("image", medproc.Spec(spacing=4.0), device=device)(
+        LoadVolumed("image", device=device)({"image": paths[1]})
+    )["image"]
+    np.testing.assert_allclose(out[1].cpu().numpy(), one[0].cpu().numpy(), rtol=1e-6)
+    off = str(tmp_path / "off.nii.gz")
+    nib.save(nib.Nifti1Image(t2, np.diag([2.0, 2.0, 3.5, 1.0])), off)
+    with pytest.raises(
+        medproc.UsageError, match=r"sample\['image'\]\[1\] \(.*off.nii.gz\) is not on"
+    ):
+        LoadVolumed("image")({"image": [paths[0], off]})
+    four = str(tmp_path / "four.nii.gz")
+    nib.save(nib.Nifti1Image(np.stack([t2, t2], -1), aff), four)
+    with pytest.raises(ValueError, match=r"sample\['image'\]\[1\] .*a list holds 3-D volumes"):
+        LoadVolumed("image")({"image": [paths[0], four]})

@@ -43,7 +43,8 @@ class LoadVolumed(MapTransform):
     Parameters
     ----------
     keys : str or sequence of str
-        Keys holding paths.
+        Keys holding paths; a list of paths under one key is stacked as channels, as
+        ``LoadImaged`` does (one 3-D file each, all on the first's grid: BraTS' modalities).
     series : str or int, optional
         Which DICOM series of a folder (see :func:`medproc.load`).
     lesion_key : str, optional
@@ -101,14 +102,16 @@ class LoadVolumed(MapTransform):
         d = dict(data)
         first = None
         for key in self.key_iterator(d):
-            if not isinstance(d[key], (str, bytes, os.PathLike)):  # (load named no key)
+            paths = d[key] if isinstance(d[key], (list, tuple)) and d[key] else [d[key]]
+            if not all(isinstance(p, (str, bytes, os.PathLike)) for p in paths):
                 from ..errors import UsageError
 
-                raise UsageError(
-                    f"LoadVolumed: sample[{key!r}] must be a file or folder path, got "
-                    f"{type(d[key]).__name__} {d[key]!r:.60}"
+                raise UsageError(  # (load named no key)
+                    f"LoadVolumed: sample[{key!r}] must be a file or folder path (or a list "
+                    f"of them: channels), got {type(d[key]).__name__} {d[key]!r:.60}"
                 )
-            vol = load(d[key], series=self.series, device=self.device)
+            vols = [load(p, series=self.series, device=self.device) for p in paths]
+            vol = vols[0] if len(vols) == 1 else _channels(vols, key)
             first = vol if first is None else first
             x = to_metatensor(vol)
             store(d, key, x if self.dtype is None else x.to(dtype=self.dtype))
@@ -116,6 +119,27 @@ class LoadVolumed(MapTransform):
         if isinstance(les, (str, os.PathLike)) and first is not None:
             d[self.lesion_key] = _lesions_of(os.fspath(les), first)
         return d
+
+
+def _channels(vols: list, key) -> object:
+    """Files of one key as the channels of one volume (BraTS' modalities, as ``LoadImaged``
+    stacks a list of files): each one 3-D volume on the first's grid; the first's metadata."""
+    from ..resample import check_label_grid
+
+    for n, v in enumerate(vols):
+        where = f"LoadVolumed: sample[{key!r}][{n}] ({v.meta.get('source')})"
+        if v.array.ndim != 3:
+            raise ValueError(f"{where} has shape {tuple(v.shape)}: a list holds 3-D volumes")
+        check_label_grid(vols[0], v, where, f"sample[{key!r}][0]")
+    arrays = [v.array for v in vols]
+    if torch.is_tensor(arrays[0]):  # (torch.stack takes one dtype: numpy's promotion)
+        dt = torch.from_numpy(np.zeros(0, np.result_type(*map(_np_dtype, arrays)))).dtype
+        return vols[0].with_array(torch.stack([a.to(dt) for a in arrays], -1))
+    return vols[0].with_array(np.stack(arrays, -1))
+
+
+def _np_dtype(t) -> np.dtype:
+    return torch.empty(0, dtype=t.dtype).numpy().dtype
 
 
 def _lesions_of(path: str, vol) -> object:
