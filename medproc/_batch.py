@@ -341,16 +341,16 @@ def close_all(closers: list) -> None:
     """Call and remove each of ``closers`` in turn (stop the pool, release the output folder's
     lock...); a Ctrl-C meanwhile cuts short the step it lands in, not the others (then it is
     raised): two quick Ctrl-Cs never leave the lock behind."""
-    interrupted = False
+    interrupted = None
     while closers:
         close = closers.pop(0)
         try:
             with span("close", what=getattr(close, "__qualname__", "")):
                 close()
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as e:  # (the first kept: a SIGTERM stays Terminated)
+            interrupted = interrupted or e
     if interrupted:
-        raise KeyboardInterrupt
+        raise interrupted
 
 
 def _ok(fut) -> bool:

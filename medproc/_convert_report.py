@@ -89,7 +89,10 @@ def run_with_bar(batch, quiet: bool, t0: float):
     try:
         rows = batch.run(progress=ui.progress, on_interrupt=on_interrupt, on_started=ui.start)
         return rows, False, ui
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from ._procs import Terminated
+
+        batch.terminated = batch.terminated or isinstance(e, Terminated)  # (outside its cases)
         return batch.rows, True, ui
     finally:
         ui.stop()

@@ -84,7 +84,7 @@ def unreadable(path: str) -> str | None:
         with igzip.open(path, "rb") if path.lower().endswith(".gz") else open(path, "rb") as f:
             while f.read(1 << 24):
                 pass
-    except (OSError, EOFError, ValueError) as e:  # (gzip.BadGzipFile is an OSError)
+    except Exception as e:  # noqa: BLE001 - a damaged stream: BadGzipFile, IsalError, EOFError...
         return f"it cannot be read whole ({type(e).__name__}: {e})"
     return None
 
@@ -94,6 +94,11 @@ def unreadable_all(paths) -> dict:
     (decompression releases the interpreter lock)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from ._procs import _cores
+
     paths = sorted(set(paths))
-    with ThreadPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as ex:
+    ex = ThreadPoolExecutor(max(1, min(len(paths), _cores())))
+    try:
         return {p: why for p, why in zip(paths, ex.map(unreadable, paths)) if why}
+    finally:  # (Ctrl-C, SIGTERM: the files not begun are not read)
+        ex.shutdown(wait=True, cancel_futures=True)

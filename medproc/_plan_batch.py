@@ -126,11 +126,27 @@ def _not_whole(out_path: str, label_path: str | None, broken: dict) -> list[str]
             said.append(f"label sidecar {os.path.basename(lab_side)}")
     for what, p, dt in checks:
         why = damaged(p, shape, dt) if p and os.path.exists(p) else None
-        why = why or broken.get(p)
-        if why:
-            log.info("%s: %s: converted again", p, why)
-            said.append(f"whole {what} (cut short or replaced)")
+        unread = broken.get(os.path.realpath(p)) if p and not why else None
+        if why or unread:
+            log.info("%s: %s: converted again", p, why or unread)
+            said.append(f"whole {what} ({'damaged inside' if unread else 'cut short or replaced'})")
     return said
+
+
+def _verified(cases, outdir: str, prior: dict) -> dict:
+    """``--verify``: ``{real path: why}`` for the files of the finished cases of ``cases`` (as
+    the manifest names them, in this run's ``outdir``) that cannot be read whole."""
+    from ._output_check import unreadable_all
+
+    sources = {os.path.realpath(c.source) for c in cases}
+    files = [
+        os.path.realpath(os.path.join(outdir, os.path.basename(r[k])))
+        for r in prior.values()
+        if is_finished(r) and os.path.realpath(r.get("source", "")) in sources
+        for k in ("output", "label_output")
+        if r.get(k)
+    ]
+    return unreadable_all(p for p in files if os.path.isfile(p))
 
 
 def plan_cases(
@@ -139,15 +155,11 @@ def plan_cases(
     """Decide every case (see the module doc); raises ``UsageError`` when outputs on disk were
     made with other options and ``force`` is not set. ``verify``: finished outputs are read
     whole (see :func:`medproc._output_check.unreadable`), those that cannot be are redone."""
-    from ._output_check import unreadable_all
     from .case_lesions import lesions_for, shared_lesion_keys
     from .errors import UsageError
 
     cases = list(cases)
-    done_files = [
-        r.get(k) for r in prior.values() if is_finished(r) for k in ("output", "label_output")
-    ]
-    broken = unreadable_all(p for p in done_files if p and os.path.isfile(p)) if verify else {}
+    broken = _verified(cases, outdir, prior) if verify else {}
     shared = shared_lesion_keys(cases, table)  # two images under one lesion key: both fail
     todo, decided, seen, conflicts, redo, changed = [], [], set(), {}, {}, []
     owner, seen_files = owners(prior), set()

@@ -66,6 +66,9 @@ def die_with_parent(parent: int | None = None, pdeathsig: bool = False) -> None:
         thread outlives: the kernel fires it when that *thread* ends.
     """
     parent = os.getppid() if parent is None else int(parent)
+    h = signal.getsignal(signal.SIGTERM)  # (a fork copies the command's SIGTERM handlers)
+    if h is _early_term or getattr(h, "__func__", None) is Interrupts._term:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if pdeathsig and sys.platform.startswith("linux"):
         try:
             import ctypes

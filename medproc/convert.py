@@ -8,19 +8,17 @@ redoes an output on disk that the manifest does not record (a run killed between
 temporaries a killed run left are removed; a failing case, or an input that yields nothing, is
 recorded in the manifest with its reason and the batch goes on, the files it wrote removed; a
 file in the output folder that is not medproc's is never replaced (the case fails instead).
-Every output has a ``<name>.json`` sidecar: medproc version, source, options, input and output
-geometry.
+Every output has a ``<name>.json`` sidecar (medproc version, source, options, geometry).
 
 ``device="gpu"``: the workers are forked CPU workers that read and write; GPU service
 processes forked after them resample for all of them (:mod:`medproc._gpu_service`).
 
-Start-up is part of the cost of a small batch, so: once the inputs are listed, CPU workers are
-forked on Linux (in milliseconds, see :mod:`medproc._procs`): one per core when there are many
-DICOM files (the workers read their headers), else one per folder of DICOM files or image file
-found (at most one per core), which import DALI while this process reads the few headers. Then
-``workers`` is cut to the number of cases to do. One case is converted by a worker that imported
-DALI meanwhile (unless it is a compressed series that this process decodes faster with a decode
-pool of its own); otherwise one worker means no pool at all (everything in this process).
+Start-up is part of a small batch's cost: once the inputs are listed, CPU workers are forked
+(Linux, see :mod:`medproc._procs`): one per core for many DICOM files (they read the headers),
+else one per DICOM folder or image file (at most one per core), importing DALI while this
+process reads the few headers; ``workers`` is then cut to the cases to do. One case goes to such
+a worker (unless a compressed series this process decodes faster with a decode pool of its
+own); otherwise one worker means no pool at all (everything in this process).
 Ctrl-C finishes the running cases and records them (see :mod:`medproc._batch`); pool workers
 exit when the main process dies.
 """
@@ -206,6 +204,7 @@ def prepare(
         dask_executor,
         drop_pool,
         in_rerun_script,
+        kill_pool,
         start_pool,
     )
     from ._trace import span
@@ -235,6 +234,7 @@ def prepare(
         check_outdir(outdir)
         say_if_locked(outdir)
     closers = [] if dry_run else [prepare_outdir(outdir).release]
+    pool, size, warm = None, 0, False
     try:
         ex = executor
         if ex is None and dask and not dry_run:
@@ -249,7 +249,6 @@ def prepare(
         else:
             fork = can_fork(device)
             want = auto_workers(fork=fork) if workers == "auto" else workers
-        pool, size, warm = None, 0, False
 
         def fork_pool(n):  # the GPU service starts once its workers have forked
             p = start_pool(n, _init_worker, (os.getpid(), service), "cpu" if service else device)
@@ -366,7 +365,9 @@ def prepare(
             time.perf_counter() - t0,
         )
         return batch
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) and pool is not None:  # (its queued scan tasks:
+            closers.insert(0, lambda: kill_pool(pool))  # not run)
         try:
             close_all(closers)
         except KeyboardInterrupt:  # (a second Ctrl-C while closing: the first is raised)

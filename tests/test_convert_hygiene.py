@@ -525,23 +525,28 @@ def test_a_fill_given_as_a_numpy_scalar_or_nan_converts_and_resumes(sample_data,
     assert {r["status"] for r in convert([_images(sample_data)], out, spec)} == {"skipped"}
 
 
-@pytest.mark.parametrize("which", ["case001.nii.gz", "case001_label.nii.gz"])
-def test_verify_redoes_an_output_damaged_inside_its_size_and_header(sample_data, tmp_path, which):
-    """64 bytes flipped in the middle of a .nii.gz (size and header kept): a rerun kept it as
-    done and the manifest vouched for a file nibabel cannot read (a durability prober's
-    finding; documented: sizes and headers only). A plain rerun still does that; --verify reads
-    every finished output whole, redoes the damaged case (the same bytes as before) and only
-    that one."""
+@pytest.mark.parametrize("which, at", [("case001.nii.gz", 0.5), ("case001_label.nii.gz", 0.5),
+                                       ("case001.nii.gz", 0.01)])  # fmt: skip
+def test_verify_redoes_an_output_damaged_inside_its_size_and_header(
+    sample_data, tmp_path, which, at
+):
+    """64 bytes flipped inside a .nii.gz (size and header kept): a rerun kept it as done and
+    the manifest vouched for a file nibabel cannot read (a durability prober's finding;
+    documented: sizes and headers only). A plain rerun still does that; --verify reads every
+    finished output whole, redoes the damaged case (the same bytes as before) and only that
+    one: a bad checksum (the middle), a broken deflate block (near the start: it crashed as
+    a bug), and with -o spelled another way than the manifest's (it checked nothing)."""
     labels = os.path.join(sample_data, "nifti", "labels")
     out = tmp_path / "out"
-    args = ["convert", _images(sample_data), "--labels", labels, "-o", str(out), "--spacing", "3"]
-    assert main(args + ["-q"]) == 0
+    args = ["convert", _images(sample_data), "--labels", labels, "--spacing", "3"]
+    assert main(args + ["-o", str(out), "-q"]) == 0
     victim = out / which
     first = victim.read_bytes()
     raw = bytearray(first)
-    mid = len(raw) // 2
-    raw[mid : mid + 64] = bytes(b ^ 0xFF for b in raw[mid : mid + 64])
+    start = max(40, int(len(raw) * at))
+    raw[start : start + 64] = bytes(b ^ 0xFF for b in raw[start : start + 64])
     victim.write_bytes(bytes(raw))
+    args += ["-o", f"{tmp_path}/x/../out"]  # (the same folder, written otherwise)
     assert main(args + ["-q"]) == 0
     assert {r["status"] for r in _manifest(out).values()} == {"skipped"}  # (not seen)
     assert main(args + ["-q", "--verify"]) == 0

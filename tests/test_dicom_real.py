@@ -95,6 +95,15 @@ def test_pixel_data_with_excess_zero_padding_is_read_and_other_excess_refused(tm
     np.testing.assert_array_equal(vol.array, ref.array)
     np.testing.assert_allclose(vol.affine, ref.affine, atol=1e-9)
     assert any("excess padding" in w for w in vol.meta["warnings"])
+    ds = pydicom.dcmread(p)  # the same padding through pydicom's path: 12 bits stored
+    ds.BitsStored, ds.HighBit = 12, 11  # (sign-extended: not the fast reader) and 2 frames
+    ds.save_as(tmp_path / "b12.dcm")
+    with pytest.warns(medproc.MedprocWarning, match="b12.dcm: PixelData holds 128 zero bytes"):
+        assert medproc.load(str(tmp_path / "b12.dcm")).shape == (64, 64, 1)
+    ds.Rows, ds.NumberOfFrames = 32, 2
+    ds.save_as(tmp_path / "two.dcm")
+    with pytest.warns(medproc.MedprocWarning, match="128 zero bytes past the 8192"):
+        assert medproc.load(str(tmp_path / "two.dcm")).shape[:2] == (64, 32)
     raw = bytearray(open(p, "rb").read())
     ds = pydicom.dcmread(p)
     end = raw.index(bytes(ds.PixelData[:64])) + len(ds.PixelData)  # (a padding element follows)

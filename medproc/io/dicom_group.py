@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ReadError
-from .dicom_header import Frame
+from .dicom_header import PADDING_NOTE, Frame
 
 __all__ = ["DicomSeries", "group_records"]
 
@@ -122,13 +122,16 @@ def group_records(records: list[tuple], conflicted: set[str]) -> list[DicomSerie
         same = by_key.setdefault(key, [])
         matched = next((s for s in same if _same_orientation(ori, s.frames[0].orientation)), None)
         if matched is None:
-            matched = DicomSeries(key[0], [], dict(info))  # (its own: records share theirs)
+            own = {k: v for k, v in info.items() if k != PADDING_NOTE}  # (a file's: a note)
+            matched = DicomSeries(key[0], [], own)  # (its own: records share theirs)
             groups.append(matched)
             same.append(matched)
             keys[id(matched)] = key
         matched.frames.extend(frames)
         if problem:
             matched.problems.append((frames[0].path, problem))
+        elif info.get(PADDING_NOTE) and not any("excess padding" in n for n in matched.notes):
+            matched.notes.append(info[PADDING_NOTE])  # (the first such file's, named)
         if sop is not None:
             other = sops.setdefault(id(matched), {}).setdefault(sop, frames[0].path)
             if other != frames[0].path:

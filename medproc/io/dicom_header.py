@@ -246,13 +246,13 @@ def _assumed_offsets(ds, nframes: int, path) -> tuple[np.ndarray, str]:
     return np.arange(nframes, dtype=np.float64) * (step or 1.0), note
 
 
-PADDING_NOTE = "pixel_padding_note"
+PADDING_NOTE = "pixel_padding_note"  # (a file's own: the series notes it, naming the file)
 
 
 def frame_notes(info: dict) -> list[str]:
-    """The warnings the header scan left in a series' info (how its frames were placed; pixel
-    data with excess zero padding)."""
-    return [n for n in (info.get(FRAME_NOTE), info.get(PADDING_NOTE)) if n]
+    """The warnings ``frames_of`` left in a series' info (how its frames were placed)."""
+    note = info.get(FRAME_NOTE)
+    return [note] if note else []
 
 
 def frames_of(ds: pydicom.Dataset, path: str) -> tuple[list[Frame], dict]:

@@ -16,7 +16,7 @@ from ..errors import GeometryWarning, MedprocWarning, ReadError, SeriesError
 from ..volume import Volume
 from .dicom_geometry import series_geometry
 from .dicom_header import frame_notes, n_frames
-from .dicom_records import expected_pixel_bytes
+from .dicom_records import expected_pixel_bytes, length_problem
 from .dicom_rescale import rescale, rescaled_dtype  # noqa: F401  (rescaled_dtype: re-exported)
 from .dicom_scan import DicomSeries, scan_dicom, series_source
 from .safety import all_zero, os_error
@@ -67,13 +67,11 @@ def _decode(path: str) -> np.ndarray:
     if str(ts) in _NATIVE_TS and "PixelData" in ds:
         keys = ("Rows", "Columns", "SamplesPerPixel", "BitsAllocated", "PhotometricInterpretation")
         want = expected_pixel_bytes({k: ds.get(k) for k in keys}, n_frames(ds, path))
-        got = len(ds.PixelData)
-        if got < want or got > want + want % 2:
-            raise ReadError(
-                f"PixelData holds {got} bytes but Rows x Columns x frames x BitsAllocated "
-                f"declare {want}: the header does not match the pixel data",
-                path,
-            )
+        data = ds.PixelData
+        what = f"{ds.get('Rows')}x{ds.get('Columns')} at {ds.get('BitsAllocated')} bits"
+        problem = length_problem(len(data), want, what, lambda: not any(data[want:]))
+        if problem:
+            raise ReadError(problem, path)
     try:
         return ds.pixel_array
     except (NotImplementedError, RuntimeError) as e:
@@ -125,13 +123,12 @@ def _read_native(
                 length = int.from_bytes(head[4:8], "little")
             if length == 0xFFFFFFFF:
                 return None
-            padded = length > want + want % 2 and all_zero(path, f.tell() + want, length - want)
-            if length < want or (length > want + want % 2 and not padded):
-                raise ReadError(
-                    f"PixelData holds {length} bytes, {want} expected for {rows}x{cols} "
-                    f"{dt.name}: Rows/Columns/BitsAllocated do not match the pixel data",
-                    path,
-                )
+            start, what = f.tell() + want, f"{rows}x{cols} {dt.name}"
+            problem = length_problem(
+                length, want, what, lambda: all_zero(path, start, length - want)
+            )
+            if problem:
+                raise ReadError(problem, path)
             if out is None:
                 buf = f.read(want)
                 got = len(buf)

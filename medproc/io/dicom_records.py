@@ -33,6 +33,7 @@ from .dicom_header import (
 from .safety import all_zero, check_declared, check_file, os_error
 
 __all__ = [
+    "length_problem",
     "scan_file",
     "INFO_KEYS",
     "pixel_element",
@@ -131,6 +132,32 @@ def pixel_element(path: str, offset: int, ts: str) -> tuple[int, int] | None:
     else:
         length, hdr = int.from_bytes(head[6:8], order), 8
     return (-1 if length == 0xFFFFFFFF else length), hdr
+
+
+def length_problem(length: int, want: int, what: str, excess_zero) -> str | None:
+    """Why native pixel data of ``length`` bytes cannot be the ``want`` that ``what`` declare
+    (None: it can). Longer is fine by one pad byte of an odd length, or when the excess is
+    zero bytes (``excess_zero()``: padding, which DICOM asks readers to accept, PS3.5 8.1.1);
+    the one rule of the header scan and of both pixel readers."""
+    if length < want:
+        return (
+            f"PixelData holds {length} bytes, {want} expected for {what}: Rows, Columns, "
+            "NumberOfFrames or BitsAllocated do not match the pixel data"
+        )
+    if length > want + want % 2 and not excess_zero():
+        return (
+            f"PixelData holds {length} bytes, more than the {want} that {what} need, and the "
+            "excess is not zero padding: Rows, Columns, NumberOfFrames or BitsAllocated do not "
+            "match the pixel data"
+        )
+    return None
+
+
+def padding_note(path: str, length: int, want: int, what: str) -> str:
+    return (
+        f"{path}: PixelData holds {length - want} zero bytes past the {want} that {what} need: "
+        "excess padding, which DICOM asks readers to accept (PS3.5 8.1.1); left out"
+    )
 
 
 def expected_pixel_bytes(info: dict, nframes: int) -> int:
@@ -279,24 +306,11 @@ def _pixel_problem(path, offset, ts, info, nframes, size) -> str | None:
         if end > size:
             return f"truncated file: its pixel data ends {end - size} bytes early"
         want = expected_pixel_bytes(info, nframes)
-        if length < want:
-            return (
-                f"PixelData holds {length} bytes, {want} expected for {what}: Rows, Columns, "
-                "NumberOfFrames or BitsAllocated do not match the pixel data"
-            )
-        if length > want + want % 2:
-            if all_zero(path, offset + head + want, length - want):
-                info[PADDING_NOTE] = (
-                    f"PixelData holds {length - want} zero bytes past the {want} that {what} "
-                    "need: excess padding, which DICOM asks readers to accept (PS3.5 8.1.1); "
-                    "left out"
-                )
-                return None
-            return (
-                f"PixelData holds {length} bytes, more than the {want} that {what} need, and "
-                "the excess is not zero padding: Rows, Columns, NumberOfFrames or "
-                "BitsAllocated do not match the pixel data"
-            )
+        start = offset + head + want
+        problem = length_problem(length, want, what, lambda: all_zero(path, start, length - want))
+        if problem is None and length > want + want % 2:
+            info[PADDING_NOTE] = padding_note(path, length, want, what)
+        return problem
     elif length == -1 and nframes * 8 > size - offset:
         raise ReadError(
             f"NumberOfFrames is {nframes}, but {size - offset} bytes of compressed pixel data "
