@@ -382,6 +382,9 @@ def test_a_second_image_taken_for_a_label_map_by_the_default_mode_is_said(sample
     nearest neighbour, kept int16 and skipped the intensity step, unsaid (a MONAI user's
     finding: MONAI's Spacingd interpolates every key unless told). Said on the first sample,
     naming the key and a mode to pass; image + label, and an explicit mode, say nothing."""
+    import torch
+    from monai.data import MetaTensor
+
     root = os.path.join(sample_data, "nifti")
     case = {"t1": f"{root}/images/case001.nii.gz", "seg": f"{root}/labels/case001.nii.gz"}
     d = LoadVolumed(["t1", "seg"], device=device)(case)
@@ -404,6 +407,18 @@ def test_a_second_image_taken_for_a_label_map_by_the_default_mode_is_said(sample
         Resampled(["t1", "seg"], spec, device=device)(dict(d))
         modes = ("bilinear", "bilinear", "nearest")
         Resampled(["t1", "t2", "seg"], spec, mode=modes, device=device)(dict(d))
+        seg = d["seg"]  # 400 regions: a label map, not an image (nor said to be one)
+        regions = torch.arange(seg.numel(), device=seg.device).reshape(seg.shape) % 400
+        parc = MetaTensor(regions.to(torch.int16), affine=seg.affine, meta=dict(seg.meta))
+        Resampled(["t1", "parc"], spec, device=device)({**d, "parc": parc})
+    # (a reviewer's cases) allow_missing_keys: t1 missing, t2 is taken for a label map, and a
+    # first sample without t2 does not use the check up; the advice has a mode per key
+    gappy = Resampled(["t1", "t2", "seg"], spec, device=device, allow_missing_keys=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", medproc.errors.MedprocWarning)
+        gappy({k: d[k] for k in ("t1", "seg")})
+    with pytest.warns(medproc.errors.MedprocWarning, match=r"key 't2'.*'bilinear', 'bilinear', "):
+        gappy({k: d[k] for k in ("t2", "seg")})
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -433,12 +448,21 @@ def test_loadvolumed_casts_like_loadimaged_dtype_and_names_loadimaged_only_argum
     loss = torch.nn.BCEWithLogitsLoss()(torch.zeros_like(d["label"]), (d["label"] > 0).float())
     assert torch.isfinite(loss)
     torch.nn.BCEWithLogitsLoss()(torch.zeros_like(d["label"]), d["label"].clamp(0, 1))
-    with pytest.raises(TypeError, match="LoadImaged's 'meta_key_postfix'.*drop the argument"):
-        LoadVolumed(["image"], meta_key_postfix="meta_dict")
-    with pytest.raises(TypeError, match="LoadImaged's 'reader': medproc's own readers"):
+    LoadVolumed(["image"], meta_key_postfix="meta_dict", reader=None)  # (defaults: no effect)
+    with pytest.raises(TypeError, match="LoadImaged's meta_key_postfix='m'.*drop the argument"):
+        LoadVolumed(["image"], meta_key_postfix="m")
+    with pytest.raises(TypeError, match="LoadImaged's reader='ITKReader': medproc's own readers"):
         LoadVolumed(["image"], reader="ITKReader")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'serise'"):
+    with pytest.raises(TypeError, match="argument 'serise' \\(did you mean 'series'\\?\\)"):
         LoadVolumed(["image"], serise=2)
+    from monai.data import set_track_meta
+
+    set_track_meta(False)  # (a crash: the cast came after wrapping; a reviewer's finding)
+    try:
+        plain = LoadVolumed(["image"], dtype=np.float32, device=device)(case)
+        assert plain["image"].dtype == torch.float32 and "image_meta_dict" in plain
+    finally:
+        set_track_meta(True)
 
 
 @pytest.mark.parametrize("device", DEVICES)

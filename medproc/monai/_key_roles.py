@@ -9,7 +9,7 @@ import torch
 
 from ..pipeline._dtypes import _dtype_name
 
-__all__ = ["label_named", "say_label_as_image", "say_image_as_label", "check_loadimaged_kwargs"]
+__all__ = ["label_named", "say_label_as_image", "say_image_as_label"]
 
 
 def label_named(key) -> bool:
@@ -42,67 +42,43 @@ def say_label_as_image(keys, vols, roles) -> bool:
     return False
 
 
-def say_image_as_label(keys, vols, roles) -> None:
-    """Warn when ``mode`` was not given and a key after the first, resampled as a label map by
-    that default, holds what looks like an image: fractional values, or over 256 distinct
-    values. A second modality (BraTS' ``t2`` after ``t1``) was resampled with nearest
-    neighbour, kept its dtype and skipped the intensity step, unsaid; MONAI's ``Spacingd``
-    interpolates every key unless told."""
-    for k in keys[1:]:
-        if not roles[k][1]:
+def say_image_as_label(keys, vols, roles, all_keys) -> None:
+    """Warn when ``mode`` was not given and a key resampled as a label map by that default
+    (every key after the first configured) holds what looks like an image: fractional values,
+    negative values among over 256 distinct ones (CT), or over 2048 distinct values (MR). A
+    second modality (BraTS' ``t2`` after ``t1``) was resampled with nearest neighbour, kept its
+    dtype and skipped the intensity step, unsaid; MONAI's ``Spacingd`` interpolates every key
+    unless told. Keys named like label maps, and uint8/bool ones, are not judged (a
+    parcellation has hundreds of labels); ``all_keys``: the transform's, for the advice."""
+    for k in keys:
+        a = vols[k].array
+        if not roles[k][1] or label_named(k) or _dtype_name(a) in ("uint8", "bool"):
             continue
-        v = _values(vols[k].array)
+        v = _values(a)
         whole = bool((v == v.round()).all()) if v.dtype.kind == "f" else True
-        if not whole or len(v) > 256:
-            import warnings
+        if whole and not (len(v) > 256 and v.min() < 0) and len(v) <= 2048:
+            continue
+        import warnings
 
-            from ..errors import MedprocWarning
+        from ..errors import MedprocWarning
 
-            shown = "fractional values" if not whole else f"{len(v)}+ distinct values"
-            modes = ", ".join("'nearest'" if label_named(x) else "'bilinear'" for x in keys)
-            warnings.warn(
-                f"Resampled{tuple(keys)} without mode=: key {k!r} is resampled as a label map "
-                f"(nearest, its dtype kept, no intensity step), as every key after the first "
-                f"is, but it looks like an image ({shown}); pass mode= per key, e.g. "
-                f"mode=({modes})",
-                MedprocWarning,
-                stacklevel=3,
-            )
-            return
+        shown = "fractional values" if not whole else f"{len(v)}+ distinct values"
+        modes = ", ".join("'nearest'" if label_named(x) else "'bilinear'" for x in all_keys)
+        warnings.warn(
+            f"Resampled{tuple(all_keys)} without mode=: key {k!r} is resampled as a label map "
+            "(nearest, its dtype kept, no intensity step), as every key after the first is, but "
+            f"it looks like an image ({shown}); pass mode= per key, e.g. mode=({modes})",
+            MedprocWarning,
+            stacklevel=3,
+        )
 
 
 def _values(a) -> np.ndarray:
-    """The distinct values of a strided sample of ~262k voxels of ``a`` (numpy or torch)."""
-    flat = a.reshape(-1)
-    sample = flat[:: max(1, flat.shape[0] // 262_144)]
+    """The distinct values of a strided sample of ~262k voxels of ``a`` (numpy or torch), taken
+    along every axis (a reshape of a Fortran-ordered volume would copy it whole)."""
+    step = max(1, int(np.ceil((a.numel() if torch.is_tensor(a) else a.size) / 262_144)))
+    step = max(1, int(round(step ** (1 / a.ndim))))
+    sample = a[(slice(None, None, step),) * a.ndim]
     if torch.is_tensor(sample):
         return torch.unique(sample).cpu().numpy()
     return np.unique(sample)
-
-
-#: LoadImaged's arguments that LoadVolumed has no use for, and why (a tutorial's call, moved
-#: over as it is, got a bare TypeError)
-_LOADIMAGED = {
-    "reader": "medproc's own readers read every format (DICOM, NIfTI, NRRD, MHA)",
-    "meta_keys": "the metadata travels on each MetaTensor's .meta",
-    "meta_key_postfix": "the metadata travels on each MetaTensor's .meta (MONAI's box and "
-    "inverse transforms read it there)",
-    "overwriting": "the metadata travels on each MetaTensor's .meta",
-    "simple_keys": "LoadVolumed writes LoadImaged's keys",
-    "prune_meta_pattern": "LoadVolumed writes no NIfTI header fields to prune",
-    "prune_meta_sep": "LoadVolumed writes no NIfTI header fields to prune",
-    "expanduser": "paths are read as given: expand '~' in the datalist",
-}
-
-
-def check_loadimaged_kwargs(kwargs: dict) -> None:
-    """Refuse ``LoadImaged``-only arguments with what to do, and any other unknown one."""
-    if not kwargs:
-        return
-    name = next(iter(kwargs))
-    if name in _LOADIMAGED:
-        raise TypeError(
-            f"LoadVolumed does not take LoadImaged's {name!r}: {_LOADIMAGED[name]}; drop the "
-            "argument"
-        )
-    raise TypeError(f"LoadVolumed got an unexpected keyword argument {name!r}")

@@ -8,6 +8,7 @@ MetaTensor's ``applied_operations`` (plain arrays, strings and numbers, so
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Hashable, Mapping
 
@@ -22,12 +23,8 @@ from ..geometry import spacing_of
 from ..plan import Plan, make_plan, say_notes
 from ..resample import check_label_grid
 from ..spec import Spec
-from ._key_roles import (
-    check_loadimaged_kwargs,
-    label_named,
-    say_image_as_label,
-    say_label_as_image,
-)
+from ._key_roles import label_named, say_image_as_label, say_label_as_image
+from ._loadimaged import check_loadimaged_kwargs
 from ._voxels import MONAI_NAME, interp_of, invert, resample_arrays
 from .meta import fetch, store, to_metatensor, to_volume, with_voxels
 
@@ -63,6 +60,9 @@ class LoadVolumed(MapTransform):
         ``LoadImaged``'s default ``np.float32``; :class:`Resampled` gives images the spec's
         dtype). Pass ``np.float32`` where code after it needs float voxels (an intensity
         shift before any resampling, a torch loss on the label).
+    **loadimaged
+        ``LoadImaged``'s other arguments: accepted at their defaults (``reader=None``,
+        ``meta_key_postfix="meta_dict"``...), refused otherwise with the reason.
     """
 
     def __init__(
@@ -77,7 +77,7 @@ class LoadVolumed(MapTransform):
         dtype=None,
         **loadimaged,
     ):
-        check_loadimaged_kwargs(loadimaged)
+        check_loadimaged_kwargs(loadimaged, inspect.signature(LoadVolumed).parameters)
         if ensure_channel_first is not True:
             raise ValueError(
                 "LoadVolumed always puts the channel first ((C, i, j, k), as "
@@ -93,7 +93,7 @@ class LoadVolumed(MapTransform):
         self.series = series
         self.lesion_key = lesion_key
         self.device = device
-        self.dtype = None if dtype is None else get_equivalent_dtype(dtype, torch.Tensor)
+        self.dtype = None if dtype is None else get_equivalent_dtype(dtype, np.ndarray)
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
         """Read every key's path (and the lesion file) into the sample."""
@@ -113,12 +113,19 @@ class LoadVolumed(MapTransform):
             vols = [load(p, series=self.series, device=self.device) for p in paths]
             vol = vols[0] if len(vols) == 1 else _channels(vols, key)
             first = vol if first is None else first
-            x = to_metatensor(vol)
-            store(d, key, x if self.dtype is None else x.to(dtype=self.dtype))
+            if self.dtype is not None:  # (before wrapping: set_track_meta(False) too)
+                vol = vol.with_array(_cast(vol.array, self.dtype))
+            store(d, key, to_metatensor(vol))
         les = d.get(self.lesion_key) if self.lesion_key else None
         if isinstance(les, (str, os.PathLike)) and first is not None:
             d[self.lesion_key] = _lesions_of(os.fspath(les), first)
         return d
+
+
+def _cast(a, dtype: np.dtype):
+    if torch.is_tensor(a):
+        return a.to(get_equivalent_dtype(dtype, torch.Tensor))
+    return a.astype(dtype, copy=False)
 
 
 def _channels(vols: list, key) -> object:
@@ -237,7 +244,8 @@ class Resampled(MapTransform, InvertibleTransform):
         self.device = device
         self.lesion_key = lesion_key
         self._warned = False  # (a label map given an image's mode: said once)
-        self._by_default = mode is None and len(self.keys) > 1  # (checked on the first sample)
+        # (keys the default mode makes label maps: judged once each, when first present)
+        self._unjudged = set(self.keys[1:]) if mode is None else set()
         if mode is None:
             self.roles = ((spec.interp, False),) + (("nearest", True),) * (len(self.keys) - 1)
             first_label = label_named(self.keys[0]) and not all(map(label_named, self.keys[1:]))
@@ -283,9 +291,10 @@ class Resampled(MapTransform, InvertibleTransform):
         roles = dict(items)
         if self.spec.intensity.active and not self._warned:
             self._warned = say_label_as_image(keys, vols, roles)
-        if self._by_default:
-            self._by_default = False
-            say_image_as_label(keys, vols, roles)
+        if self._unjudged & set(keys):
+            mine = [k for k in keys if k in self._unjudged]
+            say_image_as_label(mine, vols, roles, self.keys)
+            self._unjudged -= set(mine)
         stats = next((k for k in keys if not roles[k][1]), keys[0])
         arr = vols[stats].array if self.spec.needs_array else None
         nearest = any(roles[k][0] == "nearest" for k in keys)
