@@ -85,6 +85,8 @@ def _convert_one(
         out, out_lab, release = got
     for note in out.meta.get("warnings") or []:  # planning's notes (the input's are there)
         _note(vol, note, say)
+    if lesions is not None:  # (on the input: an LPS table read as RAS lies off it; printed)
+        _note(vol, lesions.off_image(vol.affine, vol.shape), say)
     try:
         if spec.interp == "cubic" and nan != "keep":  # (linear and nearest stay in range)
             _finite_after_cubic(out, case)
@@ -153,7 +155,6 @@ def _write_case(
         save(out_lab, label_path, threads=threads)
     n_les = ""
     if lesions is not None:
-        _note(vol, lesions.off_image(vol.affine, vol.shape))  # (before resampling: the input)
         off = _write_annotations(out_path, out, lesions)
         n_les = str(len(lesions))
         if off:  # (the manifest's count is of every lesion written; say which are off)

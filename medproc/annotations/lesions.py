@@ -103,9 +103,12 @@ class Lesions:
         return Lesions(c, sizes, self.kinds, self.labels.copy(), self.ids)
 
     def off_image(self, affine: np.ndarray, shape) -> str | None:
-        """A note when lesion centres lie outside the image of ``affine`` and ``shape`` (more
-        than half a voxel beyond its edge), else None: an annotation of another image, or a
-        table in LPS read as RAS (x and y negated), which the note then says."""
+        """A note when lesion centres lie outside the image of ``affine`` and ``shape``.
+
+        More than half a voxel beyond its edge; None when all lie inside. An annotation of
+        another image, or a table in LPS read as RAS (x and y negated), which the note then
+        names when negating puts all inside: a mix-up that keeps the lesions inside (a CT
+        centred on the scanner's origin) is not seen."""
         out = [g for g in self.on_grid(affine, shape) if not g["inside"]]
         if not out:
             return None
