@@ -73,20 +73,31 @@ class Samples(torch.utils.data.Dataset):
         return self.transform({"image": vol, "lesions": les, "index": i})
 
 
+_SITK: dict = {}  # a worker's SimpleITK images of _VOLS, made once (as a SimpleITK user holds)
+
+
 class SitkTransform(ProxyTransform):
-    """The same plan and lesions, resampled in the worker with SimpleITK (+ the intensity)."""
+    """The same plan and lesions, resampled in the worker with SimpleITK (+ the intensity), on
+    SimpleITK images the worker made once per volume (not converted again per sample), with
+    the cores shared out among the workers as ITK threads."""
+
+    def __init__(self, *a, threads: int = 1, **k):
+        super().__init__(*a, **k)
+        self.threads = threads
 
     def __call__(self, sample):
         import SimpleITK as sitk
 
         from medproc.io.sitk_io import resample_filter, to_sitk
 
-        sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(1)
+        sitk.ProcessObject.SetGlobalDefaultNumberOfThreads(self.threads)
         plan = self.plan(sample)
         img = sample["image"]
+        if id(img) not in _SITK:
+            _SITK[id(img)] = to_sitk(img)
         # the augmented plan is a general affine: SimpleITK's AffineTransform from output to input
         f = resample_filter(plan.out_affine, plan.out_shape, motion=plan.motion)
-        out = sitk.GetArrayFromImage(f.Execute(to_sitk(img))).transpose(2, 1, 0)  # (i, j, k)
+        out = sitk.GetArrayFromImage(f.Execute(_SITK[id(img)])).transpose(2, 1, 0)  # (i, j, k)
         if plan.intensity is not None:
             lo, hi, a, b = plan.intensity
             out = np.clip(out, lo, hi) * np.float32(a) + np.float32(b)
@@ -152,7 +163,12 @@ def measure(task, workers, a):
     if "plain" in a.skip:
         return res
     plain = torch.utils.data.DataLoader(
-        Samples(a.samples, SitkTransform(spec, augment=aug)),
+        Samples(
+            a.samples,
+            SitkTransform(
+                spec, augment=aug, threads=max(1, (os.cpu_count() or 1) // max(1, workers))
+            ),
+        ),
         batch_size=a.batch,
         num_workers=workers,
         collate_fn=collate if task == "crop" else _plain_collate_lists,
