@@ -103,7 +103,7 @@ def _few(names) -> str:
     return ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
 
 
-def _not_whole(out_path: str, label_path: str | None, broken: dict) -> list[str]:
+def _not_whole(out_path: str, label_path: str | None, broken: dict | None = None) -> list[str]:
     """What of a finished case's files is missing or cut short (its sidecar, a whole image or
     label map; ``broken``: files found unreadable by ``--verify``): the case is converted
     again."""
@@ -126,7 +126,7 @@ def _not_whole(out_path: str, label_path: str | None, broken: dict) -> list[str]
             said.append(f"label sidecar {os.path.basename(lab_side)}")
     for what, p, dt in checks:
         why = damaged(p, shape, dt) if p and os.path.exists(p) else None
-        unread = broken.get(os.path.realpath(p)) if p and not why else None
+        unread = (broken or {}).get(os.path.realpath(p)) if p and not why else None
         if why or unread:
             log.info("%s: %s: converted again", p, why or unread)
             said.append(f"whole {what} ({'damaged inside' if unread else 'cut short or replaced'})")
