@@ -323,8 +323,13 @@ class ProxyServer:
         self._batch = batch_size
         self.prefetch = prefetch
         self.arena_gb = arena_gb
+        # the engine route takes the engine's choice: warp on the GPU, the separable resize
+        # for axis-aligned plans on the CPU (several times faster there than warp)
         self._graph = Graph.from_spec(
-            spec, labels=int(with_label), channels_first=True, mode="warp"
+            spec,
+            labels=int(with_label),
+            channels_first=True,
+            mode="warp" if route == "dali-proxy" else "auto",
         )
         self._engine = Engine(
             device, batch_size=batch_size, num_threads=num_threads, device_id=device_id

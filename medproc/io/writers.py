@@ -272,8 +272,8 @@ def _save(volume: Volume, p: str, low: str, compresslevel: int, threads) -> str:
                     f.truncate()
                     with GzipStream(f, compresslevel, threads) as z:
                         z.write(img.to_bytes())
-            else:
-                f.write(img.to_bytes())
+            else:  # slice by slice (to_bytes would hold the whole file in memory twice)
+                img.to_stream(f)
     elif low.endswith((".nrrd", ".mha")):
         from .sitk_io import save_sitk
 
