@@ -256,8 +256,9 @@ class WithArena:
 
 
 class Streamed:
-    """A DataLoader whose batches are finished by the engine in its background thread; its
-    workers' pieces are in ``arena`` (None: no workers)."""
+    """A DataLoader whose batches are finished by the engine in its background thread (or,
+    ``engine`` None, were resampled by its workers); its workers' pieces are in ``arena``
+    (None: no workers, or they resample)."""
 
     def __init__(self, loader, engine, graph, ahead: int, with_label: bool, arena=None):
         self.loader, self.engine, self.graph = loader, engine, graph
@@ -289,11 +290,21 @@ class Streamed:
             ]
             yield jobs, self.graph, batch
 
+    def _resampled(self, held: list):
+        """``(results, batch)`` of a loader whose workers resampled their samples
+        (``engine`` None, see :mod:`medproc._proxy_items`)."""
+        held.append(iter(self.loader))
+        for batch in held[0]:
+            yield [p.tensors for p in batch["image"]], batch
+
     def __iter__(self):
         from .pipeline import stacked
 
         held, pid, given = [], os.getpid(), 0
-        stream = self.engine.stream(self._items(held), as_torch=True, ahead=self.ahead)
+        if self.engine is None:
+            stream = self._resampled(held)
+        else:
+            stream = self.engine.stream(self._items(held), as_torch=True, ahead=self.ahead)
         whole = failed = False
         self._live += 1
         try:

@@ -284,6 +284,9 @@ def _command(a) -> int:
 
     if a.command != "trace":  # (reading a trace with MEDPROC_TRACE still set adds nothing)
         started()
+    from ._malloc import keep_scratch
+
+    keep_scratch()  # (DALI's CPU scratch reused run after run, in the workers too)
     verbose = getattr(a, "verbose", False)
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")

@@ -13,8 +13,10 @@ Two routes to the pipeline:
   (:meth:`~medproc.plan.Plan.input_region`) into a tensor that the DataLoader hands over through
   shared memory (no pickled voxels); the main process runs the batch through
   :class:`~medproc.pipeline.Engine` in a background thread, ``prefetch`` batches ahead of the
-  training loop (host -> device copies from pinned staging, overlapped). Works on the CPU too,
-  and with outputs of varying size (whole volumes).
+  training loop (host -> device copies from pinned staging, overlapped). Works with outputs of
+  varying size (whole volumes), and on the CPU too: there each worker resamples its own
+  samples with a DALI CPU pipeline (``resample_in``), as one pipeline in the main process
+  would leave the workers' cores idle.
 - ``route="dali-proxy"``: DALI Proxy (``DALIServer``), GPU only, fixed output size. Its queue
   pickles every input, so it loses to the engine route (docs/benchmarks.md).
 
@@ -27,6 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ._proxy_items import Pending, collate, shareable
 from .annotations.boxes import clip_boxes, lesion_boxes
 from .plan import Plan, make_plan, say_notes
 from .spec import Spec
@@ -34,26 +37,6 @@ from .spec import Spec
 __all__ = ["ProxyServer", "ProxyTransform", "collate", "lesion_boxes"]
 
 ROUTES = ("engine", "dali-proxy")
-
-
-class _Pending:
-    """The voxels a worker hands over (tensors: shared memory across processes) and the plan."""
-
-    __slots__ = ("array", "labels", "plan")
-
-    def __init__(self, array, labels, plan):
-        self.array, self.labels, self.plan = array, labels, plan
-
-
-def _shareable(a):
-    """A copy of an ``(i, j, k)`` array region as a torch tensor whose memory is DALI's layout
-    (k, j, i contiguous), so the main process feeds it without another copy; a DataLoader moves
-    it through shared memory."""
-    import torch
-
-    c = np.ascontiguousarray(a.transpose(2, 1, 0) if a.ndim == 3 else a.transpose(2, 1, 0, 3))
-    t = torch.from_numpy(c)
-    return t.permute(2, 1, 0) if a.ndim == 3 else t.permute(2, 1, 0, 3)
 
 
 class ProxyTransform:
@@ -102,6 +85,7 @@ class ProxyTransform:
         self.seed = seed
         self.box_mode = box_mode
         self.arena = None  # in a DataLoader worker: its loader's (WithArena); here none
+        self.local = None  # in a worker resampling on the CPU: its own pipeline (Local)
         self._rng = None
 
     def _generator(self):
@@ -136,7 +120,7 @@ class ProxyTransform:
     def _ship(self, region):
         """The region into its loader's arena (pinned shared memory), else a shared tensor."""
         slot = self.arena.put(region) if self.arena is not None else None
-        return slot if slot is not None else _shareable(region)
+        return slot if slot is not None else shareable(region)
 
     def __call__(self, sample: dict) -> dict:
         from .errors import UsageError
@@ -183,8 +167,10 @@ class ProxyTransform:
             out["image"] = refs[0]
             if lab is not None:
                 out["label"] = refs[1]
+        elif self.local is not None:  # DALI's CPU backend, in this worker
+            out["image"] = self.local.resample(arr, labs, plan)
         else:
-            out["image"] = _Pending(self._ship(arr), [self._ship(a) for a in labs], plan)
+            out["image"] = Pending(self._ship(arr), [self._ship(a) for a in labs], plan)
         # small arrays travel pickled inline (a tensor per sample would cost a shared-memory
         # file each); the batch turns them into tensors
         out["affine"] = plan.out_affine
@@ -206,30 +192,6 @@ class ProxyTransform:
             "box_mode": self.box_mode,
         }
         return out
-
-
-_BOXES = ("boxes", "boxes_world", "box_labels", "box_lesion")
-_PER_SAMPLE = ("lesions", "meta", *_BOXES)
-
-
-def collate(samples: list[dict]) -> dict:
-    """Batch dicts: tensors and DALI proxy references via torch's default_collate; lesions,
-    boxes (their number varies per sample) and meta as per-sample lists."""
-    import torch
-    from torch.utils.data import default_collate
-
-    out = {}
-    for key in samples[0]:
-        vals = [s[key] for s in samples]
-        if key in _PER_SAMPLE or isinstance(vals[0], _Pending):
-            if key in _BOXES:
-                vals = [torch.from_numpy(np.asarray(v)) for v in vals]
-            out[key] = vals
-        elif key == "affine":
-            out[key] = torch.from_numpy(np.stack(vals))
-        else:
-            out[key] = default_collate(vals)
-    return out
 
 
 class ProxyServer:
@@ -266,6 +228,11 @@ class ProxyServer:
         instead (slower, never a wait). The pieces of batches a ``break`` drops stay taken
         while at most half the arena is; past that the loader's workers are ended there and
         the arena given back (the next epoch forks new ones), as after a failed epoch.
+    resample_in : {"auto", "server", "workers"}
+        Where the engine route resamples a loader's samples when it has workers: ``"server"``,
+        one pipeline in this process (the GPU's way); ``"workers"`` (CPU only), each worker
+        with a DALI CPU pipeline of its own, ``num_threads`` threads (default: the cores
+        shared out); ``"auto"``: workers on the CPU, the server on the GPU.
     """
 
     def __init__(
@@ -281,6 +248,7 @@ class ProxyServer:
         seed: int = 0,
         route: str = "engine",
         arena_gb: float | None = None,
+        resample_in: str = "auto",
     ):
         try:
             import torch  # noqa: F401
@@ -305,6 +273,16 @@ class ProxyServer:
             raise ValueError("the proxy resamples with warp_affine: use interp linear or nearest")
         if device == "auto":
             device = "gpu" if gpu_available() else "cpu"
+        if resample_in not in ("auto", "server", "workers"):
+            raise ValueError(f"resample_in must be auto, server or workers, got {resample_in!r}")
+        if resample_in == "workers" and (device != "cpu" or route != "engine"):
+            raise ValueError(
+                "resample_in='workers' is DALI's CPU backend: device='cpu', route 'engine'"
+            )
+        self._in_workers = resample_in == "workers" or (
+            resample_in == "auto" and device == "cpu" and route == "engine"
+        )
+        self._threads = num_threads
         if route == "dali-proxy":
             from .pipeline.proxy_server import dali_proxy_usable
 
@@ -389,15 +367,23 @@ class ProxyServer:
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
             return Mapped(base, self._proxy.server.produce_data)
         from ._proxy_arena import Arena, Streamed, WithArena, arena_bytes, fork_context
+        from ._proxy_items import Local, cpu_threads
 
-        arena = None
+        arena, local = None, num_workers > 0 and self._in_workers
         if num_workers > 0:
             kw["multiprocessing_context"] = fork_context(kw.get("multiprocessing_context"))
             kw.setdefault("persistent_workers", True)
+        if local:  # each worker resamples its samples (see medproc._proxy_items)
+            threads = cpu_threads(num_workers, self._threads)
+            kw["worker_init_fn"] = Local(
+                self.transform, self._graph, threads, kw.get("worker_init_fn")
+            )
+        elif num_workers > 0:
             held = num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3
             n = 4 * held * batch_size * (1 + int(self.with_label))  # (room for breaks)
             arena = Arena(arena_bytes(self.arena_gb), n, pin=self.device == "gpu")
             # this loader's workers write into its arena, set in each as it starts (see WithArena)
             kw["worker_init_fn"] = WithArena(self.transform, arena, kw.get("worker_init_fn"))
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)
-        return Streamed(base, self._engine, self._graph, self.prefetch, self.with_label, arena)
+        engine = None if local else self._engine
+        return Streamed(base, engine, self._graph, self.prefetch, self.with_label, arena)

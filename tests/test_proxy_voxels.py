@@ -54,3 +54,11 @@ def test_proxy_voxels_match_simpleitk(device, workers, augment):
         mask = interior(plan)
         assert mask.mean() > 0.2
         assert rel_l2(out.astype(np.float64), ref, mask) <= 1e-3, (n, rel_l2(out, ref, mask))
+
+
+def test_where_to_resample_is_checked_when_the_server_is_made():
+    spec = Spec(spacing=1.5)
+    with pytest.raises(ValueError, match="resample_in must be auto, server or workers"):
+        ProxyServer(spec, device="cpu", resample_in="gpu")
+    with pytest.raises(ValueError, match="resample_in='workers' is DALI's CPU backend"):
+        ProxyServer(spec, device="gpu", resample_in="workers")

@@ -1,0 +1,112 @@
+"""What a proxy worker hands over for a sample: its input box, for the server's pipeline to
+resample (:class:`Pending`), or, on DALI's CPU backend, the sample already resampled in the
+worker (:class:`Resampled`).
+
+Private to :mod:`medproc.proxy`. Where the voxel work runs (``ProxyServer(resample_in=...)``):
+on the GPU one pipeline in the main process serves every worker; on the CPU, with workers,
+each worker resamples its own samples with a DALI CPU pipeline of its own (the cores shared
+out as its threads), as a plain DataLoader would. One pipeline in the main process on the CPU
+had every batch wait for its threads while the workers' cores stood by: on 2 cores it gave
+14 whole volumes or 15 rotated crops per second against 23 and 49 for SimpleITK in the
+workers (``bench/proxy.py --device cpu``, docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+__all__ = ["Pending", "Resampled", "Local", "shareable", "cpu_threads", "collate"]
+
+
+class Pending:
+    """The voxels a worker hands over (tensors: shared memory across processes) and the plan."""
+
+    __slots__ = ("array", "labels", "plan")
+
+    def __init__(self, array, labels, plan):
+        self.array, self.labels, self.plan = array, labels, plan
+
+
+class Resampled:
+    """A sample resampled in its worker: ``(image, *labels)`` tensors, ``(C, i, j, k)``."""
+
+    __slots__ = ("tensors",)
+
+    def __init__(self, tensors):
+        self.tensors = tuple(tensors)
+
+
+def shareable(a):
+    """A copy of an ``(i, j, k)`` array region as a torch tensor whose memory is DALI's layout
+    (k, j, i contiguous), so the main process feeds it without another copy; a DataLoader moves
+    it through shared memory."""
+    import torch
+
+    c = np.ascontiguousarray(a.transpose(2, 1, 0) if a.ndim == 3 else a.transpose(2, 1, 0, 3))
+    t = torch.from_numpy(c)
+    return t.permute(2, 1, 0) if a.ndim == 3 else t.permute(2, 1, 0, 3)
+
+
+def cpu_threads(workers: int, asked: int | None = None) -> int:
+    """DALI CPU threads of each of ``workers`` workers: ``asked``, else the cores shared out."""
+    if asked is not None:
+        return asked
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, workers))
+
+
+class Local:
+    """A DataLoader's ``worker_init_fn`` that gives the transform, in each worker as it starts,
+    a resampler of its own (an engine on DALI's CPU backend, ``threads`` threads; built in the
+    worker, never inherited through the fork), then calls the user's ``then``."""
+
+    def __init__(self, transform, graph, threads: int, then=None):
+        self.transform, self.graph, self.threads, self.then = transform, graph, threads, then
+        self._engine = None
+
+    def __call__(self, worker_id: int) -> None:
+        from ._malloc import keep_scratch
+
+        keep_scratch()  # (this worker's DALI scratch reused sample after sample)
+        self.transform.local = self
+        self._engine = None
+        if self.then is not None:
+            self.then(worker_id)
+
+    def resample(self, array, labels, plan) -> Resampled:
+        """One sample through this worker's pipeline."""
+        from .pipeline import Engine, Job
+
+        if self._engine is None:
+            self._engine = Engine("cpu", batch_size=1, num_threads=self.threads)
+        (res,) = self._engine.run([Job(array, plan, tuple(labels))], self.graph, as_torch=True)
+        return Resampled(res)
+
+
+_BOXES = ("boxes", "boxes_world", "box_labels", "box_lesion")
+_PER_SAMPLE = ("lesions", "meta", *_BOXES)
+
+
+def collate(samples: list[dict]) -> dict:
+    """Batch dicts: tensors and DALI proxy references via torch's default_collate; lesions,
+    boxes (their number varies per sample) and meta as per-sample lists."""
+    import torch
+    from torch.utils.data import default_collate
+
+    out = {}
+    for key in samples[0]:
+        vals = [s[key] for s in samples]
+        if key in _PER_SAMPLE or isinstance(vals[0], (Pending, Resampled)):
+            if key in _BOXES:
+                vals = [torch.from_numpy(np.asarray(v)) for v in vals]
+            out[key] = vals
+        elif key == "affine":
+            out[key] = torch.from_numpy(np.stack(vals))
+        else:
+            out[key] = default_collate(vals)
+    return out
