@@ -636,7 +636,7 @@ def test_a_second_thread_is_refused_while_the_first_waits_for_a_batch(monkeypatc
 
         first = threading.Thread(target=loop)
         first.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # (10 s was once too short on a loaded 2-core box)
         while not (loader._feed is not None and loader._feed.gi_running):
             assert time.monotonic() < deadline, "the loop never waited for a batch"
             time.sleep(0.01)
