@@ -117,6 +117,7 @@ def _not_whole(out_path: str, label_path: str | None, broken: dict | None = None
     except (OSError, ValueError, KeyError, TypeError):
         return ["sidecar <name>.json (missing, unreadable, or an older medproc's)"]
     checks = [("image", out_path, dtype), ("label map", label_path, None)]
+    broken = broken or {}
     if out_path.endswith(".npy") and label_path:  # (a .npy label's own sidecar: its affine)
         lab_side = sidecar_path(label_path)
         try:
@@ -126,7 +127,7 @@ def _not_whole(out_path: str, label_path: str | None, broken: dict | None = None
             said.append(f"label sidecar {os.path.basename(lab_side)}")
     for what, p, dt in checks:
         why = damaged(p, shape, dt) if p and os.path.exists(p) else None
-        unread = (broken or {}).get(os.path.realpath(p)) if p and not why else None
+        unread = broken.get(os.path.realpath(p)) if p and not why else None
         if why or unread:
             log.info("%s: %s: converted again", p, why or unread)
             said.append(f"whole {what} ({'damaged inside' if unread else 'cut short or replaced'})")

@@ -295,6 +295,13 @@ class Streamed:
         (``engine`` None, see :mod:`medproc._proxy_items`)."""
         held.append(iter(self.loader))
         for batch in held[0]:
+            if not all(hasattr(p, "tensors") for p in batch["image"]):
+                raise TypeError(
+                    "this loader's workers resample on the CPU, but its samples went through a "
+                    "ProxyTransform that is not this server's own (a copy, or one made apart): "
+                    "have the dataset call server.transform, or make the server with "
+                    "resample_in='server'"
+                )
             yield [p.tensors for p in batch["image"]], batch
 
     def __iter__(self):

@@ -1,6 +1,6 @@
 """What a proxy worker hands over for a sample: its input box, for the server's pipeline to
 resample (:class:`Pending`), or, on DALI's CPU backend, the sample already resampled in the
-worker (:class:`Resampled`).
+worker (:class:`Finished`).
 
 Private to :mod:`medproc.proxy`. Where the voxel work runs (``ProxyServer(resample_in=...)``):
 on the GPU one pipeline in the main process serves every worker; on the CPU, with workers,
@@ -13,11 +13,9 @@ workers (``bench/proxy.py --device cpu``, docs/benchmarks.md).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-__all__ = ["Pending", "Resampled", "Local", "shareable", "cpu_threads", "collate"]
+__all__ = ["Pending", "Finished", "ResampleInWorkers", "shareable", "collate"]
 
 
 class Pending:
@@ -29,7 +27,7 @@ class Pending:
         self.array, self.labels, self.plan = array, labels, plan
 
 
-class Resampled:
+class Finished:
     """A sample resampled in its worker: ``(image, *labels)`` tensors, ``(C, i, j, k)``."""
 
     __slots__ = ("tensors",)
@@ -49,23 +47,13 @@ def shareable(a):
     return t.permute(2, 1, 0) if a.ndim == 3 else t.permute(2, 1, 0, 3)
 
 
-def cpu_threads(workers: int, asked: int | None = None) -> int:
-    """DALI CPU threads of each of ``workers`` workers: ``asked``, else the cores shared out."""
-    if asked is not None:
-        return asked
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, workers))
-
-
-class Local:
+class ResampleInWorkers:
     """A DataLoader's ``worker_init_fn`` that gives the transform, in each worker as it starts,
-    a resampler of its own (an engine on DALI's CPU backend, ``threads`` threads; built in the
-    worker, never inherited through the fork), then calls the user's ``then``."""
+    a resampler of its own (an engine on DALI's CPU backend, ``threads`` threads, None: the
+    worker's share of the cores; built in the worker, never inherited through the fork), then
+    calls the user's ``then``."""
 
-    def __init__(self, transform, graph, threads: int, then=None):
+    def __init__(self, transform, graph, threads: int | None = None, then=None):
         self.transform, self.graph, self.threads, self.then = transform, graph, threads, then
         self._engine = None
 
@@ -78,14 +66,14 @@ class Local:
         if self.then is not None:
             self.then(worker_id)
 
-    def resample(self, array, labels, plan) -> Resampled:
+    def resample(self, array, labels, plan) -> Finished:
         """One sample through this worker's pipeline."""
         from .pipeline import Engine, Job
 
         if self._engine is None:
             self._engine = Engine("cpu", batch_size=1, num_threads=self.threads)
         (res,) = self._engine.run([Job(array, plan, tuple(labels))], self.graph, as_torch=True)
-        return Resampled(res)
+        return Finished(res)
 
 
 _BOXES = ("boxes", "boxes_world", "box_labels", "box_lesion")
@@ -101,7 +89,7 @@ def collate(samples: list[dict]) -> dict:
     out = {}
     for key in samples[0]:
         vals = [s[key] for s in samples]
-        if key in _PER_SAMPLE or isinstance(vals[0], (Pending, Resampled)):
+        if key in _PER_SAMPLE or isinstance(vals[0], (Pending, Finished)):
             if key in _BOXES:
                 vals = [torch.from_numpy(np.asarray(v)) for v in vals]
             out[key] = vals

@@ -1,8 +1,9 @@
 """The annotation-preserving proxy: Python workers plan, one GPU pipeline resamples.
 
 PyTorch DataLoader workers read volumes, parse lesion annotations and compute each sample's
-plan in Python (:class:`ProxyTransform`, usable as the last step of any ``Compose``); the voxel
-work runs once per batch in the main process, on the GPU (or DALI's CPU backend). Each batch
+plan in Python (:class:`ProxyTransform`, usable as the last step of any ``Compose``); on the GPU
+the voxel work runs once per batch in the main process (on DALI's CPU backend, in the workers:
+see below). Each batch
 comes back in order with the images (and labels) as tensors and, beside them, every sample's
 output affine and its lesions mapped onto the output grid by the same matrix as the voxels
 (also as boxes in MONAI's detection format).
@@ -85,7 +86,7 @@ class ProxyTransform:
         self.seed = seed
         self.box_mode = box_mode
         self.arena = None  # in a DataLoader worker: its loader's (WithArena); here none
-        self.local = None  # in a worker resampling on the CPU: its own pipeline (Local)
+        self.local = None  # in a worker resampling on the CPU: its own (ResampleInWorkers)
         self._rng = None
 
     def _generator(self):
@@ -195,7 +196,8 @@ class ProxyTransform:
 
 
 class ProxyServer:
-    """One pipeline serving PyTorch DataLoader workers (see the module doc for the routes).
+    """Resampling for PyTorch DataLoader workers: one pipeline serving them, or on the CPU one
+    in each (see the module doc for the routes, and ``resample_in``).
 
     Parameters
     ----------
@@ -213,13 +215,15 @@ class ProxyServer:
     num_threads, device_id : int
         DALI CPU threads and GPU.
     prefetch : int
-        Batches prepared ahead of the consumer.
+        Batches prepared ahead of the consumer by the server's pipeline (workers that
+        resample prefetch as a DataLoader does, ``prefetch_factor``).
     seed : int
         Seed of the workers' augmentation generators.
     route : {"engine", "dali-proxy"}
         How voxels reach the pipeline.
     arena_gb : float, optional
-        Each loader's transfer arena (a loader with workers has one): pinned shared memory
+        Each loader's transfer arena (a loader whose workers hand their boxes to the server's
+        pipeline has one; workers that resample need none): pinned shared memory
         that its workers write input boxes into, each taking a piece of its size (at most
         workers x ``prefetch_factor`` + ``prefetch`` batches of pieces at once). Default 4 GiB,
         or an eighth of the host's memory per local rank if less (committed as used on the
@@ -267,7 +271,7 @@ class ProxyServer:
             check_args(spec, "ProxyServer", num_threads=num_threads)
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-        if spec.antialias:
+        if spec.antialias:  # (rotations, and the GPU, take warp_affine, which has neither)
             raise ValueError("the proxy resamples with warp_affine: use antialias=False")
         if spec.interp == "cubic":
             raise ValueError("the proxy resamples with warp_affine: use interp linear or nearest")
@@ -277,7 +281,9 @@ class ProxyServer:
             raise ValueError(f"resample_in must be auto, server or workers, got {resample_in!r}")
         if resample_in == "workers" and (device != "cpu" or route != "engine"):
             raise ValueError(
-                "resample_in='workers' is DALI's CPU backend: device='cpu', route 'engine'"
+                f"resample_in='workers' is DALI's CPU backend (device='cpu', route 'engine'); "
+                f"this server has device {device!r} (device='auto' takes a GPU when there is "
+                f"one) and route {route!r}"
             )
         self._in_workers = resample_in == "workers" or (
             resample_in == "auto" and device == "cpu" and route == "engine"
@@ -367,16 +373,15 @@ class ProxyServer:
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
             return Mapped(base, self._proxy.server.produce_data)
         from ._proxy_arena import Arena, Streamed, WithArena, arena_bytes, fork_context
-        from ._proxy_items import Local, cpu_threads
+        from ._proxy_items import ResampleInWorkers
 
         arena, local = None, num_workers > 0 and self._in_workers
         if num_workers > 0:
             kw["multiprocessing_context"] = fork_context(kw.get("multiprocessing_context"))
             kw.setdefault("persistent_workers", True)
         if local:  # each worker resamples its samples (see medproc._proxy_items)
-            threads = cpu_threads(num_workers, self._threads)
-            kw["worker_init_fn"] = Local(
-                self.transform, self._graph, threads, kw.get("worker_init_fn")
+            kw["worker_init_fn"] = ResampleInWorkers(
+                self.transform, self._graph, self._threads, kw.get("worker_init_fn")
             )
         elif num_workers > 0:
             held = num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3

@@ -590,6 +590,9 @@ def test_a_failed_epoch_with_workers_leaves_no_workers_behind(where):
     def children():  # (an earlier test's workers may end meanwhile: only new ones count)
         return {p.pid for p in multiprocessing.active_children()}
 
+    import gc
+
+    gc.collect()  # (an earlier test's loaders, held in cycles, let their workers go now)
     before = children()
     spec = medproc.Spec(spacing=2.0, crop=(8, 8, 8))
     server = ProxyServer(spec, device="cpu", batch_size=2, with_label=True, resample_in=where)

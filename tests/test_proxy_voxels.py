@@ -9,10 +9,10 @@ import SimpleITK as sitk
 from test_resample import _synthetic, interior, rel_l2
 from world import sitk_array
 
-from medproc import Spec
+from medproc import Intensity, Spec
 from medproc.io.sitk_io import resample_filter, to_sitk
 from medproc.plan import affine_map
-from medproc.proxy import ProxyServer
+from medproc.proxy import ProxyServer, ProxyTransform
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -62,3 +62,48 @@ def test_where_to_resample_is_checked_when_the_server_is_made():
         ProxyServer(spec, device="cpu", resample_in="gpu")
     with pytest.raises(ValueError, match="resample_in='workers' is DALI's CPU backend"):
         ProxyServer(spec, device="gpu", resample_in="workers")
+
+
+MARK = None
+
+
+def _mark(worker_id):  # a user's own worker_init_fn
+    global MARK
+    MARK = f"worker {worker_id}"
+
+
+class Marked(Volumes):
+    def __getitem__(self, i):
+        return self.transform({"image": self.vols[i], "index": i, "mark": MARK})
+
+
+@pytest.mark.parametrize("where", ["server", "workers"])
+def test_cpu_loaders_with_workers_resample_where_asked(where):
+    """'workers': the server's own pipeline is never used, 'server': every batch goes through
+    it; either way the user's worker_init_fn runs in each worker, and the voxels (with the
+    spec's intensity) are those of an inline loader."""
+    vol = _synthetic(False)[0]
+    spec = Spec(spacing=1.5, intensity=Intensity(clip=(-100, 100), scale=(0, 1)))
+    with ProxyServer(spec, device="cpu", batch_size=2, resample_in=where) as server:
+        inline = [b["image"] for b in server.loader(Volumes([vol], server.transform), 1)]
+        used, real = [], server._engine.stream
+        server._engine.stream = lambda *a, **k: used.append(1) or real(*a, **k)
+        ds = Marked([vol] * 4, server.transform)
+        batches = list(server.loader(ds, batch_size=2, num_workers=2, worker_init_fn=_mark))
+    assert bool(used) == (where == "server")
+    assert sorted(m for b in batches for m in b["mark"]) == ["worker 0"] * 2 + ["worker 1"] * 2
+    for b in batches:
+        assert b["image"].shape[0] == 2
+        np.testing.assert_allclose(b["image"].numpy(), inline[0].expand_as(b["image"]), atol=1e-6)
+    assert 0 <= float(inline[0].min()) and float(inline[0].max()) <= 1
+
+
+def test_workers_that_resample_refuse_a_transform_that_is_not_the_server_s():
+    """The workers' pipelines are given to server.transform as they start: samples through a
+    ProxyTransform made apart would reach the main process unresampled."""
+    vol = _synthetic(False)[0]
+    spec = Spec(spacing=1.5)
+    with ProxyServer(spec, device="cpu", batch_size=1) as server:
+        loader = server.loader(Volumes([vol], ProxyTransform(spec)), batch_size=1, num_workers=1)
+        with pytest.raises(TypeError, match="not this server's own"):
+            list(loader)
