@@ -1,6 +1,7 @@
 """keep_scratch: a block of DALI's scratch size, freed and taken again, is reused instead of
 mapped and faulted in anew; a volume-sized block is still given back to the system."""
 
+import os
 import subprocess
 import sys
 
@@ -34,8 +35,10 @@ print(faults, rss() - before)
 
 
 def _run(mode):
+    # (without malloc tuning a test before left, e.g. dask's nanny sets MALLOC_TRIM_THRESHOLD_)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUN"))}
     r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True
+        [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True, env=env
     )
     return r.stdout.split()
 
