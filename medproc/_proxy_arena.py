@@ -257,8 +257,8 @@ class WithArena:
 
 class Streamed:
     """A DataLoader whose batches are finished by the engine in its background thread (or,
-    ``engine`` None, were resampled by its workers); its workers' pieces are in ``arena``
-    (None: no workers, or they resample)."""
+    ``engine`` None, were resampled by its workers); its workers' pieces (input boxes, or
+    outputs) are in ``arena`` (None: no workers)."""
 
     def __init__(self, loader, engine, graph, ahead: int, with_label: bool, arena=None):
         self.loader, self.engine, self.graph = loader, engine, graph
@@ -291,18 +291,31 @@ class Streamed:
             yield jobs, self.graph, batch
 
     def _resampled(self, held: list):
-        """``(results, batch)`` of a loader whose workers resampled their samples
-        (``engine`` None, see :mod:`medproc._proxy_items`)."""
+        """``(results, batch)`` of a loader whose workers resampled their samples (``engine``
+        None, see :mod:`medproc._proxy_items`): each output copied out of its arena piece,
+        which is given back."""
+        from ._proxy_items import Finished
+
         held.append(iter(self.loader))
         for batch in held[0]:
-            if not all(hasattr(p, "tensors") for p in batch["image"]):
+            if not all(isinstance(p, Finished) for p in batch["image"]):
                 raise TypeError(
-                    "this loader's workers resample on the CPU, but its samples went through a "
-                    "ProxyTransform that is not this server's own (a copy, or one made apart): "
-                    "have the dataset call server.transform, or make the server with "
-                    "resample_in='server'"
+                    "this loader's workers resample on the CPU, but a sample reached it "
+                    "unresampled (made by a ProxyTransform outside the loader's workers, e.g. "
+                    "cached in the main process): call the transform in the dataset's "
+                    "__getitem__, or make the server with resample_in='server'"
                 )
-            yield [p.tensors for p in batch["image"]], batch
+            yield [[self._copied(x) for x in p.outputs] for p in batch["image"]], batch
+
+    def _copied(self, x):
+        """An output as a tensor of its own: out of its arena piece (then given back)."""
+        if not isinstance(x, Slot):
+            return x
+        import torch
+
+        t = torch.from_numpy(self.arena._dhw(x).copy())
+        self.arena.release(x)
+        return t
 
     def __iter__(self):
         from .pipeline import stacked
@@ -316,7 +329,7 @@ class Streamed:
         self._live += 1
         try:
             for res, batch in stream:
-                if self.arena is not None:
+                if self.arena is not None and self.engine is not None:
                     self._release(batch)  # the engine has copied them: the workers may refill
                 cols = list(zip(*res))
                 for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
@@ -330,7 +343,7 @@ class Streamed:
             raise
         finally:
             self._live -= 1
-            if not whole and given < len(self) and os.getpid() == pid:  # failed, or left early
+            if not whole and given < _length(self) and os.getpid() == pid:  # failed, left early
                 stream.close()  # (the engine's thread ends: it takes no more batches)
                 self._end_workers(held[0] if held else None, failed)
 
@@ -352,6 +365,14 @@ class Streamed:
             self.loader._iterator = None
         if self.arena is not None and self._live == 0:  # (no other epoch writes into it)
             self.arena.reset()
+
+
+def _length(loader) -> float:
+    """``len(loader)``; infinite for an iterable dataset without a length."""
+    try:
+        return len(loader)
+    except TypeError:
+        return float("inf")
 
 
 def fork_context(ctx):

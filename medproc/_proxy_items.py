@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Pending", "Finished", "ResampleInWorkers", "shareable", "collate"]
+__all__ = ["Pending", "Finished", "ResampleInWorkers", "here", "shareable", "collate"]
 
 
 class Pending:
@@ -28,12 +28,13 @@ class Pending:
 
 
 class Finished:
-    """A sample resampled in its worker: ``(image, *labels)`` tensors, ``(C, i, j, k)``."""
+    """A sample resampled in its worker: ``(image, *labels)``, ``(C, i, j, k)``, each an arena
+    piece (:class:`~medproc._proxy_arena.Slot`) or a tensor."""
 
-    __slots__ = ("tensors",)
+    __slots__ = ("outputs",)
 
-    def __init__(self, tensors):
-        self.tensors = tuple(tensors)
+    def __init__(self, outputs):
+        self.outputs = tuple(outputs)
 
 
 def shareable(a):
@@ -47,33 +48,55 @@ def shareable(a):
     return t.permute(2, 1, 0) if a.ndim == 3 else t.permute(2, 1, 0, 3)
 
 
-class ResampleInWorkers:
-    """A DataLoader's ``worker_init_fn`` that gives the transform, in each worker as it starts,
-    a resampler of its own (an engine on DALI's CPU backend, ``threads`` threads, None: the
-    worker's share of the cores; built in the worker, never inherited through the fork), then
-    calls the user's ``then``."""
+#: in a DataLoader worker that resamples (set as it starts): its :class:`ResampleInWorkers`
+_HERE = None
 
-    def __init__(self, transform, graph, threads: int | None = None, then=None):
-        self.transform, self.graph, self.threads, self.then = transform, graph, threads, then
+
+def here():
+    """This worker's resampler, or None (the main process; workers that hand boxes over)."""
+    return _HERE
+
+
+class ResampleInWorkers:
+    """A DataLoader's ``worker_init_fn`` that makes each worker, as it starts, resample the
+    samples of every :class:`~medproc.proxy.ProxyTransform` it runs (the server's, a copy of
+    it, or one made apart: each with its own spec's graph) on an engine of its own (DALI's CPU
+    backend, ``threads`` threads, None: the worker's share of the cores; built in the worker,
+    never inherited through the fork), then calls the user's ``then``. Outputs go back in
+    pieces of the loader's ``arena`` (anonymous shared memory: no ``/dev/shm`` file and no
+    file descriptor per output; a shared-memory tensor only when no piece is free)."""
+
+    def __init__(self, arena, threads: int | None = None, then=None):
+        self.arena, self.threads, self.then = arena, threads, then
         self._engine = None
 
     def __call__(self, worker_id: int) -> None:
+        global _HERE
         from ._malloc import keep_scratch
 
         keep_scratch()  # (this worker's DALI scratch reused sample after sample)
-        self.transform.local = self
-        self._engine = None
+        self._engine, _HERE = None, self
         if self.then is not None:
             self.then(worker_id)
 
-    def resample(self, array, labels, plan) -> Finished:
-        """One sample through this worker's pipeline."""
-        from .pipeline import Engine, Job
+    def resample(self, array, labels, plan, spec) -> Finished:
+        """One sample through this worker's pipeline, its outputs in arena pieces."""
+        from .pipeline import Engine, Graph, Job
 
         if self._engine is None:
             self._engine = Engine("cpu", batch_size=1, num_threads=self.threads)
-        (res,) = self._engine.run([Job(array, plan, tuple(labels))], self.graph, as_torch=True)
-        return Finished(res)
+        graph = Graph.from_spec(spec, labels=len(labels), channels_first=True)
+        (res,) = self._engine.run([Job(array, plan, tuple(labels))], graph)
+        return Finished(self._ship(np.asarray(a)) for a in res)
+
+    def _ship(self, a: np.ndarray):
+        got = self.arena.take(a.shape, a.dtype) if self.arena is not None else None
+        if got is None:
+            import torch
+
+            return torch.from_numpy(np.ascontiguousarray(a))
+        np.copyto(got[1], a)
+        return got[0]
 
 
 _BOXES = ("boxes", "boxes_world", "box_labels", "box_lesion")

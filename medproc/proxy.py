@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ._proxy_items import Pending, collate, shareable
+from ._proxy_items import Pending, collate, here, shareable
 from .annotations.boxes import clip_boxes, lesion_boxes
 from .plan import Plan, make_plan, say_notes
 from .spec import Spec
@@ -86,7 +86,6 @@ class ProxyTransform:
         self.seed = seed
         self.box_mode = box_mode
         self.arena = None  # in a DataLoader worker: its loader's (WithArena); here none
-        self.local = None  # in a worker resampling on the CPU: its own (ResampleInWorkers)
         self._rng = None
 
     def _generator(self):
@@ -168,8 +167,12 @@ class ProxyTransform:
             out["image"] = refs[0]
             if lab is not None:
                 out["label"] = refs[1]
-        elif self.local is not None:  # DALI's CPU backend, in this worker
-            out["image"] = self.local.resample(arr, labs, plan)
+        elif here() is not None:  # DALI's CPU backend, in this worker
+            try:
+                out["image"] = here().resample(arr, labs, plan, self.spec)
+            except Exception as e:  # (named here, where the sample is known)
+                e.add_note(f"in medproc's proxy, sample {img.meta.get('source') or '?'}")
+                raise
         else:
             out["image"] = Pending(self._ship(arr), [self._ship(a) for a in labs], plan)
         # small arrays travel pickled inline (a tensor per sample would cost a shared-memory
@@ -222,9 +225,9 @@ class ProxyServer:
     route : {"engine", "dali-proxy"}
         How voxels reach the pipeline.
     arena_gb : float, optional
-        Each loader's transfer arena (a loader whose workers hand their boxes to the server's
-        pipeline has one; workers that resample need none): pinned shared memory
-        that its workers write input boxes into, each taking a piece of its size (at most
+        Each loader's transfer arena (a loader with workers has one): shared memory (pinned
+        on the GPU) that its workers write input boxes into, or on the CPU their outputs
+        (``resample_in``), each taking a piece of its size (at most
         workers x ``prefetch_factor`` + ``prefetch`` batches of pieces at once). Default 4 GiB,
         or an eighth of the host's memory per local rank if less (committed as used on the
         CPU; page-locked whole on the GPU: a train and a val loader pin it twice). A box
@@ -379,16 +382,17 @@ class ProxyServer:
         if num_workers > 0:
             kw["multiprocessing_context"] = fork_context(kw.get("multiprocessing_context"))
             kw.setdefault("persistent_workers", True)
-        if local:  # each worker resamples its samples (see medproc._proxy_items)
-            kw["worker_init_fn"] = ResampleInWorkers(
-                self.transform, self._graph, self._threads, kw.get("worker_init_fn")
-            )
-        elif num_workers > 0:
             held = num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3
             n = 4 * held * batch_size * (1 + int(self.with_label))  # (room for breaks)
             arena = Arena(arena_bytes(self.arena_gb), n, pin=self.device == "gpu")
-            # this loader's workers write into its arena, set in each as it starts (see WithArena)
-            kw["worker_init_fn"] = WithArena(self.transform, arena, kw.get("worker_init_fn"))
+            # this loader's workers write into its arena, set in each as it starts: their input
+            # boxes (WithArena), or on the CPU their outputs (each worker resamples its samples,
+            # see medproc._proxy_items)
+            then = kw.get("worker_init_fn")
+            if local:
+                kw["worker_init_fn"] = ResampleInWorkers(arena, self._threads, then)
+            else:
+                kw["worker_init_fn"] = WithArena(self.transform, arena, then)
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)
         engine = None if local else self._engine
         return Streamed(base, engine, self._graph, self.prefetch, self.with_label, arena)

@@ -74,6 +74,8 @@ def _feed_dtype_of(a, label: bool) -> str:
     if "int" not in name or (not label and name in ("int8", "uint16")):
         return "float32"  # (these fit float32 exactly)
     n = a.numel() if _is_torch(a) else a.size
+    if _is_torch(a) and a.device.type == "cpu":  # (torch has no min/max of uint16/32/64)
+        a = a.numpy()
     lo, hi = (int(a.min()), int(a.max())) if n else (0, 0)
     if label and -(2**15) <= lo and hi < 2**15:
         return "int16"
