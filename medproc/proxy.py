@@ -362,10 +362,11 @@ class ProxyServer:
         when the output size is fixed, else lists of ``(C, i, j, k)`` tensors."""
         import torch.utils.data as tud
 
-        if batch_size > self._batch:  # (DALI's pipelines take at most their batch size)
-            raise ValueError(
-                f"loader batch_size {batch_size} is larger than the server's batch_size "
-                f"{self._batch}: make the ProxyServer with batch_size={batch_size}"
+        if not isinstance(batch_size, int) or not 1 <= batch_size <= self._batch:
+            raise ValueError(  # (DALI's pipelines take at most their batch size)
+                f"loader batch_size must be a whole number from 1 to the server's batch_size "
+                f"{self._batch}, got {batch_size!r} (a larger one: make the ProxyServer with "
+                "that batch_size)"
             )
         kw.setdefault("collate_fn", collate)
         if self._proxy is not None:

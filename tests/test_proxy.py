@@ -425,7 +425,10 @@ def test_server_arguments_are_checked_when_made():
     with pytest.raises(medproc.UsageError, match="batch_size must be a whole number >= 1"):
         ProxyServer(medproc.Spec(spacing=2.0), device="cpu", batch_size=0)
     with ProxyServer(medproc.Spec(spacing=2.0), device="cpu", batch_size=2) as server:
-        with pytest.raises(ValueError, match="larger than the server's batch_size 2"):
+        with pytest.raises(
+            ValueError,
+            match="batch_size must be a whole number from 1 to the server's batch_size 2, got 3",
+        ):
             server.loader([], batch_size=5)
 
 

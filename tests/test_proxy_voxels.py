@@ -179,3 +179,12 @@ def test_an_iterable_dataset_s_error_reaches_the_loop_and_ends_the_workers(where
         with pytest.raises(OSError, match="disk gone"):
             list(loader)
         assert not {p.pid for p in multiprocessing.active_children()} - before
+
+
+@pytest.mark.parametrize("size", [None, 0, 3, 2.0])
+def test_a_loader_batch_size_the_server_cannot_take_is_refused_naming_it(size):
+    with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2) as server:
+        with pytest.raises(
+            ValueError, match=r"batch_size must be a whole number from 1 to .* 2, got"
+        ):
+            server.loader(Volumes([], server.transform), batch_size=size)
