@@ -427,7 +427,7 @@ def test_server_arguments_are_checked_when_made():
     with ProxyServer(medproc.Spec(spacing=2.0), device="cpu", batch_size=2) as server:
         with pytest.raises(
             ValueError,
-            match="batch_size must be a whole number from 1 to the server's batch_size 2, got 3",
+            match="batch_size must be a whole number from 1 to the server's batch_size 2, got 5",
         ):
             server.loader([], batch_size=5)
 
