@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ._startup import without_unused_imports
+from ._startup import quiet_early_interrupt, without_unused_imports
 from .errors import (
     DeviceError,
     GeometryError,
@@ -18,6 +18,7 @@ from .errors import (
     UsageError,
 )
 
+quiet_early_interrupt()  # (the medproc command: Ctrl-C while importing, no traceback)
 with without_unused_imports():  # the medproc command does not import pydicom's `requests`
     from .io import load, save
     from .plan import Plan, make_plan

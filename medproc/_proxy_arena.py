@@ -1,6 +1,6 @@
 """The proxy's transfer arena: one block of shared memory, made before the DataLoader workers
 fork and page-locked for the GPU, from which workers take a piece of exactly the size of a
-sample's input box.
+sample's input box (or, on the CPU, of its outputs).
 
 Why: handing each box over as a new shared-memory tensor costs the main process a file
 descriptor passed over a socket, a fresh mapping, page faults and a staging copy per sample: on
@@ -8,8 +8,11 @@ the H200 node that took a third of the main process's time and capped the proxy 
 samples/s. From the arena the GPU copies a piece directly (it is pinned), so the main process
 touches no voxel. Pieces have any size (crops and whole volumes alike): a worker takes the first
 gap that fits, without waiting; when none does it falls back to a shared-memory tensor, so
-nothing can deadlock. :class:`Streamed` is the main process's side: batches finished by the
-engine, their pieces given back once copied.
+nothing can deadlock. On DALI's CPU backend the workers resample and write their outputs
+into the arena instead (:mod:`medproc._proxy_items`); :mod:`medproc._proxy_stream` is the main
+process's side. A piece is read once: each take of an entry gets a new generation, and a
+:class:`Slot` handed over again (a transform's output a dataset kept and returned twice) is
+refused instead of reading another sample's data.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["Arena", "Slot", "Streamed", "WithArena", "arena_bytes", "fork_context", "populate"]
+__all__ = ["Arena", "Slot", "WithArena", "arena_bytes", "populate"]
 
 _ALIGN = mmap.PAGESIZE  # pieces start on page boundaries (madvise needs them there)
 #: madvise(2) advice that maps a range's pages now, in one call (Linux 5.14+; not in Python's
@@ -47,13 +50,15 @@ def populate(mm, start: int = 0, length: int = 0, write: bool = False) -> None:
 
 
 class Slot:
-    """A reference to a filled piece: its entry in the table, byte offset, and the ``shape``
-    and ``dtype`` of the C-ordered DHW[C] array in it."""
+    """A reference to a filled piece: its entry in the table, byte offset, the ``shape`` and
+    ``dtype`` of the C-ordered array in it (an input box's DHW[C], an output's (C, i, j, k)),
+    and the entry's generation when it was taken."""
 
-    __slots__ = ("index", "offset", "shape", "dtype")
+    __slots__ = ("index", "offset", "shape", "dtype", "gen")
 
-    def __init__(self, index: int, offset: int, shape: tuple, dtype: str):
+    def __init__(self, index: int, offset: int, shape: tuple, dtype: str, gen: int = 0):
         self.index, self.offset, self.shape, self.dtype = index, offset, shape, dtype
+        self.gen = gen
 
 
 class Arena:
@@ -93,6 +98,7 @@ class Arena:
         # the pieces taken, shared with the workers: (offset, size); size 0 = a free entry
         self._start = ctx.RawArray("q", int(entries))
         self._size = ctx.RawArray("q", int(entries))
+        self._gen = ctx.RawArray("q", int(entries))  # (taken how many times: see Slot)
 
     def _pin(self) -> bool:
         """Page-lock the block whole (one ``cudaHostRegister``, :mod:`medproc.pipeline.hostmem`)
@@ -125,6 +131,7 @@ class Arena:
             if at + size > self.nbytes:
                 return None
             self._start[free], self._size[free] = at, size
+            self._gen[free] += 1
             return free, at
 
     def _alloc(self, dhw_shape: tuple, dtype) -> Slot | None:
@@ -134,7 +141,8 @@ class Arena:
         got = self._take(max(1, int(np.prod(dhw_shape)) * dtype.itemsize))
         if got is None:
             return None
-        return Slot(got[0], got[1], tuple(int(x) for x in dhw_shape), str(dtype))
+        gen = self._gen[got[0]]
+        return Slot(got[0], got[1], tuple(int(x) for x in dhw_shape), str(dtype), gen)
 
     def take(self, dhw_shape: tuple, dtype) -> tuple[Slot, np.ndarray] | None:
         """A free piece for a C-ordered array of ``dhw_shape`` and ``dtype`` and that array (a
@@ -152,7 +160,17 @@ class Arena:
         np.copyto(got[1], dhw)
         return got[0]
 
+    def _held(self, slot: Slot) -> None:
+        """Refuse a slot whose piece was given back (or taken again) since it was filled."""
+        if self._size[slot.index] == 0 or self._gen[slot.index] != slot.gen:
+            raise RuntimeError(
+                "an arena piece was handed over twice (a sample the dataset kept from the "
+                "proxy's transform and returned again?): call the transform for every sample "
+                "the loader delivers, and keep only what the loader gives back"
+            )
+
     def _dhw(self, slot: Slot, write: bool = False) -> np.ndarray:
+        self._held(slot)
         dt = np.dtype(slot.dtype)
         n = int(np.prod(slot.shape)) * dt.itemsize
         if self._map is not None:  # (a pinned arena is mapped whole)
@@ -170,6 +188,7 @@ class Arena:
         arena is)."""
         import torch
 
+        self._held(slot)
         dt = getattr(torch, slot.dtype)
         size = int(np.prod(slot.shape)) * torch.empty(0, dtype=dt).element_size()
         t = torch.from_numpy(self.bytes[slot.offset : slot.offset + size])
@@ -199,9 +218,26 @@ class Arena:
             list(ex.map(one, range(0, nbytes, step)))
 
     def release(self, slot: Slot) -> None:
-        """Give a piece back once the engine has copied it."""
+        """Give a piece back once it has been copied (by the engine, or out)."""
         with self._lock:
-            self._size[slot.index] = 0
+            if self._gen[slot.index] == slot.gen:  # (not a piece taken again since)
+                self._size[slot.index] = 0
+
+    def take_out(self, slot: Slot):
+        """The piece's array as a tensor of its own (a copy, in the slot's shape), the piece
+        given back."""
+        import torch
+
+        t = torch.from_numpy(self._dhw(slot).copy())
+        self.release(slot)
+        return t
+
+    def free_all(self) -> None:
+        """Give every piece back, the lock kept: once an epoch has ended whole and no other is
+        running (the workers idle), what is still taken was dropped unread (e.g. a sample the
+        dataset drew and discarded)."""
+        with self._lock:
+            self._size[:] = [0] * len(self._size)
 
     def roomy(self) -> bool:
         """Whether at most half the entries and half the bytes are taken."""
@@ -253,139 +289,3 @@ class WithArena:
         self.transform.arena = self.arena
         if self.then is not None:
             self.then(worker_id)
-
-
-class Streamed:
-    """A DataLoader whose batches are finished by the engine in its background thread (or,
-    ``engine`` None, were resampled by its workers); its workers' pieces (input boxes, or
-    outputs) are in ``arena`` (None: no workers)."""
-
-    def __init__(self, loader, engine, graph, ahead: int, with_label: bool, arena=None):
-        self.loader, self.engine, self.graph = loader, engine, graph
-        self.ahead, self.with_label, self.arena = ahead, with_label, arena
-        self._live = 0  # epochs being iterated (a loader without persistent workers may
-        # have two at once)
-
-    def _tensor(self, x):
-        return self.arena.tensor(x) if isinstance(x, Slot) else x
-
-    def _release(self, batch) -> None:
-        for p in batch["image"]:
-            for x in (p.array, *p.labels):
-                if isinstance(x, Slot):
-                    self.arena.release(x)
-
-    def __len__(self):
-        return len(self.loader)
-
-    def _items(self, held: list):
-        """The engine's items; ``held`` gets this epoch's DataLoader iterator."""
-        from .pipeline import Job
-
-        held.append(iter(self.loader))
-        for batch in held[0]:
-            jobs = [
-                Job(self._tensor(p.array), p.plan, tuple(self._tensor(x) for x in p.labels))
-                for p in batch["image"]
-            ]
-            yield jobs, self.graph, batch
-
-    def _resampled(self, held: list):
-        """``(results, batch)`` of a loader whose workers resampled their samples (``engine``
-        None, see :mod:`medproc._proxy_items`): each output copied out of its arena piece,
-        which is given back."""
-        from ._proxy_items import Finished
-
-        held.append(iter(self.loader))
-        for batch in held[0]:
-            if not all(isinstance(p, Finished) for p in batch["image"]):
-                raise TypeError(
-                    "this loader's workers resample on the CPU, but a sample reached it "
-                    "unresampled (made by a ProxyTransform outside the loader's workers, e.g. "
-                    "cached in the main process): call the transform in the dataset's "
-                    "__getitem__, or make the server with resample_in='server'"
-                )
-            yield [[self._copied(x) for x in p.outputs] for p in batch["image"]], batch
-
-    def _copied(self, x):
-        """An output as a tensor of its own: out of its arena piece (then given back)."""
-        if not isinstance(x, Slot):
-            return x
-        import torch
-
-        t = torch.from_numpy(self.arena._dhw(x).copy())
-        self.arena.release(x)
-        return t
-
-    def __iter__(self):
-        from .pipeline import stacked
-
-        held, pid, given = [], os.getpid(), 0
-        if self.engine is None:
-            stream = self._resampled(held)
-        else:
-            stream = self.engine.stream(self._items(held), as_torch=True, ahead=self.ahead)
-        whole = failed = False
-        self._live += 1
-        try:
-            for res, batch in stream:
-                if self.arena is not None and self.engine is not None:
-                    self._release(batch)  # the engine has copied them: the workers may refill
-                cols = list(zip(*res))
-                for key, col in zip(("image", "label"), cols[: 1 + self.with_label]):
-                    same = all(t.shape == col[0].shape for t in col)
-                    batch[key] = stacked(col) if same else list(col)
-                given += 1
-                yield batch
-            whole = True
-        except Exception:
-            failed = True
-            raise
-        finally:
-            self._live -= 1
-            if not whole and given < _length(self) and os.getpid() == pid:  # failed, left early
-                stream.close()  # (the engine's thread ends: it takes no more batches)
-                self._end_workers(held[0] if held else None, failed)
-
-    def _end_workers(self, it, failed: bool) -> None:
-        """After an epoch that failed or was left early (``break``): end its workers now, in
-        this process, and give their pieces back. Left to the garbage collector, a failed
-        epoch's persistent workers were collected in a later loader's forked worker, which
-        printed "AssertionError: can only test a child process". The pieces of batches
-        prefetched and dropped stay taken: persistent workers left by a ``break`` are kept
-        (a new fork each time cost a validation loop ~0.2 s per pass) until that has taken
-        half the arena; then they are ended and the arena given back whole."""
-        if it is None or not hasattr(it, "_shutdown_workers"):
-            return  # (no workers)
-        persistent = getattr(self.loader, "_iterator", None) is it
-        if persistent and not failed and (self.arena is None or self.arena.roomy()):
-            return
-        it._shutdown_workers()  # (joined: none writes into the arena any more)
-        if persistent:  # the next epoch forks new ones
-            self.loader._iterator = None
-        if self.arena is not None and self._live == 0:  # (no other epoch writes into it)
-            self.arena.reset()
-
-
-def _length(loader) -> float:
-    """``len(loader)``; infinite for an iterable dataset without a length."""
-    try:
-        return len(loader)
-    except TypeError:
-        return float("inf")
-
-
-def fork_context(ctx):
-    """The workers' start method: fork, which the transfer arena needs (the workers inherit
-    its shared memory). Unset: fork, whatever Python's default is (forkserver from Python
-    3.14); another one given: an error naming it."""
-    import multiprocessing as mp
-
-    method = ctx if isinstance(ctx, str) or ctx is None else ctx.get_start_method()
-    if method in (None, "fork"):
-        return mp.get_context("fork")
-    raise ValueError(
-        f"multiprocessing_context={method!r}: the proxy's workers must be forked (they share "
-        "the transfer arena's memory with this process); leave multiprocessing_context unset, "
-        "or give 'fork'"
-    )

@@ -37,6 +37,14 @@ class Finished:
         self.outputs = tuple(outputs)
 
 
+def _note(e: BaseException, text: str) -> None:
+    """Add ``text`` to an exception's notes (Python 3.11+; before, said in its arguments)."""
+    if hasattr(e, "add_note"):
+        e.add_note(text)
+    else:  # pragma: no cover - Python 3.10
+        e.args = (*e.args, text)
+
+
 def shareable(a):
     """A copy of an ``(i, j, k)`` array region as a torch tensor whose memory is DALI's layout
     (k, j, i contiguous), so the main process feeds it without another copy; a DataLoader moves
@@ -60,14 +68,16 @@ def here():
 class ResampleInWorkers:
     """A DataLoader's ``worker_init_fn`` that makes each worker, as it starts, resample the
     samples of every :class:`~medproc.proxy.ProxyTransform` it runs (the server's, a copy of
-    it, or one made apart: each with its own spec's graph) on an engine of its own (DALI's CPU
-    backend, ``threads`` threads, None: the worker's share of the cores; built in the worker,
-    never inherited through the fork), then calls the user's ``then``. Outputs go back in
-    pieces of the loader's ``arena`` (anonymous shared memory: no ``/dev/shm`` file and no
-    file descriptor per output; a shared-memory tensor only when no piece is free)."""
+    it, or one made apart: plans from the transform's spec, voxels by the server's ``graph``,
+    as the server's own pipeline would) on an engine of its own (DALI's CPU backend,
+    ``threads`` threads, None: the worker's share of the cores; built in the worker, never
+    inherited through the fork), then calls the user's ``then``. Outputs go back in pieces of
+    the loader's ``arena`` (anonymous shared memory: no ``/dev/shm`` file and no file
+    descriptor per output; a shared-memory tensor, copied by the main process, only when no
+    piece is free)."""
 
-    def __init__(self, arena, threads: int | None = None, then=None):
-        self.arena, self.threads, self.then = arena, threads, then
+    def __init__(self, arena, graph, threads: int | None = None, then=None):
+        self.arena, self.graph, self.threads, self.then = arena, graph, threads, then
         self._engine = None
 
     def __call__(self, worker_id: int) -> None:
@@ -79,14 +89,13 @@ class ResampleInWorkers:
         if self.then is not None:
             self.then(worker_id)
 
-    def resample(self, array, labels, plan, spec) -> Finished:
+    def resample(self, array, labels, plan) -> Finished:
         """One sample through this worker's pipeline, its outputs in arena pieces."""
-        from .pipeline import Engine, Graph, Job
+        from .pipeline import Engine, Job
 
         if self._engine is None:
             self._engine = Engine("cpu", batch_size=1, num_threads=self.threads)
-        graph = Graph.from_spec(spec, labels=len(labels), channels_first=True)
-        (res,) = self._engine.run([Job(array, plan, tuple(labels))], graph)
+        (res,) = self._engine.run([Job(array, plan, tuple(labels))], self.graph)
         return Finished(self._ship(np.asarray(a)) for a in res)
 
     def _ship(self, a: np.ndarray):

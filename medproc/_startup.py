@@ -15,7 +15,7 @@ import contextlib
 import os
 import sys
 
-__all__ = ["is_command", "without_unused_imports"]
+__all__ = ["is_command", "without_unused_imports", "quiet_early_interrupt", "python_interrupt"]
 
 #: imported by our dependencies, never used by medproc
 UNUSED = ("requests",)
@@ -47,3 +47,34 @@ def without_unused_imports(command: bool | None = None, names: tuple = UNUSED):
         for m in marked:
             if m in sys.modules and sys.modules[m] is None:
                 del sys.modules[m]
+
+
+def _interrupted(signum, frame) -> None:  # pragma: no cover - runs in the command's process
+    os.write(2, b"medproc: interrupted\n")
+    os._exit(130)
+
+
+def quiet_early_interrupt(command: bool | None = None) -> None:
+    """In the command's own process, a Ctrl-C while its modules still import ends it at once,
+    status 130, with one line instead of an import traceback; the command puts Python's own
+    handler back as it starts (:func:`python_interrupt`). ``command``: as :func:`is_command`."""
+    if not (is_command() if command is None else command):
+        return
+    import signal
+
+    try:
+        signal.signal(signal.SIGINT, _interrupted)
+    except ValueError:  # (not the main thread)
+        pass
+
+
+def python_interrupt() -> None:
+    """Python's own Ctrl-C handler (KeyboardInterrupt) back, if :func:`quiet_early_interrupt`
+    had set the early one."""
+    import signal
+
+    try:
+        if signal.getsignal(signal.SIGINT) is _interrupted:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # (not the main thread)
+        pass

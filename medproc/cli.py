@@ -20,6 +20,9 @@ import sys
 import textwrap
 import traceback
 
+from ._malloc import keep_scratch
+from ._startup import python_interrupt
+
 __all__ = ["main", "run", "build_parser", "plain_console"]
 
 
@@ -284,9 +287,6 @@ def _command(a) -> int:
 
     if a.command != "trace":  # (reading a trace with MEDPROC_TRACE still set adds nothing)
         started()
-    from ._malloc import keep_scratch
-
-    keep_scratch()  # (DALI's CPU scratch reused run after run, in the workers too)
     verbose = getattr(a, "verbose", False)
     if verbose:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
@@ -370,9 +370,8 @@ class _LeanDali:
 
 
 def _lean_dali_import() -> None:
-    """In the program only (never the library): importing DALI spends ~0.1 s of its ~0.3 s on
-    operator signatures and docstrings for ``inspect``/``help``, which a command line never
-    shows; they are left empty, the operators work as before."""
+    """In the program only: importing DALI spends ~0.1 s of its ~0.3 s on operator signatures
+    and docstrings for ``inspect``/``help``, which a command line never shows: left empty."""
     if "nvidia.dali" not in sys.modules and not any(
         isinstance(f, _LeanDali) for f in sys.meta_path
     ):
@@ -384,6 +383,8 @@ def run(argv=None) -> None:
     status (``os._exit``): every file is closed and every pool stopped by then, and the
     interpreter's teardown (DALI, pydicom, numpy...) is skipped. Never call it from a program
     that should go on: call :func:`main`."""
+    python_interrupt()  # (KeyboardInterrupt from here on: the command's own handling)
+    keep_scratch()  # (DALI's CPU scratch reused run after run, in the forked workers too)
     _lean_dali_import()
     rc = main(argv)
     for stream in (sys.stdout, sys.stderr):

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ._proxy_items import Pending, collate, here, shareable
+from ._proxy_items import Pending, _note, collate, here, shareable
 from .annotations.boxes import clip_boxes, lesion_boxes
 from .plan import Plan, make_plan, say_notes
 from .spec import Spec
@@ -41,7 +41,7 @@ ROUTES = ("engine", "dali-proxy")
 
 
 class ProxyTransform:
-    """Plan a sample and hand its voxels to the server; map its lesions. Picklable.
+    """Plan a sample and hand its voxels over (or resample them in this worker); map its lesions.
 
     Takes a dict with ``"image"`` (a :class:`~medproc.Volume`), optionally ``"label"`` (a
     Volume on the image's grid) and ``"lesions"`` (:class:`~medproc.annotations.Lesions`), and
@@ -113,7 +113,7 @@ class ProxyTransform:
             try:
                 plan = plan.augmented(self.augment(plan, self._generator()))
             except Exception as e:  # (a user's augment: say which sample, keep the rest)
-                e.add_note(f"in medproc's proxy, sample {img.meta.get('source') or '?'}")
+                _note(e, f"in medproc's proxy, sample {img.meta.get('source') or '?'}")
                 raise
         return plan
 
@@ -167,11 +167,11 @@ class ProxyTransform:
             out["image"] = refs[0]
             if lab is not None:
                 out["label"] = refs[1]
-        elif here() is not None:  # DALI's CPU backend, in this worker
+        elif (local := here()) is not None:  # DALI's CPU backend, in this worker
             try:
-                out["image"] = here().resample(arr, labs, plan, self.spec)
+                out["image"] = local.resample(arr, labs, plan)
             except Exception as e:  # (named here, where the sample is known)
-                e.add_note(f"in medproc's proxy, sample {img.meta.get('source') or '?'}")
+                _note(e, f"in medproc's proxy, sample {img.meta.get('source') or '?'}")
                 raise
         else:
             out["image"] = Pending(self._ship(arr), [self._ship(a) for a in labs], plan)
@@ -376,8 +376,9 @@ class ProxyServer:
 
             base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=0, **kw)
             return Mapped(base, self._proxy.server.produce_data)
-        from ._proxy_arena import Arena, Streamed, WithArena, arena_bytes, fork_context
+        from ._proxy_arena import Arena, WithArena, arena_bytes
         from ._proxy_items import ResampleInWorkers
+        from ._proxy_stream import Streamed, fork_context
 
         arena, local = None, num_workers > 0 and self._in_workers
         if num_workers > 0:
@@ -391,7 +392,7 @@ class ProxyServer:
             # see medproc._proxy_items)
             then = kw.get("worker_init_fn")
             if local:
-                kw["worker_init_fn"] = ResampleInWorkers(arena, self._threads, then)
+                kw["worker_init_fn"] = ResampleInWorkers(arena, self._graph, self._threads, then)
             else:
                 kw["worker_init_fn"] = WithArena(self.transform, arena, then)
         base = tud.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kw)

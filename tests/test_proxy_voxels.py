@@ -188,3 +188,63 @@ def test_a_loader_batch_size_the_server_cannot_take_is_refused_naming_it(size):
             ValueError, match=r"batch_size must be a whole number from 1 to .* 2, got"
         ):
             server.loader(Volumes([], server.transform), batch_size=size)
+
+
+class Kept(Volumes):
+    """A dataset that keeps the transform's outputs and returns them again (a cache)."""
+
+    def __init__(self, vols, transform):
+        super().__init__(vols, transform)
+        self.kept = {}
+
+    def __getitem__(self, i):
+        if i not in self.kept:
+            self.kept[i] = super().__getitem__(i)
+        return self.kept[i]
+
+
+@pytest.mark.parametrize("where", ["server", "workers"])
+def test_an_output_handed_over_twice_is_refused_not_read_from_another_sample(where):
+    """A dataset returning a kept transform output again made the loop read whatever sample
+    had its arena piece by then (wrong values, no error)."""
+    vols = [_synthetic(False)[0].with_array(np.full((70, 80, 36), float(i), np.float32))
+            for i in range(4)]  # fmt: skip
+    with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2, resample_in=where) as s:
+        loader = s.loader(Kept(vols, s.transform), batch_size=2, num_workers=1)
+        first = [float(b["image"][n].mean()) for b in loader for n in range(2)]
+        assert first == [0.0, 1.0, 2.0, 3.0]
+        with pytest.raises(RuntimeError, match="handed over twice"):
+            list(loader)
+
+
+class Redrawn(Volumes):
+    """A dataset that draws each sample twice and keeps the second (the first is dropped)."""
+
+    def __getitem__(self, i):
+        super().__getitem__(i)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("where", ["server", "workers"])
+def test_pieces_of_outputs_dropped_in_the_workers_are_given_back_after_each_epoch(where):
+    vol = _synthetic(False)[0]
+    with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2, resample_in=where) as s:
+        loader = s.loader(Redrawn([vol] * 4, s.transform), batch_size=2, num_workers=2)
+        for _ in range(3):
+            assert sum(len(b["image"]) for b in loader) == 4
+            assert not any(loader.arena._size[:])
+
+
+def test_a_transform_made_apart_resamples_as_the_server_does_on_every_cpu_way():
+    """Plans follow the transform's spec (spacing), voxels the server's (interp, dtype), with
+    or without workers: num_workers must not change the results."""
+    vol = _synthetic(False)[0]
+    apart = ProxyTransform(Spec(spacing=3.0, interp="nearest", dtype="float16"))
+    got = []
+    for where, workers in (("server", 0), ("server", 2), ("workers", 2)):
+        with ProxyServer(Spec(spacing=3.0), device="cpu", batch_size=1, resample_in=where) as s:
+            (b,) = list(s.loader(Volumes([vol], apart), batch_size=1, num_workers=workers))
+            got.append(b["image"][0])
+    for t in got[1:]:
+        assert t.dtype == got[0].dtype == torch.float32
+        np.testing.assert_allclose(t.numpy(), got[0].numpy(), atol=1e-6)

@@ -39,3 +39,41 @@ def test_marked_modules_are_absent_inside_and_import_normally_after(tmp_path, mo
 
         assert medproc_unused_probe.VALUE == 1
     assert is_command() is False  # pytest is not the medproc command
+
+
+def test_a_ctrl_c_while_the_command_imports_ends_it_without_a_traceback(tmp_path):
+    """A Ctrl-C in the command's first ~0.2 s (its imports) printed an import traceback; it
+    now ends the command with status 130 and one line (later, the command's own handling)."""
+    import os
+    import signal
+    import time
+
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "sample_data", "dicom")
+    for n, delay in enumerate((0.05, 0.1, 0.15, 0.2, 0.3)):
+        p = subprocess.Popen(
+            [sys.executable, "-m", "medproc", "convert", src, "-o", str(tmp_path / str(n)), "-q"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+        assert "Traceback" not in err, (delay, err[-2000:])
+        assert p.returncode in (0, 130), (delay, p.returncode, err[-2000:])
+        assert p.returncode == 0 or "interrupted" in err
+
+
+def test_a_library_user_s_ctrl_c_handler_is_python_s_own():
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import signal, medproc; "
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "True"
