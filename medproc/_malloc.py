@@ -4,8 +4,8 @@ DALI's CPU resize takes each sample's scratch from ``malloc`` in blocks of 32 Mi
 above glibc's largest dynamic mmap threshold (32 MiB): every block is a fresh mapping, unmapped
 when freed, whose pages fault again on every run. A 256 x 256 x 200 CT resampled to 1.5 mm RAS
 (3 slabs, one thread, the 2-core machine) took 77-104 ms and ~11,000 page faults per run, and
-50-61 ms and ~500 faults with such blocks taken from the heap; the same volume uncut, 43-45 ms
-either way. The thresholds are raised just past those blocks: a volume-sized array (larger)
+50-61 ms and ~500 faults with such blocks taken from the heap (higher thresholds than these;
+these measured alike); the same volume uncut, 43-45 ms either way. The thresholds are raised just past those blocks: a volume-sized array (larger)
 is still a mapping of its own, given back when freed, and at most :data:`TRIM_THRESHOLD` of
 free heap is kept. Set in the ``medproc`` command's process (the workers it forks inherit it;
 the GPU route's spawned workers do no DALI CPU work) and in the proxy's CPU workers; a library
