@@ -436,7 +436,8 @@ bars("docs/results/loader_h200.json", "96^3 training patches, H200", key="sample
             "Conversion is not plotted here: its early in-process rounds compared unequal gzip work "
             "(medproc writes igzip level 1, ITK zlib's default: larger files, written faster). At "
             "equal work (uncompressed `.nii`, whole processes) medproc is slower than SimpleITK at "
-            'its best: `docs/benchmarks.md`, "Equal work".',
+            "its best for 1 to 4 series and faster for 16 on 2 cores: `docs/benchmarks.md`, "
+            '"Equal work".',
         ),
         (
             "md",
