@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 
 from ._startup import quiet_early_interrupt, without_unused_imports
-from .errors import (
+
+quiet_early_interrupt()  # (the medproc command: Ctrl-C while importing, no traceback)
+from .errors import (  # noqa: E402
     DeviceError,
     GeometryError,
     GeometryWarning,
@@ -18,7 +20,6 @@ from .errors import (
     UsageError,
 )
 
-quiet_early_interrupt()  # (the medproc command: Ctrl-C while importing, no traceback)
 with without_unused_imports():  # the medproc command does not import pydicom's `requests`
     from .io import load, save
     from .plan import Plan, make_plan

@@ -115,8 +115,9 @@ class Arena:
         weakref.finalize(self, pins.close)  # (before the memory goes back: it may be reused)
         return True
 
-    def _take(self, size: int) -> tuple[int, int] | None:
-        """(entry, offset) of a free piece of ``size`` bytes (first fit), taken; None if none."""
+    def _take(self, size: int) -> tuple[int, int, int] | None:
+        """(entry, offset, generation) of a free piece of ``size`` bytes (first fit), taken;
+        None if none."""
         with self._lock:
             sizes = self._size[:]
             free = next((i for i, s in enumerate(sizes) if s == 0), None)
@@ -132,7 +133,7 @@ class Arena:
                 return None
             self._start[free], self._size[free] = at, size
             self._gen[free] += 1
-            return free, at
+            return free, at, self._gen[free]
 
     def _alloc(self, dhw_shape: tuple, dtype) -> Slot | None:
         """Take a free piece for a C-ordered array of ``dhw_shape`` and ``dtype``; None when
@@ -141,8 +142,7 @@ class Arena:
         got = self._take(max(1, int(np.prod(dhw_shape)) * dtype.itemsize))
         if got is None:
             return None
-        gen = self._gen[got[0]]
-        return Slot(got[0], got[1], tuple(int(x) for x in dhw_shape), str(dtype), gen)
+        return Slot(got[0], got[1], tuple(int(x) for x in dhw_shape), str(dtype), got[2])
 
     def take(self, dhw_shape: tuple, dtype) -> tuple[Slot, np.ndarray] | None:
         """A free piece for a C-ordered array of ``dhw_shape`` and ``dtype`` and that array (a

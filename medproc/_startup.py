@@ -24,6 +24,9 @@ UNUSED = ("requests",)
 def is_command() -> bool:
     """Whether this process is the ``medproc`` command (the console script, or ``python -m
     medproc``)."""
+    mp = sys.modules.get("multiprocessing")  # (a spawned child re-runs the parent's main)
+    if mp is not None and mp.parent_process() is not None:
+        return False
     name = os.path.basename(sys.argv[0]) if sys.argv else ""
     if name in ("medproc", "medproc.exe"):
         return True
@@ -49,6 +52,9 @@ def without_unused_imports(command: bool | None = None, names: tuple = UNUSED):
                 del sys.modules[m]
 
 
+_PREVIOUS: list = []  # the Ctrl-C handler quiet_early_interrupt replaced
+
+
 def _interrupted(signum, frame) -> None:  # pragma: no cover - runs in the command's process
     os.write(2, b"medproc: interrupted\n")
     os._exit(130)
@@ -56,25 +62,28 @@ def _interrupted(signum, frame) -> None:  # pragma: no cover - runs in the comma
 
 def quiet_early_interrupt(command: bool | None = None) -> None:
     """In the command's own process, a Ctrl-C while its modules still import ends it at once,
-    status 130, with one line instead of an import traceback; the command puts Python's own
-    handler back as it starts (:func:`python_interrupt`). ``command``: as :func:`is_command`."""
+    status 130, with one line instead of an import traceback; the command puts the handler it
+    replaced back as it starts (:func:`python_interrupt`). Only Python's own handler is
+    replaced: a process started with Ctrl-C ignored (a background job of a script) keeps
+    ignoring it. ``command``: as :func:`is_command`."""
     if not (is_command() if command is None else command):
         return
     import signal
 
     try:
-        signal.signal(signal.SIGINT, _interrupted)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            _PREVIOUS[:] = [signal.signal(signal.SIGINT, _interrupted)]
     except ValueError:  # (not the main thread)
         pass
 
 
 def python_interrupt() -> None:
-    """Python's own Ctrl-C handler (KeyboardInterrupt) back, if :func:`quiet_early_interrupt`
-    had set the early one."""
+    """The Ctrl-C handler :func:`quiet_early_interrupt` replaced back (Python's own:
+    KeyboardInterrupt), if it had set the early one."""
     import signal
 
     try:
-        if signal.getsignal(signal.SIGINT) is _interrupted:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if _PREVIOUS and signal.getsignal(signal.SIGINT) is _interrupted:
+            signal.signal(signal.SIGINT, _PREVIOUS.pop())
     except ValueError:  # (not the main thread)
         pass

@@ -84,3 +84,30 @@ def test_a_library_user_s_ctrl_c_handler_is_python_s_own():
         check=True,
     )
     assert out.stdout.strip() == "True"
+
+
+def test_a_command_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
+    """A background job of a script starts with SIGINT ignored: the early handler replaced
+    that, and the command then stopped on a Ctrl-C meant for the script (a review)."""
+    import os
+    import signal
+    import time
+
+    src = os.path.join(os.path.dirname(os.path.dirname(__file__)), "sample_data", "dicom")
+    p = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "medproc", "convert", src, "-o",
+         str(tmp_path / "out"), "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    for line in p.stderr:
+        if line.rstrip().endswith("medproc.errors"):
+            break
+    for _ in range(3):  # (while importing, and after)
+        time.sleep(0.1)
+        p.send_signal(signal.SIGINT)
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 0, err[-2000:]
+    assert "interrupted" not in err
