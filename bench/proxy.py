@@ -10,9 +10,11 @@ lesions. Two tasks:
 - ``whole``: -> 1.5 mm RAS + intensity window, the whole volume (detection / inference).
 Loaders:
 - ``proxy (engine)``: workers plan, map lesions and hand the input box over in shared memory;
-  the engine resamples the batch on the GPU in the main process, ahead of the consumer;
+  the engine resamples the batch on the GPU in the main process, ahead of the consumer
+  (``--device cpu``: each worker resamples its samples on DALI's CPU backend);
 - ``proxy (DALI Proxy)``: the same transform through DALI Proxy's DALIServer (crop only);
-- ``plain``: workers plan, map lesions and resample with SimpleITK (1 thread each, on the plan's
+- ``plain``: workers plan, map lesions and resample with SimpleITK (on SimpleITK images each
+  worker made once, the cores shared out among the workers as ITK threads, on the plan's
   exact output grid, + the same intensity step), the batch is collated and moved to the GPU.
 """
 
