@@ -93,8 +93,14 @@ class Streamed:
                 given += 1
                 yield batch
             whole = True
-        except Exception:
+        except Exception as e:
             failed = True
+            bad = getattr(e, "batch_extra", None)  # (the batch the engine refused, if it was)
+            if isinstance(bad, dict) and isinstance(bad.get("meta"), list):
+                from ._proxy_items import _note
+
+                names = [str((m or {}).get("source") or "?") for m in bad["meta"]]
+                _note(e, f"in medproc's proxy, a batch of samples {', '.join(names)}")
             raise
         finally:
             self._live -= 1

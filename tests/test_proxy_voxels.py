@@ -248,3 +248,19 @@ def test_a_transform_made_apart_resamples_as_the_server_does_on_every_cpu_way():
     for t in got[1:]:
         assert t.dtype == got[0].dtype == torch.float32
         np.testing.assert_allclose(t.numpy(), got[0].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize(("where", "workers"), [("server", 0), ("server", 2), ("workers", 2)])
+def test_a_value_the_engine_refuses_names_the_samples(where, workers):
+    """int64 voxels beyond float32's exact range are refused by the engine: through the
+    server's pipeline the error named no sample."""
+    from medproc import MedprocError, Volume
+
+    good = _synthetic(False)[0]
+    big = Volume(np.full((20, 20, 20), 2**40, np.int64), np.eye(4), {"source": "case3.nii.gz"})
+    vols = [good, big]
+    with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2, resample_in=where) as s:
+        with pytest.raises(MedprocError, match="cannot be resampled exactly") as e:
+            list(s.loader(Volumes(vols, s.transform), batch_size=2, num_workers=workers))
+    said = str(e.value) + " ".join(getattr(e.value, "__notes__", []))
+    assert "case3.nii.gz" in said

@@ -252,11 +252,11 @@ class Engine:
         cur = next(it, None)
         if cur is None:
             return
-        batch = self._prepare(*cur, into=into)
+        batch = self._prepared(cur, into)
         batch.start()
         while True:
             nxt = next(it, None)
-            ahead = None if nxt is None else self._prepare(*nxt, into=into)
+            ahead = None if nxt is None else self._prepared(nxt, into)
             if ahead is not None and ahead.runner is not batch.runner:
                 ahead.start()  # another pipeline: fed before this batch is waited on
             joiner = None
@@ -272,6 +272,16 @@ class Engine:
             if ahead is None:
                 return
             batch = ahead
+
+    def _prepared(self, item: tuple, into) -> _Batch:
+        """:meth:`_prepare` of a ``(jobs, graph, extra)`` item; an error (a dtype or value it
+        refuses) carries the item's ``extra`` as ``batch_extra``, for the caller to say which
+        samples it was."""
+        try:
+            return self._prepare(*item, into=into)
+        except Exception as e:
+            e.batch_extra = item[2]
+            raise
 
     def _prepare(self, jobs, graph: Graph, extra, into=None) -> _Batch:
         """A batch ready to feed (checked and in DALI's dtypes); on the CPU with big volumes cut
