@@ -280,7 +280,8 @@ class Engine:
         try:
             return self._prepare(*item, into=into)
         except Exception as e:
-            e.batch_extra = item[2]
+            with contextlib.suppress(AttributeError, TypeError):  # (an exception without a dict)
+                e.batch_extra = item[2]
             raise
 
     def _prepare(self, jobs, graph: Graph, extra, into=None) -> _Batch:
