@@ -153,11 +153,17 @@ class Arena:
     def put(self, region: np.ndarray) -> Slot | None:
         """Copy an ``(i, j, k[, C])`` region into a free piece in DALI's layout (one copy, in
         a worker); None when no piece of its size is free right now."""
-        dhw = region.transpose(2, 1, 0) if region.ndim == 3 else region.transpose(2, 1, 0, 3)
-        got = self.take(dhw.shape, dhw.dtype)
+        return self.put_as_is(
+            region.transpose(2, 1, 0) if region.ndim == 3 else region.transpose(2, 1, 0, 3)
+        )
+
+    def put_as_is(self, a: np.ndarray) -> Slot | None:
+        """Copy ``a`` into a free piece, C-ordered in its own shape; None when no piece of its
+        size is free right now."""
+        got = self.take(a.shape, a.dtype)
         if got is None:
             return None
-        np.copyto(got[1], dhw)
+        np.copyto(got[1], a)
         return got[0]
 
     def _held(self, slot: Slot) -> None:

@@ -6,9 +6,8 @@ Private to :mod:`medproc.proxy`. Where the voxel work runs (``ProxyServer(resamp
 on the GPU one pipeline in the main process serves every worker; on the CPU, with workers,
 each worker resamples its own samples with a DALI CPU pipeline of its own (the cores shared
 out as its threads), as a plain DataLoader would. One pipeline in the main process on the CPU
-had every batch wait for its threads while the workers' cores stood by: on 2 cores it gave
-14 whole volumes or 15 rotated crops per second against 23 and 49 for SimpleITK in the
-workers (``bench/proxy.py --device cpu``, docs/benchmarks.md).
+had every batch wait for its threads while the workers' cores stood by (``bench/proxy.py
+--device cpu``: docs/benchmarks.md, "Without a GPU").
 """
 
 from __future__ import annotations
@@ -99,13 +98,12 @@ class ResampleInWorkers:
         return Finished(self._ship(np.asarray(a)) for a in res)
 
     def _ship(self, a: np.ndarray):
-        got = self.arena.take(a.shape, a.dtype) if self.arena is not None else None
-        if got is None:
+        slot = self.arena.put_as_is(a) if self.arena is not None else None
+        if slot is None:
             import torch
 
             return torch.from_numpy(np.ascontiguousarray(a))
-        np.copyto(got[1], a)
-        return got[0]
+        return slot
 
 
 _BOXES = ("boxes", "boxes_world", "box_labels", "box_lesion")

@@ -11,6 +11,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..pipeline._dtypes import _astype
+from ..pipeline._dtypes import _dtype_name as _dtype
 from ..plan import Plan, intensity_params
 from ..spec import Spec
 from ..volume import Volume
@@ -46,22 +48,12 @@ def interp_of(mode, key) -> str:
     return MODES[m]
 
 
-def _dtype(a) -> str:
-    return str(a.dtype).replace("torch.", "")
-
-
 def _integer(a) -> bool:
     return np.dtype(_dtype(a)).kind in "biu"
 
 
 def _cast(a, dtype: str):
-    if _dtype(a) == dtype:
-        return a
-    if isinstance(a, np.ndarray):
-        return a.astype(dtype)
-    import torch
-
-    return a.to(getattr(torch, dtype))
+    return a if _dtype(a) == dtype else _astype(a, dtype)
 
 
 def _graph_dtype(a) -> str:

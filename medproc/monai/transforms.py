@@ -25,7 +25,7 @@ from ..resample import check_label_grid
 from ..spec import Spec
 from ._key_roles import label_named, say_image_as_label, say_label_as_image
 from ._loadimaged import check_loadimaged_kwargs
-from ._voxels import MONAI_NAME, interp_of, invert, resample_arrays
+from ._voxels import MONAI_NAME, _cast, interp_of, invert, resample_arrays
 from .meta import fetch, store, to_metatensor, to_volume, with_voxels
 
 __all__ = ["LoadVolumed", "Resampled", "plan_of", "invert", "to_metatensor", "to_volume"]
@@ -114,18 +114,12 @@ class LoadVolumed(MapTransform):
             vol = vols[0] if len(vols) == 1 else _channels(vols, key)
             first = vol if first is None else first
             if self.dtype is not None:  # (before wrapping: set_track_meta(False) too)
-                vol = vol.with_array(_cast(vol.array, self.dtype))
+                vol = vol.with_array(_cast(vol.array, np.dtype(self.dtype).name))
             store(d, key, to_metatensor(vol))
         les = d.get(self.lesion_key) if self.lesion_key else None
         if isinstance(les, (str, os.PathLike)) and first is not None:
             d[self.lesion_key] = _lesions_of(os.fspath(les), first)
         return d
-
-
-def _cast(a, dtype: np.dtype):
-    if torch.is_tensor(a):
-        return a.to(get_equivalent_dtype(dtype, torch.Tensor))
-    return a.astype(dtype, copy=False)
 
 
 def _channels(vols: list, key) -> object:
