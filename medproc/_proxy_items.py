@@ -57,11 +57,21 @@ def shareable(a):
 
 #: in a DataLoader worker that resamples (set as it starts): its :class:`ResampleInWorkers`
 _HERE = None
+#: inline loaders (no workers) iterating in this process: while one does, the transforms it
+#: runs hand their boxes over to its engine, even inside a worker that resamples
+_INLINE = 0
 
 
 def here():
-    """This worker's resampler, or None (the main process; workers that hand boxes over)."""
-    return _HERE
+    """This worker's resampler, or None (the main process; workers that hand boxes over; an
+    inline loader iterating in this worker)."""
+    return None if _INLINE else _HERE
+
+
+def inline(step: int) -> None:
+    """An inline loader starts (``step`` 1) or ends (-1) an epoch in this process."""
+    global _INLINE
+    _INLINE += step
 
 
 class ResampleInWorkers:
@@ -80,11 +90,12 @@ class ResampleInWorkers:
         self._engine = None
 
     def __call__(self, worker_id: int) -> None:
-        global _HERE
+        global _HERE, _INLINE
         from ._malloc import keep_scratch
 
         keep_scratch()  # (this worker's DALI scratch reused sample after sample)
-        self._engine, _HERE = None, self
+        # (an inline loop the parent was in when it forked this worker is not this worker's)
+        self._engine, _HERE, _INLINE = None, self, 0
         if self.then is not None:
             self.then(worker_id)
 

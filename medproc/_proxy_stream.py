@@ -10,7 +10,7 @@ import os
 
 from ._proxy_arena import Slot
 
-__all__ = ["Streamed", "fork_context"]
+__all__ = ["Streamed", "fork_context", "batches_checked"]
 
 
 class Streamed:
@@ -73,15 +73,20 @@ class Streamed:
         return x.clone() if x.is_shared() else x
 
     def __iter__(self):
+        from . import _proxy_items
         from .pipeline import stacked
 
         held, pid, given = [], os.getpid(), 0
+        # an inline loader (no workers): its transforms hand their boxes to its engine, even
+        # where the loop runs inside a worker that resamples (a loader in a dataset)
+        solo = self.arena is None and self.engine is not None
         if self.engine is None:
             stream = self._resampled(held)
         else:
             stream = self.engine.stream(self._items(held), as_torch=True, ahead=self.ahead)
         whole = failed = False
         self._live += 1
+        _proxy_items.inline(solo)  # (the stream starts at the first batch, in the try)
         try:
             for res, batch in stream:
                 if self.arena is not None and self.engine is not None:
@@ -103,6 +108,7 @@ class Streamed:
                 _note(e, f"in medproc's proxy, a batch of samples {', '.join(names)}")
             raise
         finally:
+            _proxy_items.inline(-solo)
             self._live -= 1
             if whole and self._live == 0 and self.arena is not None:
                 self.arena.free_all()  # (what is still taken was dropped unread)
@@ -152,3 +158,53 @@ def fork_context(ctx):
         "the transfer arena's memory with this process); leave multiprocessing_context unset, "
         "or give 'fork'"
     )
+
+
+def batches_checked(batch_size, most: int, kw: dict) -> tuple[int, int]:
+    """A proxy loader's batches against its server's batch size ``most`` (DALI's pipelines
+    take at most their batch size): ``(the batch_size for torch's DataLoader, the largest
+    batch)``. A ``batch_sampler`` in ``kw`` (then ``batch_size`` is left at None or 1, as
+    torch's DataLoader wants) is wrapped so that a larger batch it draws is refused by name."""
+    sampler = kw.get("batch_sampler")
+    if sampler is None:
+        whole = isinstance(batch_size, int) and not isinstance(batch_size, bool)
+        if not whole or not 1 <= batch_size <= most:
+            raise ValueError(
+                f"loader batch_size must be a whole number from 1 to the server's batch_size "
+                f"{most}, got {batch_size!r} (a larger one: make the ProxyServer with that "
+                "batch_size)"
+            )
+        return batch_size, batch_size
+    if batch_size not in (None, 1) or isinstance(batch_size, bool):
+        raise ValueError(
+            f"batch_size={batch_size!r} and a batch_sampler: the batch_sampler's batches are "
+            "the loader's batches; leave batch_size out (or 1)"
+        )
+    size = getattr(sampler, "batch_size", None)  # (torch's BatchSampler says it)
+    if isinstance(size, int) and not 1 <= size <= most:
+        raise ValueError(
+            f"the batch_sampler's batch_size {size} is more than the server's batch_size "
+            f"{most} (make the ProxyServer with batch_size={size})"
+        )
+    kw["batch_sampler"] = _AtMost(sampler, most)
+    return 1, most
+
+
+class _AtMost:
+    """A user's batch_sampler whose batches are checked as they are drawn (in this process)."""
+
+    def __init__(self, sampler, most: int):
+        self.sampler, self.most = sampler, most
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __iter__(self):
+        for b in self.sampler:
+            b = list(b)
+            if not 1 <= len(b) <= self.most:
+                raise ValueError(
+                    f"the batch_sampler drew a batch of {len(b)} samples; the server takes "
+                    f"1 to {self.most} (its batch_size)"
+                )
+            yield b

@@ -356,18 +356,17 @@ class ProxyServer:
             return self._proxy.server.__exit__(*exc)
         return False
 
-    def loader(self, dataset, batch_size: int, num_workers: int = 0, **kw):
+    def loader(self, dataset, batch_size: int | None = None, num_workers: int = 0, **kw):
         """An iterable over batches of ``dataset`` (whose samples went through
         :attr:`transform`): images (and labels) as tensors on the device, ``(B, C, i, j, k)``
-        when the output size is fixed, else lists of ``(C, i, j, k)`` tensors."""
+        when the output size is fixed, else lists of ``(C, i, j, k)`` tensors. ``batch_size``
+        (1 to the server's), or a ``batch_sampler`` in ``kw`` whose batches are as large at
+        most; other keywords go to torch's DataLoader."""
         import torch.utils.data as tud
 
-        if not isinstance(batch_size, int) or not 1 <= batch_size <= self._batch:
-            raise ValueError(  # (DALI's pipelines take at most their batch size)
-                f"loader batch_size must be a whole number from 1 to the server's batch_size "
-                f"{self._batch}, got {batch_size!r} (a larger one: make the ProxyServer with "
-                "that batch_size)"
-            )
+        from ._proxy_stream import batches_checked
+
+        batch_size, most = batches_checked(batch_size, self._batch, kw)
         kw.setdefault("collate_fn", collate)
         if self._proxy is not None:
             if num_workers > 0:
@@ -385,7 +384,7 @@ class ProxyServer:
             kw["multiprocessing_context"] = fork_context(kw.get("multiprocessing_context"))
             kw.setdefault("persistent_workers", True)
             held = num_workers * kw.get("prefetch_factor", 2) + self.prefetch + 3
-            n = 4 * held * batch_size * (1 + int(self.with_label))  # (room for breaks)
+            n = 4 * held * most * (1 + int(self.with_label))  # (room for breaks)
             arena = Arena(arena_bytes(self.arena_gb), n, pin=self.device == "gpu")
             # this loader's workers write into its arena, set in each as it starts: their input
             # boxes (WithArena), or on the CPU their outputs (each worker resamples its samples,

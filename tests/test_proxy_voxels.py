@@ -190,6 +190,54 @@ def test_a_loader_batch_size_the_server_cannot_take_is_refused_naming_it(size):
             server.loader(Volumes([], server.transform), batch_size=size)
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_batch_sampler_s_batches_are_checked_against_the_server(workers):
+    vol = _synthetic(False)[0]
+    with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2) as server:
+        ds = Volumes([vol] * 3, server.transform)
+        ok = server.loader(ds, batch_sampler=[[0, 1], [2]], num_workers=workers)
+        assert [len(b["image"]) for b in ok] == [2, 1] and len(ok) == 2
+        big = torch.utils.data.BatchSampler(range(3), batch_size=3, drop_last=False)
+        with pytest.raises(ValueError, match="batch_sampler's batch_size 3 is more than"):
+            server.loader(ds, batch_sampler=big)
+        with pytest.raises(ValueError, match="batch_size=2 and a batch_sampler"):
+            server.loader(ds, 2, batch_sampler=[[0, 1]])
+        drawn = server.loader(ds, batch_sampler=[[0], [0, 1, 2]], num_workers=workers)
+        with pytest.raises(ValueError, match="drew a batch of 3 samples; the server takes 1 to 2"):
+            list(drawn)
+
+
+class Nested(torch.utils.data.Dataset):
+    """A dataset whose samples also take a value from an inline proxy loader of another
+    server, run in the workers of a loader that resamples there."""
+
+    def __init__(self, vol, inner, transform):
+        self.vol, self.inner, self.transform = vol, inner, transform
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        (b,) = list(self.inner.loader(Volumes([self.vol], self.inner.transform), batch_size=1))
+        out = self.transform({"image": self.vol})
+        out["inner_mean"] = float(b["image"][0].mean())
+        return out
+
+
+def test_an_inline_loader_inside_a_worker_that_resamples_uses_its_own_server():
+    """The inline loader's transform took the worker's resampler and failed (AttributeError)."""
+    vol = _synthetic(False)[0]
+    with ProxyServer(Spec(spacing=3.0), device="cpu", batch_size=1) as inner:
+        (alone,) = list(inner.loader(Volumes([vol], inner.transform), batch_size=1))
+        with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2, resample_in="workers") as s:
+            (b,) = list(s.loader(Nested(vol, inner, s.transform), batch_size=2, num_workers=1))
+            (plain,) = list(s.loader(Volumes([vol], s.transform), batch_size=1))
+    want = float(alone["image"][0].mean())
+    assert b["inner_mean"].tolist() == pytest.approx([want] * 2)
+    for t in b["image"]:  # the outer samples resampled in the worker, as without the inner loop
+        np.testing.assert_allclose(t.numpy(), plain["image"][0].numpy(), atol=1e-5)
+
+
 class Kept(Volumes):
     """A dataset that keeps the transform's outputs and returns them again (a cache)."""
 
