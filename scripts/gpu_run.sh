@@ -20,6 +20,11 @@ ALL="$*"
 [ -z "$ALL" ] && ALL="tests resample proxy loader convert"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
 if want tests; then
+  # the pre-encoded series the GPU decoding tests collect (tests/test_gpu_load.py), made here
+  # when they were not carried and the encoders (imagecodecs, staged as a wheel) are there
+  if [ ! -d .gpu-data/decode96 ] && python -c "import imagecodecs" 2>/dev/null; then
+    python scripts/make_decode_data.py .gpu-data/decode96 --size 96 --slices 3 > /dev/null
+  fi
   python -m pytest -m gpu -q -p no:cacheprovider tests/ --ignore=tests/test_notebooks.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -15
 fi
 if want resample; then
