@@ -319,16 +319,30 @@ def test_loadvolumed_takes_loadimageds_switches_where_they_mean_what_it_does(sam
         LoadVolumed("image", image_only=False)
 
 
-def test_bfloat16_images_are_refused_naming_the_key_and_the_fix():
-    """numpy has no bfloat16: torch's "unsupported ScalarType BFloat16" named neither."""
+def test_bfloat16_voxels_are_resampled_and_inverted_as_float32_and_complex_refused():
+    """An autocast prediction (bfloat16) was refused, where MONAI's Invertd inverts it: float32
+    holds it exactly, so it is taken as float32. Complex voxels stay refused, naming the key
+    (torch's "unsupported ScalarType" named neither)."""
     import torch
     from monai.data import MetaTensor
 
     from medproc.monai import Resampled
 
-    d = {"image": MetaTensor(torch.zeros(1, 6, 6, 6, dtype=torch.bfloat16), affine=torch.eye(4))}
-    with pytest.raises(ValueError, match=r"key 'image'.*bfloat16.*float32"):
-        Resampled(["image"], spec=medproc.Spec(spacing=2.0), device="cpu")(d)
+    rng = np.random.default_rng(0)
+    vals = torch.from_numpy(rng.normal(size=(1, 12, 10, 8)).astype(np.float32))
+    aff = torch.diag(torch.tensor([1.0, 1.2, 1.5, 1.0], dtype=torch.float64))
+    r = Resampled(["image"], spec=medproc.Spec(spacing=2.0), device="cpu")
+    half = r({"image": MetaTensor(vals.to(torch.bfloat16), affine=aff)})["image"]
+    full = r({"image": MetaTensor(vals.to(torch.bfloat16).float(), affine=aff)})["image"]
+    assert half.dtype == torch.float32 and torch.equal(half.as_tensor(), full.as_tensor())
+    pred = half.clone().to(torch.bfloat16)  # (the applied operations kept)
+    back = r.inverse({"image": pred})["image"]
+    want = r.inverse({"image": half.clone().to(torch.bfloat16).float()})["image"]
+    assert back.shape == vals.shape and back.dtype == torch.float32
+    assert torch.equal(back.as_tensor(), want.as_tensor())
+    d = {"image": MetaTensor(torch.zeros(1, 6, 6, 6, dtype=torch.complex64), affine=torch.eye(4))}
+    with pytest.raises(ValueError, match=r"key 'image'.*complex64.*float32"):
+        r(d)
 
 
 def test_a_lesion_file_listing_the_case_under_a_near_name_is_said(sample_data, tmp_path):
@@ -374,6 +388,26 @@ def test_a_label_map_given_an_images_mode_is_said_and_roles_named_backwards_too(
     assert set(np.unique(out["label"].numpy())) <= set(np.unique(d["label"].numpy()))
     with pytest.warns(medproc.errors.MedprocWarning, match="the first key \\('seg'\\)"):
         Resampled(["seg", "img"], spec)
+    # a label map on its own, without mode= (the first key is the image): the same window was
+    # applied without a word (a MONAI user's finding)
+    with pytest.warns(medproc.errors.MedprocWarning, match="key 'label' looks like a label map"):
+        Resampled("label", spec)(dict(d))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", medproc.errors.MedprocWarning)
+        Resampled("label", spec, mode="nearest")(dict(d))
+        Resampled("image", spec)(dict(d))  # (a CT image: whole numbers, not named like a label)
+
+
+def test_spacingd_s_arguments_are_refused_saying_where_the_spec_takes_them():
+    """Spacingd's keywords moved over to Resampled gave a bare TypeError."""
+    spec = medproc.Spec(spacing=1.5)
+    Resampled("image", spec, padding_mode="border", align_corners=False)  # (no effect)
+    with pytest.raises(TypeError, match="Spacingd's pixdim=.*Spec\\(spacing=pixdim"):
+        Resampled("image", spec, pixdim=(1.5, 1.5, 2.0))
+    with pytest.raises(TypeError, match="padding_mode='zeros'.*Spec\\(fill=0\\)"):
+        Resampled("image", spec, padding_mode="zeros")
+    with pytest.raises(TypeError, match="argument 'mdoe' \\(did you mean 'mode'\\?\\)"):
+        Resampled("image", spec, mdoe="nearest")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -17,16 +17,17 @@ def label_named(key) -> bool:
 
 
 def say_label_as_image(keys, vols, roles) -> bool:
-    """Warn (once: returns True) when a key after the first, resampled as an image, holds what
-    looks like a label map: whole numbers named like one or with few values. With one mode for
-    every key it gets the spec's intensity step and interpolation (a label of 0/1/2 clipped and
-    scaled came back as 0.714-0.716 everywhere), where MONAI's intensity transforms touch only
-    the keys they name."""
-    for k in keys[1:]:
+    """Warn (once: returns True) when a key resampled as an image holds what looks like a
+    label map: whole numbers named like one, or, after the first key, with few values. With
+    one mode for every key it gets the spec's intensity step and interpolation (a label of
+    0/1/2 clipped and scaled came back as 0.714-0.716 everywhere), where MONAI's intensity
+    transforms touch only the keys they name. (The first key is the image unless told: judged
+    by its name alone, ``Resampled("label", spec)``.)"""
+    for n, k in enumerate(keys):
         a = vols[k].array
         if roles[k][1] or _dtype_name(a)[:3] not in ("int", "uin", "boo"):
             continue
-        if label_named(k) or len(_values(a)) <= 16:
+        if label_named(k) or (n > 0 and len(_values(a)) <= 16):
             import warnings
 
             from ..errors import MedprocWarning

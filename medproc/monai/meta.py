@@ -75,7 +75,8 @@ def to_metatensor(vol: Volume, **meta) -> MetaTensor:
 
 def to_volume(x, affine=None) -> Volume:
     """A MONAI image ``(C, i, j, k)`` (MetaTensor, tensor or array, + affine) as a Volume: a view,
-    on the same device (CPU tensors become numpy arrays).
+    on the same device (CPU tensors become numpy arrays); bfloat16 voxels (an autocast
+    prediction) as a float32 copy, which holds them exactly.
 
     Raises
     ------
@@ -126,7 +127,9 @@ def to_volume(x, affine=None) -> Volume:
     if torch.is_tensor(x):
         x = x.as_tensor() if isinstance(x, MetaTensor) else x
         x = x.detach()
-        if x.dtype in (torch.bfloat16, torch.complex64, torch.complex128):
+        if x.dtype == torch.bfloat16:  # (an autocast prediction: float32 holds it exactly)
+            x = x.float()
+        if x.dtype in (torch.complex64, torch.complex128):
             raise ValueError(
                 f"{x.dtype} voxels cannot be resampled (numpy and DALI have no such type): cast "
                 "the image to float32 first (e.g. EnsureTyped(dtype=torch.float32))"

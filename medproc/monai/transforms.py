@@ -24,7 +24,7 @@ from ..plan import Plan, make_plan, say_notes
 from ..resample import check_label_grid
 from ..spec import Spec
 from ._key_roles import label_named, say_image_as_label, say_label_as_image
-from ._loadimaged import check_loadimaged_kwargs
+from ._loadimaged import check_loadimaged_kwargs, check_spacingd_kwargs
 from ._voxels import MONAI_NAME, _cast, interp_of, invert, resample_arrays
 from .meta import fetch, store, to_metatensor, to_volume, with_voxels
 
@@ -229,7 +229,9 @@ class Resampled(MapTransform, InvertibleTransform):
         device: str = "cpu",
         lesion_key: str | None = None,
         allow_missing_keys=False,
+        **spacingd,
     ):
+        check_spacingd_kwargs(spacingd, inspect.signature(Resampled).parameters)
         super().__init__(keys, allow_missing_keys)
         if not isinstance(spec, Spec):
             raise TypeError(f"spec must be a medproc.Spec, got {type(spec).__name__}")
