@@ -24,10 +24,16 @@ def find_dicom_labels(roots) -> dict[str, str]:
     Headers only. The keys match the manifest's ``series_uid`` column, so the result can be
     passed as ``labels=`` to :func:`write_nnunet` / :func:`write_monai_datalist`. Where two
     files (not copies of one: another SOPInstanceUID) annotate one series, the first in path
-    order is used and a warning names both (pass ``labels=`` yourself to choose).
+    order is used and a warning names both (pass ``labels=`` yourself to choose). A root that
+    does not exist is a :class:`~medproc.errors.ReadError` naming it.
     """
+    from .errors import ReadError
+
     out: dict[str, str] = {}
     roots = [os.fspath(r) for r in ([roots] if isinstance(roots, (str, os.PathLike)) else roots)]
+    for r in roots:  # (a mistyped path gave no labels: every case unlabelled, unsaid)
+        if not os.path.exists(r):
+            raise ReadError("no such file or folder; check the path", r)
     files = [r for r in roots if os.path.isfile(r)]
     files += [os.path.join(d, n) for r in roots for d, _, fs in os.walk(r) for n in fs]
     files.sort()  # (path order, whether given as files or found under folders: the CLI gives

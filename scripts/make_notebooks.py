@@ -147,7 +147,7 @@ for les in lesions.on_grid(vol.affine, vol.shape):
 fig, ax = plt.subplots(1, 3, figsize=(13, 4.5))
 for a, view in zip(ax, VIEWS):
     show(a, vol, view, at=lesions.centers[0], lesions=marks)
-fig.suptitle("ct_axial through lesion 1 (lung window); lesions circled in red")
+fig.suptitle("ct_axial through lesion 1 (window -1000..400 HU); lesions circled in red")
 plt.show()""",
         ),
         (
@@ -194,6 +194,13 @@ for les in lesions.on_grid(out.affine, out.shape):
     if les["inside"]:   # affine @ center_voxel == the lesion's RAS centre; the voxel there is lesion
         line += f"  HU there {out.array[tuple(np.round(les['center_voxel']).astype(int))]:.0f}"
     print(line)""",
+        ),
+        (
+            "md",
+            "The oblique slab stops above the second lesion on purpose (its k index is negative): "
+            "a lesion off the grid is kept and flagged `inside False`, never dropped, and "
+            "`medproc convert --annotations` warns about it (\"1 of 2 lesion(s) lie outside the "
+            "image\"), as it would for an annotation table of another image.",
         ),
         (
             "md",

@@ -322,6 +322,8 @@ def test_a_label_of_no_case_and_two_labels_of_one_series_are_said(tmp_path, case
     with pytest.warns(MedprocWarning, match=r"a.dcm and .*b.dcm all annotate series " + UID):
         assert find_dicom_labels([b, a]) == {UID: a}  # (files as convert's scan lists them:
     # path order too; the CLI used the one found first, the library the first by name)
+    with pytest.raises(MedprocError, match=r"not-there: no such file or folder"):
+        find_dicom_labels([str(tmp_path / "t"), str(tmp_path / "not-there")])  # (was {}, unsaid)
     stray = write_seg(tmp_path / "s.dcm", [(10, 1, _square())], {1: "t"}, ref="1.2.3.4.5")
     labels = find_dicom_labels(stray)
     assert labels == {"1.2.3.4.5": stray}
