@@ -199,8 +199,8 @@ for les in lesions.on_grid(out.affine, out.shape):
             "md",
             "The oblique slab stops above the second lesion on purpose (its k index is negative): "
             "a lesion off the grid is kept and flagged `inside False`, never dropped, and "
-            "`medproc convert --annotations` warns about it (\"1 of 2 lesion(s) lie outside the "
-            "image\"), as it would for an annotation table of another image.",
+            '`medproc convert --annotations` warns about it ("1 of 2 lesion(s) lie outside the '
+            'image"), as it would for an annotation table of another image.',
         ),
         (
             "md",
