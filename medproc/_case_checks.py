@@ -82,9 +82,9 @@ def warn_label_like(cases: list) -> None:
         )
 
 
-def check_not_an_input(inputs: list[str], outdir: str) -> None:
-    """A :class:`UsageError` when the output folder is one of the input folders (its files
-    would be no input, and its outputs would land beside the inputs)."""
+def check_not_an_input(inputs: list[str], outdir: str, labels_dir: str | None = None) -> None:
+    """A :class:`UsageError` when the output folder is one of the input folders or the labels
+    folder (its files would be no input, and its outputs would land among the inputs)."""
     from .errors import UsageError
     from .io.walk import file_identity
 
@@ -97,6 +97,11 @@ def check_not_an_input(inputs: list[str], outdir: str) -> None:
                 f"the input folder {p} is also the output folder (-o): medproc never reads its "
                 "output folder as an input; give another -o (e.g. a new folder beside it)"
             )
+    if labels_dir and os.path.isdir(labels_dir) and file_identity(labels_dir) == here:
+        raise UsageError(  # (outputs, sidecars and manifest.csv were written among the labels)
+            f"the labels folder {labels_dir} (--labels) is also the output folder (-o): medproc "
+            "never writes among its inputs; give another -o (e.g. a new folder beside it)"
+        )
 
 
 def say_if_locked(outdir: str) -> None:

@@ -1,5 +1,6 @@
 """Which lesions of an annotation table belong to which case: by SeriesInstanceUID, else by the
-image's file stem or name; and the cases whose key names another case too."""
+image's file stem or name; and the cases whose key names another case too, or that are listed
+under two keys."""
 
 from __future__ import annotations
 
@@ -23,15 +24,22 @@ def _lesion_keys(case) -> list:
 def shared_lesion_keys(cases, table: dict | None) -> dict:
     """``{case source: message}`` for cases whose lesions in ``table`` are found under a key
     (a file stem) that names another case too: two images called ``case001`` in two folders
-    would both get ``case001``'s lesions."""
+    would both get ``case001``'s lesions; and for cases the table lists under two of their keys
+    (the series UID and the folder's name)."""
     if table is None:
         return {}
     by_key: dict = {}
-    for c in cases:
-        key = next((k for k in _lesion_keys(c) if k and k in table), None)
-        if key is not None:
-            by_key.setdefault(key, []).append(c.source)
     out = {}
+    for c in cases:
+        keys = list(dict.fromkeys(k for k in _lesion_keys(c) if k and k in table))
+        if len(keys) > 1:  # (the first key's lesions were used, the others' dropped unsaid)
+            out[c.source] = (
+                f"the annotations list this image under {len(keys)} keys "
+                f"({', '.join(map(repr, keys))}): which lesions are its own is not known; "
+                "list each image under one key (a DICOM series by its SeriesInstanceUID)"
+            )
+        if keys:
+            by_key.setdefault(keys[0], []).append(c.source)
     for key, sources in by_key.items():
         if len(set(sources)) > 1:
             shown = ", ".join(sorted(set(sources))[:4])

@@ -222,7 +222,7 @@ def prepare(
     if dask:
         check_dask(dask)
     check_inputs(inputs, labels_dir)
-    check_not_an_input(inputs, outdir)
+    check_not_an_input(inputs, outdir, labels_dir)
     if annotations and not os.path.exists(annotations):  # (a mistyped path: the command's)
         raise UsageError(
             "no such file (the annotation file, --annotations); check the path", annotations

@@ -160,6 +160,12 @@ def _nifti_cases(root: str, secret_dir: str) -> list[BadCase]:
     f[1, 1, 1] = np.nan
     bad("n_nan_voxels.nii.gz", _nii_bytes(f), "NaN", inspect=False)
     bad("n_vox_offset_beyond_eof.nii", _patch(_nii_bytes(_ct()), 108, "f", 1e9), "holds only")
+    # (nibabel read the header's bytes as the first voxels)
+    bad("n_vox_offset_0.nii", _patch(_nii_bytes(_ct()), 108, "f", 0.0), "vox_offset is 0")
+    quat = _patch(_nii_bytes(_ct()), 256, "3f", 5.0, 0.0, 0.0)  # b, c, d: not a rotation
+    bad("n_bad_quatern.nii", _patch(bytearray(quat), 252, "2h", 1, 0), "quaternion")
+    _write(P("n_bad_quatern_sform.nii"), _patch(quat, 252, "2h", 1, 1))  # the sform is used
+    out.append(BadCase("n_bad_quatern_sform.nii", "ok"))  # (a bare ValueError of nibabel's)
     bad("n_not_gzip.nii.gz", b"this is not gzip data\n" * 5, "cannot be read as NIfTI", gz=False)
     bad("n_empty.nii.gz", b"", "cannot be read as NIfTI", gz=False)
     _write(P("n_bad_sizeof.nii"), _patch(_nii_bytes(_ct()), 0, "i", 12345))
@@ -329,6 +335,29 @@ def _dicom_cases(root: str) -> list[BadCase]:
     with open(f[2], "r+b") as fh:
         fh.truncate(os.path.getsize(f[2]) - 20)
     out.append(BadCase("d_truncated", "error", "truncated", culprit=f[2]))
+    # pydicom's own exceptions (struct.error, BytesLengthException, an unknown VR) left the
+    # batch as "a bug in medproc", naming no file
+    f = _series(P("d_cut_in_file_meta"), next(uid))
+    os.truncate(f[1], 142)
+    out.append(BadCase("d_cut_in_file_meta", "error", "cannot be parsed", culprit=f[1]))
+    f = _series(P("d_cut_in_pixel_length"), next(uid))
+    os.truncate(f[1], open(f[1], "rb").read().rindex(b"\xe0\x7f\x10\x00") + 10)
+    out.append(BadCase("d_cut_in_pixel_length", "error", "cannot be parsed", culprit=f[1]))
+    f = _series(P("d_unknown_vr"), next(uid))
+    _raw_ds_attr(f[1], b"\x28\x00\x00\x01US", b"\x28\x00\x00\x01NS")  # BitsAllocated
+    out.append(BadCase("d_unknown_vr", "error", "Unknown Value Representation", culprit=f[1]))
+    f = _series(P("d_stray_text_in_series"), next(uid))
+    open(P("d_stray_text_in_series", "timezone"), "w").write("Etc/UTC\n")  # skipped
+    out.append(BadCase("d_stray_text_in_series", "ok"))
+    f = _series(P("d_with_dicomdir"), next(uid))  # (was a failed row: exit status 1)
+    d = pydicom.Dataset()
+    d.file_meta = pydicom.dataset.FileMetaDataset()
+    d.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.1.3.10"
+    d.file_meta.MediaStorageSOPInstanceUID = next(uid)
+    d.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    d.FileSetID, d.DirectoryRecordSequence = "X", pydicom.Sequence()
+    d.save_as(P("d_with_dicomdir", "DICOMDIR"), enforce_file_format=True)
+    out.append(BadCase("d_with_dicomdir", "ok"))
     f = _series(P("d_element_past_eof"), next(uid))
     raw = bytearray(open(f[1], "rb").read())
     at = raw.find(struct.pack("<HH", 0x0008, 0x0060) + b"CS")  # Modality, explicit VR

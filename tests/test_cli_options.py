@@ -204,6 +204,37 @@ def test_symlinked_folders_are_followed_once_without_loops(sample_data, tmp_path
     assert sorted(_manifest(out)) == ["case001", "case002"]
 
 
+def test_a_link_up_the_tree_never_leads_out_of_the_input(sample_data, tmp_path):
+    """parent/mine/up -> .. converted parent/someone_else too (exit 0), as if it were an input;
+    a link to / walked the whole file system."""
+    from medproc.io.walk import walk_inputs
+
+    mine, other = tmp_path / "parent" / "mine", tmp_path / "parent" / "someone_else"
+    for d, n in ((mine, "case001"), (other, "case002")):
+        d.mkdir(parents=True)
+        shutil.copy(os.path.join(_images(sample_data), f"{n}.nii.gz"), d)
+    os.symlink("..", mine / "up")
+    os.symlink("/", mine / "root")
+    w = walk_inputs([str(mine)], keep=lambda n: n.endswith(".nii.gz"))
+    assert [os.path.basename(f) for f in w.files] == ["case001.nii.gz"]
+    reasons = dict(w.skipped)
+    assert "a folder above it (a loop)" in reasons[str(mine / "up")]
+    assert "a folder above it (a loop)" in reasons[str(mine / "root")]
+    out = tmp_path / "out"
+    assert main(["convert", str(mine), "-o", str(out), "--spacing", "4", "-q"]) == 0
+    assert sorted(_manifest(out)) == ["case001"]
+
+
+def test_the_labels_folder_as_the_output_folder_is_refused_before_any_work(sample_data, tmp_path):
+    """Outputs, sidecars and manifest.csv were written among the user's label maps."""
+    labels = tmp_path / "labels"
+    shutil.copytree(os.path.join(sample_data, "nifti", "labels"), labels)
+    before = sorted(os.listdir(labels))
+    args = ["convert", _images(sample_data), "--labels", str(labels), "-o", str(labels)]
+    assert main([*args, "--spacing", "3", "--name", "{name}_x"]) == 2
+    assert sorted(os.listdir(labels)) == before
+
+
 def test_a_file_linked_under_two_names_is_read_once_and_the_other_name_said(sample_data, tmp_path):
     from medproc.inspect import inspect_paths
 

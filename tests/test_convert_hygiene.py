@@ -363,6 +363,23 @@ def test_two_images_under_one_lesion_key_both_fail_naming_each_other(sample_data
         assert "siteA/case001.nii.gz" in r["error"] and "siteB/case001.nii.gz" in r["error"]
 
 
+def test_a_series_listed_under_its_uid_and_its_folder_name_fails_naming_both(sample_data, tmp_path):
+    """One series in the table by SeriesInstanceUID and by folder name (both documented keys):
+    the UID's lesions were written, the folder name's dropped without a word (exit 0)."""
+    series = os.path.join(sample_data, "dicom", "ct_axial")
+    uid = "1.2.826.0.1.3680043.8.498.2026.1.1"
+    table = tmp_path / "les.csv"
+    head = "seriesuid,coordX,coordY,coordZ,diameter_mm\n"
+    table.write_text(head + f"{uid},-62,-10,5,14\nct_axial,75,15,-20,10\n")
+    out = tmp_path / "out"
+    args = ["convert", series, "-o", str(out), "--spacing", "3", "-j", "1", "-q"]
+    assert main([*args, "--annotations", str(table)]) == 1
+    (r,) = _manifest(out).values()
+    assert r["status"] == "failed" and "under 2 keys" in r["error"] and "'ct_axial'" in r["error"]
+    table.write_text(head + "ct_axial,75,15,-20,10\n")  # one key: converted
+    assert main([*args, "--annotations", str(table)]) == 0
+
+
 def test_a_failed_case_removes_its_temporaries_only_not_hidden_files_named_like_them(
     sample_data, tmp_path
 ):

@@ -211,9 +211,9 @@ def read_series(
 
 
 def _nan_policy(vol: Volume, series: DicomSeries, nan: str) -> Volume:
-    """The NaN/inf policy of :func:`~medproc.io.nifti.check_finite` on a read series (numpy,
+    """The NaN/inf policy of :func:`~medproc.io.voxel_checks.check_finite` on a read series (numpy,
     or a CUDA tensor checked where it is)."""
-    from .nifti import check_finite, nan_error
+    from .voxel_checks import check_finite, nan_error
 
     arr = vol.array
     if isinstance(arr, np.ndarray):

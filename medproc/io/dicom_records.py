@@ -178,6 +178,13 @@ _PAIR = (
 )
 
 
+_DICOMDIR = "1.2.840.10008.1.3.10"  # Media Storage Directory Storage
+_DICOMDIR_SKIPPED = (
+    "a DICOMDIR (the index of a DICOM medium): not an image; the files it lists are read "
+    "where they lie"
+)
+
+
 def _fail(path, reason, looks: bool, strict: bool, uid=None, sop=None) -> tuple:
     if strict:
         raise ReadError(reason, path)
@@ -209,10 +216,25 @@ def scan_file(path: str, strict: bool = False) -> tuple:
         )
     except ReadError as e:
         return _fail(path, e.message, looks, strict)
+    try:
+        return _record(ds, offset, path, size, looks, strict)
+    except ReadError as e:
+        return _fail(path, e.message, looks, strict)
+    except Exception as e:  # noqa: BLE001 - pydicom converts values lazily, and raises many
+        # kinds on damaged ones (an unknown VR: NotImplementedError)
+        reason = f"malformed attributes ({type(e).__name__}: {e}); fix or remove the file"
+        return _fail(path, reason, looks, strict)
+
+
+def _record(ds, offset: int, path: str, size: int, looks: bool, strict: bool) -> tuple:
+    """:func:`scan_file`'s record of a header pydicom has read."""
     uid = _val(ds, "SeriesInstanceUID")
     uid = str(uid) if uid else None
     sop = _val(ds, "SOPInstanceUID")
     sop = str(sop) if sop else None
+    media = getattr(getattr(ds, "file_meta", None), "MediaStorageSOPClassUID", None)
+    if str(media) == _DICOMDIR or "DirectoryRecordSequence" in ds:
+        return ("skip", path, _DICOMDIR_SKIPPED)
     if "SOPClassUID" not in ds and "Rows" not in ds:
         return _fail(path, "not a DICOM file (no DICOM attributes found)", looks, strict)
     sop_class = ds.get("SOPClassUID")
@@ -229,7 +251,7 @@ def scan_file(path: str, strict: bool = False) -> tuple:
         return _image_record(ds, offset, path, size, uid)
     except ReadError as e:
         return _fail(path, e.message, True, strict, uid, sop)
-    except (ValueError, TypeError, AttributeError, IndexError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - (as above; here the file's series is known)
         reason = f"malformed attributes ({type(e).__name__}: {e}); fix or remove the file"
         return _fail(path, reason, True, strict, uid, sop)
 

@@ -17,6 +17,7 @@ from ..errors import ReadError
 from ..geometry import is_orthogonal
 from ..volume import Volume
 from .safety import check_affine, check_declared, check_file, os_error, trailing_note
+from .voxel_checks import check_dtype, check_finite
 
 __all__ = [
     "load_nifti",
@@ -26,64 +27,6 @@ __all__ = [
     "check_dtype",
     "nifti_header_check",
 ]
-
-NAN_POLICIES = ("error", "zero", "keep")
-
-
-def check_finite(array: np.ndarray, path, nan: str = "error") -> np.ndarray:
-    """Apply the NaN/inf policy: ``"error"`` (default) refuses the file with the count,
-    ``"zero"`` replaces them with 0 (a copy), ``"keep"`` passes them on."""
-    if nan not in NAN_POLICIES:
-        from ..errors import UsageError
-
-        raise UsageError(f"nan must be one of {NAN_POLICIES}, got {nan!r}")
-    if array.dtype.kind != "f":
-        return array
-    from .._float32 import beyond_float32
-
-    why = beyond_float32(array)
-    if why:  # checked whatever the NaN policy: resampling would make these inf
-        raise ReadError(why, path)
-    if nan == "keep":
-        return array
-    finite = np.isfinite(array)
-    if finite.all():
-        return array
-    bad = int(finite.size - finite.sum())
-    if nan == "error":
-        raise nan_error(bad, path)
-    return np.where(finite, array, 0).astype(array.dtype)
-
-
-def nan_error(count: int, path) -> ReadError:
-    """The error of ``--nan error`` for ``count`` NaN/inf voxels (NIfTI, ITK, DICOM alike)."""
-    return ReadError(
-        f"contains {count} NaN/inf voxel(s); clean the file, or set them to 0: "
-        f"medproc.load(..., nan='zero'), or `medproc convert --nan zero` first (what a "
-        f"PatchLoader or a MONAI pipeline then reads)",
-        path,
-    )
-
-
-def check_dtype(dtype, path, fmt: str = "NIfTI") -> None:
-    """Refuse voxel types medproc cannot resample: complex numbers and RGB(A) colour records."""
-    dtype = np.dtype(dtype)
-    if dtype.names is not None:
-        kind = "RGBA" if len(dtype.names) == 4 else "RGB"
-        raise ReadError(
-            f"stores {kind} colour voxels ({fmt} type {kind}{8 * dtype.itemsize}); medproc "
-            "resamples scalar volumes. Convert it to grey values, or save each colour as a "
-            "volume of its own",
-            path,
-        )
-    if dtype.kind == "c":
-        raise ReadError(
-            f"stores complex voxels ({dtype}); medproc resamples real-valued volumes. Save "
-            "the magnitude (numpy.abs) or the real and imaginary parts as separate files",
-            path,
-        )
-    if dtype.kind not in "biuf":
-        raise ReadError(f"stores voxels of type {dtype}; expected integers or floats", path)
 
 
 def nifti_header_check(img, path) -> tuple[tuple, np.dtype]:
@@ -109,6 +52,14 @@ def nifti_header_check(img, path) -> tuple[tuple, np.dtype]:
         )
     raw = _raw_fields(img, path)
     _check_pixdim(img, shape, path, raw["pixdim"])
+    least = {b"n+1": 352, b"n+2": 544}.get(np.asarray(img.header["magic"]).item())  # one file
+    if least and raw["vox_offset"][0] < least:  # (nibabel read the header as voxels)
+        raise ReadError(
+            f"the header's vox_offset is {raw['vox_offset'][0]:g}: inside the header (a "
+            f"single-file NIfTI's voxels start at byte {least} or later). The header is "
+            "damaged; fix vox_offset",
+            path,
+        )
     bad = [
         f"{n}={c}"
         for n, c in zip(("qform_code", "sform_code"), raw["codes"])
@@ -164,6 +115,7 @@ _RAW_FIELDS = {
     "pixdim": ((76, "8f"), (104, "8d")),
     "scaling": ((112, "ff"), (176, "dd")),
     "codes": ((252, "hh"), (344, "ii")),  # qform_code, sform_code
+    "vox_offset": ((108, "f"), (168, "q")),
 }
 
 
@@ -262,7 +214,16 @@ def open_nifti(path: str):
         oserror="cannot be read as NIfTI: {e}; is it damaged or truncated?",
         other="cannot be read as NIfTI ({e}); the header is damaged or it is not a NIfTI file",
     ):
-        img = nib.load(path)
+        try:
+            img = nib.load(path)
+        except ValueError as e:  # (nibabel's quaternions.fillpositive)
+            if "should be positive" not in str(e):
+                raise
+            raise ReadError(
+                f"the header's qform quaternion (quatern_b/c/d) is not a rotation ({e}) and no "
+                "sform is set: the affine is unknown. Fix the header",
+                path,
+            ) from None
     if not hasattr(img, "get_sform"):
         raise ReadError(
             f"is a {type(img).__name__} (e.g. CIFTI), not a volume on a voxel grid", path
@@ -365,7 +326,11 @@ def load_nifti(path: str, nan: str = "error") -> Volume:
     array = check_finite(data, path, nan)
     hdr = img.header
     sform, scode = img.get_sform(coded=True)
-    qform, qcode = img.get_qform(coded=True)
+    try:
+        qform, qcode = img.get_qform(coded=True)
+    except ValueError as e:  # (an sform is set: the header check refuses it otherwise)
+        qcode = None
+        warnings.append(f"the qform's quaternion is not a rotation ({e}): the sform is used")
     if not scode and not qcode:
         warnings.append("neither sform nor qform is set: the affine is nibabel's best guess")
     meta = {

@@ -66,7 +66,7 @@ def load_sitk(path: str, nan: str = "error") -> Volume:
     import SimpleITK as sitk
 
     from .itk_header import check_itk_zlib
-    from .nifti import check_dtype, check_finite
+    from .voxel_checks import check_dtype, check_finite
 
     reader, _, hdr = read_itk_info(path)
     if hdr.compressed == "zlib":

@@ -220,8 +220,9 @@ def walk_inputs(
                     if real in excluded:
                         dirs.remove(d)
                         out.skipped.append((full, f"{excluded[real]}: never read as an input"))
-                    elif real in walked:
-                        dirs.remove(d)
+                    elif real in walked or is_within(root, real, real=True):
+                        dirs.remove(d)  # (a link up the tree, to `..` or `/`, led out of the
+                        # input, into its siblings and the whole file system: not followed)
                         if is_within(root, real, real=True):
                             why = f"a symlink to {real}, a folder above it (a loop): not followed"
                         else:
