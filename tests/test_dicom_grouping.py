@@ -205,6 +205,34 @@ def test_a_slice_of_another_size_fails_the_series_naming_it(tmp_path, quiet):
     assert entry.error.startswith(why)
 
 
+@pytest.mark.parametrize("split", ["no_uid", "tilted"])
+def test_a_slice_split_off_into_a_gap_of_its_stack_fails_the_series_naming_it(
+    tmp_path, quiet, split
+):
+    """A slice of the stack without SeriesInstanceUID, or turned 0.5 degrees in its plane, was
+    a 1-slice volume converted "ok", while the stack failed for "missing slices", naming no
+    file: now one failed series naming the file and why it was kept apart."""
+    inp = tmp_path / "in"
+    d = inp / "split"
+    shutil.copytree(AXIAL, d)
+    name = _by_position(d)[7]
+    ds = pydicom.dcmread(d / name)
+    if split == "no_uid":
+        del ds.SeriesInstanceUID
+        why = "it has no SeriesInstanceUID"
+    else:
+        a = np.radians(0.5)
+        ds.ImageOrientationPatient = [np.cos(a), np.sin(a), 0.0, -np.sin(a), np.cos(a), 0.0]
+        why = "its orientation differs from theirs by 0.50 degrees"
+    ds.save_as(d / name)
+    said = f"{name}: it lies in a gap of the stack's slices"
+    with pytest.raises(medproc.ReadError, match=re.escape(said) + ".*" + re.escape(why)):
+        medproc.load(d)
+    rc, rows = _convert(tmp_path, inp)
+    assert rc == 1 and [r["status"] for r in rows] == ["failed"]
+    assert said in rows[0]["error"] and why in rows[0]["error"]
+
+
 def test_a_localizer_of_another_size_stays_a_part_of_its_own(tmp_path, quiet):
     """A localizer (ImageType LOCALIZER) in the series, in its orientation but of another size,
     is a volume of its own (``.part``), as before: not a slice of the stack."""

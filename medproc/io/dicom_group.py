@@ -12,7 +12,9 @@ ImageOrientationPatient) is held against the series of another. Within a home:
 - files without ImageOrientationPatient beside files with it are problems of those;
 - files of one orientation in another image size (Rows, Columns, samples) are problems of the
   stack: one stack of slices has one size (dcm2niix splits the odd slice off, with a warning,
-  and converts the stack a slice short). Localizers and multi-frame files are apart.
+  and converts the stack a slice short). Localizers and multi-frame files are apart;
+- a lone slice in a gap of a stack of its folder and size, kept apart by its header (no
+  SeriesInstanceUID, an orientation a little off), is a problem of the stack, named.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ def group_records(records: list[tuple], conflicted: set[str]) -> list[DicomSerie
                         f"it and {other} carry the same SOPInstanceUID {sop} but differ",
                     )
                 )
-    return _one_size_per_stack(_without_stray_geometry(groups, keys), keys)
+    return _no_strays_in_gaps(_one_size_per_stack(_without_stray_geometry(groups, keys), keys))
 
 
 def _without_stray_geometry(groups: list[DicomSeries], keys: dict) -> list[DicomSeries]:
@@ -198,6 +200,65 @@ def _one_size_per_stack(groups: list[DicomSeries], keys: dict) -> list[DicomSeri
                 main.problems += [(p, why) for p in g.files] + g.problems
                 dropped.add(id(g))
     return [g for g in groups if id(g) not in dropped]
+
+
+def _no_strays_in_gaps(groups: list[DicomSeries]) -> list[DicomSeries]:
+    """A lone slice that lies in a gap of a stack in its folder (same image size, normals
+    within 5 degrees) but was kept apart by its header (no SeriesInstanceUID, a slightly other
+    orientation) is a problem of that stack, named with the reason: it was a 1-slice volume of
+    its own (converted "ok") while the stack failed for "missing slices", naming no file."""
+    dropped: set[int] = set()
+    for g in groups:
+        f = g.frames[0]
+        if len(g.frames) != 1 or f.orientation is None or f.position is None:
+            continue
+        for main in groups:
+            if main is g or len(main.frames) < 3 or id(main) in dropped:
+                continue
+            if main.folders != g.folders or _size_of(main) != _size_of(g):
+                continue
+            why = _gap_stray(g, main)
+            if why:
+                main.problems.append((f.path, why))
+                dropped.add(id(g))
+                break
+    return [g for g in groups if id(g) not in dropped]
+
+
+def _size_of(g: DicomSeries) -> tuple:
+    return tuple(g.info.get(k) for k in ("Rows", "Columns", "SamplesPerPixel"))
+
+
+def _gap_stray(g: DicomSeries, main: DicomSeries) -> str | None:
+    """Why ``g`` (a lone slice) was kept apart from ``main``, whose slice gap it lies in."""
+    from .dicom_geometry import MISSING_RATIO
+
+    f = g.frames[0]
+    o = np.asarray(main.frames[0].orientation, dtype=np.float64)
+    normal = np.cross(o[:3], o[3:])
+    mine = np.asarray(f.orientation, dtype=np.float64)
+    cos = abs(float(np.dot(normal, np.cross(mine[:3], mine[3:]))))
+    if cos < np.cos(np.radians(5)):
+        return None
+    at = sorted(float(np.dot(x.position, normal)) for x in main.frames if x.position is not None)
+    steps = np.diff(at)
+    if len(steps) < 2:
+        return None
+    typical, x = float(np.median(steps)), float(np.dot(f.position, normal))
+    gap = [i for i, s in enumerate(steps) if s > MISSING_RATIO * typical and at[i] < x < at[i + 1]]
+    if not gap:
+        return None
+    if g.uid != main.uid:
+        missing = g.uid.startswith("nouid:")  # (grouped by folder: see dicom_records)
+        why = "it has no SeriesInstanceUID" if missing else f"its SeriesInstanceUID is {g.uid}"
+    else:
+        dots = [float(np.dot(o[n : n + 3], mine[n : n + 3])) for n in (0, 3)]
+        angle = float(np.degrees(np.arccos(min(1.0, cos, *dots))))  # (rows, columns, normal)
+        why = f"its orientation differs from theirs by {angle:.2f} degrees"
+    return (
+        f"it lies in a gap of the stack's slices ({at[gap[0]]:.2f} to {at[gap[0] + 1]:.2f} mm "
+        f"along its normal) but was kept apart from them: {why}"
+    )
 
 
 def _within(g: DicomSeries, main: DicomSeries) -> bool:
