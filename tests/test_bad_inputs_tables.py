@@ -43,7 +43,10 @@ LESION_CSVS = {
     "garbage.csv": (os.urandom(3000), "not UTF-8|NUL"),
     "latin1.csv": ((HEAD + "café,1,2,3,4\n").encode("latin-1"), r"line 2: is not UTF-8"),
     "nul.csv": ((HEAD + "a,1,2\x00,3,4\n").encode(), r"line 2: holds NUL bytes"),
-    "huge_field.csv": ((HEAD + "a," + "9" * 300000 + ",2,3,4\n").encode(), r"line \d+: .*field"),
+    "huge_field.csv": (  # (on line 3: it said line 2, the line before)
+        (HEAD + "A,1,2,3,4\n" + "a," + "9" * 300000 + ",2,3,4\n").encode(),
+        r"line 3: .*field larger than field limit",
+    ),
     "missing_cols.csv": (b"uid,x,y,z\nA,1,2,3\n", r"line 1: missing column\(s\)"),
     "not_numbers.csv": ((HEAD + "A,1,x,3,4\n").encode(), r"line 2: coordinates and diameter"),
     "empty_uid.csv": ((HEAD + ",1,2,3,4\n").encode(), r"line 2: empty seriesuid"),
