@@ -110,9 +110,9 @@ def _convert_one(
     return {
         "series_uid": vol.meta.get("series_uid", ""),
         "decode": vol.meta.get("decode", ""),
-        "in_shape": _fmt(vol.shape),
+        "in_shape": _fmt(vol.array.shape),  # (with the channels of a 4-D image)
         "in_spacing": _fmt([float(x) for x in vol.spacing]),
-        "out_shape": _fmt(out.shape),
+        "out_shape": _fmt(out.array.shape),
         "out_spacing": _fmt([float(x) for x in out.spacing]),
         "seconds": f"{time.perf_counter() - t:.3f}",
         "worker": _worker_id(),
@@ -200,6 +200,7 @@ def sidecar_path(out_path: str) -> str:
 def _geometry(v) -> dict:
     return {
         "shape": list(v.shape),
+        **({"channels": v.channels} if v.channels > 1 else {}),  # (shape: i, j, k)
         "spacing": [round(float(x), 6) for x in v.spacing],
         "orientation": v.orientation,
         "affine": v.affine.tolist(),

@@ -465,6 +465,23 @@ def test_a_label_map_with_several_values_per_voxel_fails_its_case_naming_it(samp
     assert str(labels / "case001.nii.gz") in err and "2 values per voxel" in err
 
 
+def test_a_4d_image_s_channels_are_in_the_manifest_and_the_sidecar(tmp_path):
+    """A 3-channel image was written 10x10x5x3 while its manifest row said 10x10x5 (a prober's
+    finding): the rows give the arrays' shapes, the sidecar the grid and its channels."""
+    import json
+
+    src = str(tmp_path / "four.nii.gz")
+    rng = np.random.default_rng(0)
+    nib.save(nib.Nifti1Image(rng.random((20, 20, 10, 3), dtype=np.float32), np.eye(4)), src)
+    out = tmp_path / "o"
+    assert main(["convert", src, "-o", str(out), "--spacing", "2", "-q", "-j", "1"]) == 0
+    (row,) = _manifest(out).values()
+    assert (row["in_shape"], row["out_shape"]) == ("20x20x10x3", "10x10x5x3")
+    assert nib.load(out / "four.nii.gz").shape == (10, 10, 5, 3)
+    side = json.load(open(out / "four.json"))
+    assert side["output"]["shape"] == [10, 10, 5] and side["output"]["channels"] == 3
+
+
 def test_integer_label_values_beyond_float32_fail_the_case_naming_the_label(sample_data, tmp_path):
     """Values above 2^24 cannot be resampled exactly: the case failed with the engine's
     'ValueError' naming the image; now a ReadError naming the label map."""
