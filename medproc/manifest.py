@@ -103,7 +103,11 @@ def check_outdir(outdir: str) -> None:
     probe = os.path.abspath(outdir)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+    if not os.path.isdir(probe):  # (a file on the way: /tmp/afile/sub)
+        raise OutputError(
+            f"cannot be created: {probe} is a file, not a folder; choose another -o", outdir
+        )
+    if not os.access(probe, os.W_OK | os.X_OK):
         where = "" if probe == os.path.abspath(outdir) else f" ({probe} is not writable)"
         raise OutputError(
             f"cannot be written to{where}; choose a folder you can write to with -o", outdir

@@ -58,6 +58,11 @@ JSONS = {
     "not_json.json": ("{cases: oops", r"line 1: not valid JSON"),
     "latin1.json": (b'{"cases": [{"image": "caf\xe9"}]}', "not UTF-8"),
     "list.json": ("[1, 2]", "top level is a JSON list"),
+    "converted_label.json": (  # (convert's annotations.json: it named cases[0].labels[0])
+        '{"image": "a", "lesions": [{"kind": "box", "center_world_ras": [1, 2, 3], '
+        '"size_mm": [1, 2, 3], "label": "x"}]}',
+        r"lesions\[0\].label: a label must be an integer",
+    ),
     "boxes_3.json": (
         '{"cases": [{"image": "a", "boxes": 3}]}',
         r"cases\[0\].boxes: must be a list",
@@ -249,6 +254,8 @@ def test_output_folder_that_is_a_file_or_busy(image, tmp_path, capsys):
     f = _write(tmp_path / "afile", "x")
     rc, err = _run(["convert", image, "-o", f, "--spacing", "3"], capsys)
     assert rc == 2 and f"{f}: exists and is not a folder" in err
+    rc, err = _run(["convert", image, "-o", f"{f}/sub", "--spacing", "3"], capsys)
+    assert rc == 2 and f"cannot be created: {f} is a file" in err  # (it said "not writable")
     from medproc.manifest import OutdirLock
 
     out = tmp_path / "busy"

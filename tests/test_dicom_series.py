@@ -347,3 +347,39 @@ def test_a_file_without_orientation_in_an_oriented_series_is_named(tmp_path, sam
     assert f in entries[0].error and "no ImageOrientationPatient" in entries[0].error
     with pytest.raises(medproc.errors.MedprocError, match=f"{f}.*no ImageOrientationPatient"):
         medproc.load(str(d))
+
+
+def test_a_folder_of_nifti_files_named_as_one_image_says_so(sample_data, tmp_path):
+    """A case list row (or load) naming a folder of NIfTI files said "holds no DICOM image (0
+    file(s) skipped)": now it names the image files and what to do."""
+    images = os.path.join(sample_data, "nifti", "images")
+    with pytest.raises(medproc.ReadError, match=r"but image files \(case001.nii.gz, case002"):
+        medproc.load(images)
+    (tmp_path / "cases.csv").write_text(f"image,name\n{images},a\n")
+    from medproc.cli import main
+
+    out = tmp_path / "out"
+    assert main(["convert", str(tmp_path / "cases.csv"), "-o", str(out), "--spacing", "3"]) == 1
+    assert "name each image file" in (out / "manifest.csv").read_text()
+
+
+@pytest.mark.parametrize("thickness", ["1e400", "nan", "abc"])
+def test_a_single_slice_with_an_unusable_thickness_says_the_value(sample_data, tmp_path, thickness):
+    """SliceThickness 1e400 (inf) made the affine NaN, refused as that without naming the
+    attribute; nan/abc were said to be "without SliceThickness"."""
+
+    src = os.path.join(sample_data, "dicom", "ct_axial")
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copy(os.path.join(src, sorted(os.listdir(src))[0]), one / "x.dcm")
+    ds = pydicom.dcmread(one / "x.dcm")
+    ds.SliceThickness = "1"  # (then replaced byte for byte: pydicom refuses to write these)
+    ds.save_as(one / "x.dcm")
+    raw = (one / "x.dcm").read_bytes()
+    at = raw.index(b"\x18\x00\x50\x00DS")  # (0018,0050) SliceThickness, explicit VR
+    value = thickness.encode() + (b" " if len(thickness) % 2 else b"")
+    (one / "x.dcm").write_bytes(raw[:at + 6] + len(value).to_bytes(2, "little") + value
+                                + raw[at + 8 + 2:])  # fmt: skip
+    with pytest.warns(medproc.GeometryWarning, match=f"unusable SliceThickness \\('{thickness}'"):
+        v = medproc.load(str(one))
+    assert v.spacing[2] == 1.0 and np.isfinite(v.affine).all()

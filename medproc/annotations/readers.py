@@ -257,10 +257,7 @@ def read_json(path, image: str | None = None) -> dict[str, Lesions] | Lesions:
                     f"box sizes must be > 0, got {s.tolist()}", path, where=f"{where}.{bk}[{b}]"
                 )
             _sane(c, s, path, f"{where}.{bk}[{b}]")
-            if isinstance(lab, bool) or not isinstance(lab, int) or not -(2**31) <= lab < 2**31:
-                raise ReadError(
-                    f"a label must be an integer, got {lab!r}", path, where=f"{where}.{lk}[{b}]"
-                )
+            _label(lab, path, f"{where}.{lk}[{b}]")
             centers.append(c * flip)
             sizes.append(s)
             kinds.append("box")
@@ -311,8 +308,15 @@ def _converted(doc: dict, path) -> dict:
         else:
             size = _numbers(les.get("size_mm"), 3, path, f"lesions[{n}].size_mm")
             boxes.append([*c.tolist(), *size.tolist()])
-            labels.append(les.get("label", 0))
+            labels.append(_label(les.get("label", 0), path, f"lesions[{n}].label"))
     return {"image": doc["image"], "boxes": boxes, "labels": labels, "points": points}
+
+
+def _label(lab, path, where) -> int:
+    """A box's label: an integer that int32 holds."""
+    if isinstance(lab, bool) or not isinstance(lab, int) or not -(2**31) <= lab < 2**31:
+        raise ReadError(f"a label must be an integer, got {lab!r}", path, where=where)
+    return lab
 
 
 _CASE_KEYS = {"image", "boxes", "labels", "points"}  # an item of medproc's 'cases'

@@ -126,7 +126,11 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
     if n == 1:
         step_vec = normal * (declared or 1.0)
         if declared is None:
-            warnings.append("single slice without SliceThickness: slice spacing set to 1 mm")
+            given = info.get("SliceThickness")
+            said = "without SliceThickness"
+            if given not in (None, ""):
+                said = f"with an unusable SliceThickness ({given!r})"
+            warnings.append(f"single slice {said}: slice spacing set to 1 mm")
         origin = pos_sorted[0]
         tilt = 0.0
     else:
@@ -212,8 +216,8 @@ def _declared_step(info: dict) -> float | None:
             v = float(v)
         except (TypeError, ValueError):
             continue
-        if v > 0:
-            return v
+        if 0 < v < 1e4:  # (1e400 is inf: it made the affine NaN, said as that; a 10 m
+            return v  # step is no slice spacing either)
     return None
 
 

@@ -364,6 +364,14 @@ def load_dicom(
             raise ReadError(reason + more, p)
         if os.path.isfile(path) and scan.skipped:
             raise ReadError(scan.skipped[0][1], path)
+        others = _image_files(path)
+        if others:  # (a case list row, or load(), given a folder of NIfTI files)
+            raise ReadError(
+                f"holds no DICOM image, but image files ({', '.join(others)}"
+                f"{', ...' if len(others) == 3 else ''}): a folder is read as one DICOM series; "
+                "name each image file",
+                path,
+            )
         listed = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in scan.skipped[:5])
         raise ReadError(
             f"holds no DICOM image ({len(scan.skipped)} file(s) skipped"
@@ -371,3 +379,15 @@ def load_dicom(
             path,
         )
     return read_series(select_series(found, series, path), workers=workers, device=device, nan=nan)
+
+
+def _image_files(folder: str, most: int = 3) -> list[str]:
+    """The names of the first ``most`` NIfTI/NRRD/MetaImage files under ``folder``."""
+    from . import IMAGE_EXT
+
+    found: list[str] = []
+    for _, _, names in os.walk(folder):
+        found += sorted(n for n in names if n.lower().endswith(IMAGE_EXT))
+        if len(found) >= most:
+            break
+    return found[:most]
