@@ -12,9 +12,19 @@ had every batch wait for its threads while the workers' cores stood by (``bench/
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
-__all__ = ["Pending", "Finished", "ResampleInWorkers", "here", "shareable", "collate"]
+__all__ = [
+    "Pending",
+    "Finished",
+    "ResampleInWorkers",
+    "here",
+    "fetch_boxes",
+    "shareable",
+    "collate",
+]
 
 
 class Pending:
@@ -57,21 +67,27 @@ def shareable(a):
 
 #: in a DataLoader worker that resamples (set as it starts): its :class:`ResampleInWorkers`
 _HERE = None
-#: inline loaders (no workers) iterating in this process: while one does, the transforms it
-#: runs hand their boxes over to its engine, even inside a worker that resamples
-_INLINE = 0
+#: per thread: whether the samples fetched now go to an engine's pipeline (an inline loader's
+#: fetch, in its engine's thread: the transforms it runs hand their boxes over, even inside a
+#: worker that resamples)
+_FETCH = threading.local()
 
 
 def here():
     """This worker's resampler, or None (the main process; workers that hand boxes over; an
-    inline loader iterating in this worker)."""
-    return None if _INLINE else _HERE
+    inline loader's fetch)."""
+    return None if getattr(_FETCH, "boxes", False) else _HERE
 
 
-def inline(step: int) -> None:
-    """An inline loader starts (``step`` 1) or ends (-1) an epoch in this process."""
-    global _INLINE
-    _INLINE += step
+def fetch_boxes(it):
+    """``next(it)`` (an inline loader's DataLoader iterator), its transforms handing their
+    boxes over whatever :func:`here` would say; StopIteration at the end."""
+    before = getattr(_FETCH, "boxes", False)
+    _FETCH.boxes = True
+    try:
+        return next(it)
+    finally:
+        _FETCH.boxes = before
 
 
 class ResampleInWorkers:
@@ -90,12 +106,11 @@ class ResampleInWorkers:
         self._engine = None
 
     def __call__(self, worker_id: int) -> None:
-        global _HERE, _INLINE
+        global _HERE
         from ._malloc import keep_scratch
 
         keep_scratch()  # (this worker's DALI scratch reused sample after sample)
-        # (an inline loop the parent was in when it forked this worker is not this worker's)
-        self._engine, _HERE, _INLINE = None, self, 0
+        self._engine, _HERE = None, self
         if self.then is not None:
             self.then(worker_id)
 

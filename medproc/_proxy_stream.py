@@ -38,10 +38,15 @@ class Streamed:
 
     def _items(self, held: list):
         """The engine's items; ``held`` gets this epoch's DataLoader iterator."""
+        from ._proxy_items import fetch_boxes
         from .pipeline import Job
 
         held.append(iter(self.loader))
-        for batch in held[0]:
+        while True:
+            try:  # (in the engine's thread: an inline loader's dataset runs here)
+                batch = fetch_boxes(held[0])
+            except StopIteration:
+                return
             jobs = [
                 Job(self._tensor(p.array), p.plan, tuple(self._tensor(x) for x in p.labels))
                 for p in batch["image"]
@@ -73,20 +78,15 @@ class Streamed:
         return x.clone() if x.is_shared() else x
 
     def __iter__(self):
-        from . import _proxy_items
         from .pipeline import stacked
 
         held, pid, given = [], os.getpid(), 0
-        # an inline loader (no workers): its transforms hand their boxes to its engine, even
-        # where the loop runs inside a worker that resamples (a loader in a dataset)
-        solo = self.arena is None and self.engine is not None
         if self.engine is None:
             stream = self._resampled(held)
         else:
             stream = self.engine.stream(self._items(held), as_torch=True, ahead=self.ahead)
         whole = failed = False
         self._live += 1
-        _proxy_items.inline(solo)  # (the stream starts at the first batch, in the try)
         try:
             for res, batch in stream:
                 if self.arena is not None and self.engine is not None:
@@ -108,7 +108,6 @@ class Streamed:
                 _note(e, f"in medproc's proxy, a batch of samples {', '.join(names)}")
             raise
         finally:
-            _proxy_items.inline(-solo)
             self._live -= 1
             if whole and self._live == 0 and self.arena is not None:
                 self.arena.free_all()  # (what is still taken was dropped unread)
@@ -198,6 +197,9 @@ class _AtMost:
 
     def __len__(self):
         return len(self.sampler)
+
+    def __getattr__(self, name):  # (the user's sampler as it was: set_epoch, batch_size...)
+        return getattr(self.sampler, name)
 
     def __iter__(self):
         for b in self.sampler:

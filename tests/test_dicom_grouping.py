@@ -233,6 +233,40 @@ def test_a_slice_split_off_into_a_gap_of_its_stack_fails_the_series_naming_it(
     assert said in rows[0]["error"] and why in rows[0]["error"]
 
 
+def test_a_lone_slice_of_another_series_in_a_gap_is_its_own_and_the_gap_is_said(tmp_path, quiet):
+    """Only a slice of the stack's own series (or of none) is taken for a split-off slice: a
+    one-slice series of another UID in the gap stays a volume of its own, and the stack fails
+    for its missing slice (a reviewer's finding: it was blamed on the other series' file)."""
+    d = tmp_path / "in" / "gap"
+    shutil.copytree(AXIAL, d)
+    name = _by_position(d)[7]
+    ds = pydicom.dcmread(d / name)
+    ds.SeriesInstanceUID = ds.SeriesInstanceUID + ".9"
+    ds.save_as(d / name)
+    from medproc.io.dicom_scan import scan_dicom
+
+    scan = scan_dicom(str(d))
+    assert sorted(len(s.frames) for s in scan.series) == [1, 39]
+    assert not any(s.problems for s in scan.series)
+    with pytest.raises(medproc.errors.MedprocError, match="missing slices"):
+        medproc.load(d, series="1.2.826.0.1.3680043.8.498.2026.1.1")
+
+
+def test_a_stack_without_orientation_beside_a_lone_slice_is_grouped_as_before():
+    """A reviewer's finding: a stack without ImageOrientationPatient (a secondary capture) in
+    the folder of an oriented lone slice crashed the gap check (IndexError)."""
+    from medproc.io.dicom_group import DicomSeries, _no_strays_in_gaps
+    from medproc.io.dicom_header import Frame
+
+    info = {"Rows": 8, "Columns": 8, "SamplesPerPixel": 1}
+    flat = [Frame(f"/x/s{n}.dcm", None, np.array([0.0, 0.0, 2.0 * n]), None, (1.0, 1.0))
+            for n in (0, 1, 5)]  # fmt: skip
+    lone = Frame("/x/one.dcm", None, np.array([0.0, 0.0, 4.0]), np.eye(3)[:2].ravel(), (1, 1))
+    groups = [DicomSeries("nouid:/x", flat, info), DicomSeries("nouid:/x", [lone], info)]
+    keys = {id(g): ("nouid:/x", 8, 8, 1, False) for g in groups}
+    assert _no_strays_in_gaps(groups, keys) == groups
+
+
 def test_a_localizer_of_another_size_stays_a_part_of_its_own(tmp_path, quiet):
     """A localizer (ImageType LOCALIZER) in the series, in its orientation but of another size,
     is a volume of its own (``.part``), as before: not a slice of the stack."""

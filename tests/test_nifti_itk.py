@@ -370,3 +370,25 @@ def test_a_nrrd_space_direction_of_length_zero_is_named_not_called_non_finite(tm
         path.write_bytes(f"{head}space directions: {dirs}\n{tail}".encode() + data)
         with pytest.raises(medproc.errors.ReadError, match=says):
             medproc.load(str(path))
+
+
+def test_a_qform_quaternion_that_is_no_rotation_is_said_and_the_sform_used(tmp_path):
+    """quatern_b = 5 (b^2 + c^2 + d^2 > 1): with an sform, medproc.load raised nibabel's bare
+    ValueError; now the sform is used and a warning says why. Without one: an error naming
+    the quaternion."""
+    import struct
+
+    aff = np.diag([1.5, 2.0, 2.5, 1.0])
+    aff[:3, 3] = (-10.0, 20.0, 5.0)
+    img = nib.Nifti1Image(np.zeros((4, 5, 6), np.int16), aff)
+    img.set_qform(aff, code=1)
+    raw = bytearray(img.to_bytes())
+    struct.pack_into("<3f", raw, 256, 5.0, 0.0, 0.0)  # quatern_b, c, d
+    (tmp_path / "q.nii").write_bytes(raw)
+    v = medproc.load(str(tmp_path / "q.nii"))
+    np.testing.assert_array_equal(v.affine, aff)
+    assert any("quaternion is not a rotation" in w for w in v.meta["warnings"])
+    struct.pack_into("<h", raw, 254, 0)  # sform_code 0: the qform is the affine
+    (tmp_path / "q0.nii").write_bytes(raw)
+    with pytest.raises(medproc.ReadError, match="qform quaternion .* is not a rotation"):
+        medproc.load(str(tmp_path / "q0.nii"))

@@ -209,28 +209,40 @@ def test_a_batch_sampler_s_batches_are_checked_against_the_server(workers):
 
 class Nested(torch.utils.data.Dataset):
     """A dataset whose samples also take a value from an inline proxy loader of another
-    server, run in the workers of a loader that resamples there."""
+    server, run in the workers of a loader that resamples there; ``keep_open``: the inner
+    loop is left part-way, its iterator kept."""
 
-    def __init__(self, vol, inner, transform):
-        self.vol, self.inner, self.transform = vol, inner, transform
+    def __init__(self, vol, inner, transform, keep_open=False):
+        self.vol, self.inner, self.transform, self.keep_open = vol, inner, transform, keep_open
+        self.kept = []
 
     def __len__(self):
         return 2
 
     def __getitem__(self, i):
-        (b,) = list(self.inner.loader(Volumes([self.vol], self.inner.transform), batch_size=1))
+        loader = self.inner.loader(Volumes([self.vol] * 2, self.inner.transform), batch_size=1)
+        if self.keep_open:
+            it = iter(loader)
+            b = next(it)
+            self.kept.append(it)  # (never finished nor closed)
+        else:
+            b = list(loader)[0]
         out = self.transform({"image": self.vol})
         out["inner_mean"] = float(b["image"][0].mean())
         return out
 
 
-def test_an_inline_loader_inside_a_worker_that_resamples_uses_its_own_server():
-    """The inline loader's transform took the worker's resampler and failed (AttributeError)."""
+@pytest.mark.parametrize("keep_open", [False, True])
+def test_an_inline_loader_inside_a_worker_that_resamples_uses_its_own_server(keep_open):
+    """The inline loader's transform took the worker's resampler and failed (AttributeError);
+    an inner loop left open must not turn the worker's own resampling off (a reviewer's
+    finding against a first fix, a process-wide counter)."""
     vol = _synthetic(False)[0]
     with ProxyServer(Spec(spacing=3.0), device="cpu", batch_size=1) as inner:
         (alone,) = list(inner.loader(Volumes([vol], inner.transform), batch_size=1))
         with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2, resample_in="workers") as s:
-            (b,) = list(s.loader(Nested(vol, inner, s.transform), batch_size=2, num_workers=1))
+            ds = Nested(vol, inner, s.transform, keep_open)
+            (b,) = list(s.loader(ds, batch_size=2, num_workers=1))
             (plain,) = list(s.loader(Volumes([vol], s.transform), batch_size=1))
     want = float(alone["image"][0].mean())
     assert b["inner_mean"].tolist() == pytest.approx([want] * 2)

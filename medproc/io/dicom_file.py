@@ -10,7 +10,7 @@ import struct
 import warnings
 
 import pydicom
-from pydicom.errors import InvalidDicomError
+from pydicom.errors import BytesLengthException, InvalidDicomError
 
 from ..errors import ReadError
 from .safety import check_file, os_error
@@ -88,7 +88,7 @@ def read_header(path: str, force: bool = False, with_offset: bool = False):
                 "of the file: the file is truncated or its header damaged",
                 path,
             ) from None
-        short = isinstance(e, (struct.error, EOFError)) or "Length" in type(e).__name__
+        short = isinstance(e, (struct.error, EOFError, BytesLengthException))
         kind = "struct.error" if isinstance(e, struct.error) else type(e).__name__
         hint = " (it ends inside an element: a truncated file?)" if short else ""
         raise ReadError(f"the DICOM header cannot be parsed{hint}: {kind}: {e}", path) from None

@@ -143,7 +143,8 @@ def group_records(records: list[tuple], conflicted: set[str]) -> list[DicomSerie
                         f"it and {other} carry the same SOPInstanceUID {sop} but differ",
                     )
                 )
-    return _no_strays_in_gaps(_one_size_per_stack(_without_stray_geometry(groups, keys), keys))
+    groups = _one_size_per_stack(_without_stray_geometry(groups, keys), keys)
+    return _no_strays_in_gaps(groups, keys)
 
 
 def _without_stray_geometry(groups: list[DicomSeries], keys: dict) -> list[DicomSeries]:
@@ -202,22 +203,39 @@ def _one_size_per_stack(groups: list[DicomSeries], keys: dict) -> list[DicomSeri
     return [g for g in groups if id(g) not in dropped]
 
 
-def _no_strays_in_gaps(groups: list[DicomSeries]) -> list[DicomSeries]:
-    """A lone slice that lies in a gap of a stack in its folder (same image size, normals
-    within 5 degrees) but was kept apart by its header (no SeriesInstanceUID, a slightly other
-    orientation) is a problem of that stack, named with the reason: it was a 1-slice volume of
-    its own (converted "ok") while the stack failed for "missing slices", naming no file."""
+def _no_strays_in_gaps(groups: list[DicomSeries], keys: dict) -> list[DicomSeries]:
+    """A lone slice of a stack's series (or of none: no SeriesInstanceUID) that lies in a gap
+    of that stack, in its folder and of its size, but was kept apart by its header (no UID, an
+    orientation a little off) is a problem of the stack, named with the reason: it was a
+    1-slice volume of its own (converted "ok") while the stack failed for "missing slices",
+    naming no file."""
+    from .dicom_geometry import DUPLICATE_MM, MISSING_RATIO
+
+    gapped: dict[tuple, list] = {}  # (folder, size) -> [(stack, normal, positions, gaps)]
+    for main in groups:
+        folders = main.folders
+        if len(main.frames) < 3 or main.frames[0].orientation is None or len(folders) != 1:
+            continue
+        normal, at = _along_normal(main)
+        steps = np.diff(at)
+        typical = float(np.median(steps)) if len(steps) > 1 else 0.0
+        if typical <= DUPLICATE_MM:  # (echoes, repeats: not a stack with gaps)
+            continue
+        gaps = [(at[i], at[i + 1]) for i in np.nonzero(steps > MISSING_RATIO * typical)[0]]
+        if gaps:
+            key = (next(iter(folders)), _size(keys[id(main)]))
+            gapped.setdefault(key, []).append((main, normal, gaps))
     dropped: set[int] = set()
-    for g in groups:
+    for g in groups if gapped else ():
         f = g.frames[0]
         if len(g.frames) != 1 or f.orientation is None or f.position is None:
             continue
-        for main in groups:
-            if main is g or len(main.frames) < 3 or id(main) in dropped:
-                continue
-            if main.folders != g.folders or _size_of(main) != _size_of(g):
-                continue
-            why = _gap_stray(g, main)
+        key = (os.path.dirname(f.path), _size(keys[id(g)]))
+        for main, normal, gaps in gapped.get(key, ()):
+            nouid = g.uid.startswith("nouid:")  # (grouped by folder: see dicom_records)
+            if g is main or not (nouid or g.uid == main.uid):
+                continue  # (another series' slice is its own)
+            why = _kept_apart(g, main, normal, gaps, nouid)
             if why:
                 main.problems.append((f.path, why))
                 dropped.add(id(g))
@@ -225,53 +243,45 @@ def _no_strays_in_gaps(groups: list[DicomSeries]) -> list[DicomSeries]:
     return [g for g in groups if id(g) not in dropped]
 
 
-def _size_of(g: DicomSeries) -> tuple:
-    return tuple(g.info.get(k) for k in ("Rows", "Columns", "SamplesPerPixel"))
-
-
-def _gap_stray(g: DicomSeries, main: DicomSeries) -> str | None:
-    """Why ``g`` (a lone slice) was kept apart from ``main``, whose slice gap it lies in."""
-    from .dicom_geometry import MISSING_RATIO
-
+def _kept_apart(g: DicomSeries, main: DicomSeries, normal, gaps, nouid: bool) -> str | None:
+    """Why ``g`` (a lone slice) lies in one of ``main``'s ``gaps`` yet was kept apart from it,
+    or None when it lies in none (or turns away by over 5 degrees)."""
     f = g.frames[0]
-    o = np.asarray(main.frames[0].orientation, dtype=np.float64)
-    normal = np.cross(o[:3], o[3:])
     mine = np.asarray(f.orientation, dtype=np.float64)
     cos = abs(float(np.dot(normal, np.cross(mine[:3], mine[3:]))))
-    if cos < np.cos(np.radians(5)):
+    x = float(np.dot(f.position, normal))
+    gap = next(((lo, hi) for lo, hi in gaps if lo < x < hi), None)
+    if cos < np.cos(np.radians(5)) or gap is None:
         return None
-    at = sorted(float(np.dot(x.position, normal)) for x in main.frames if x.position is not None)
-    steps = np.diff(at)
-    if len(steps) < 2:
-        return None
-    typical, x = float(np.median(steps)), float(np.dot(f.position, normal))
-    gap = [i for i, s in enumerate(steps) if s > MISSING_RATIO * typical and at[i] < x < at[i + 1]]
-    if not gap:
-        return None
-    if g.uid != main.uid:
-        missing = g.uid.startswith("nouid:")  # (grouped by folder: see dicom_records)
-        why = "it has no SeriesInstanceUID" if missing else f"its SeriesInstanceUID is {g.uid}"
+    if nouid:
+        why = "it has no SeriesInstanceUID"
     else:
+        o = np.asarray(main.frames[0].orientation, dtype=np.float64)
         dots = [float(np.dot(o[n : n + 3], mine[n : n + 3])) for n in (0, 3)]
         angle = float(np.degrees(np.arccos(min(1.0, cos, *dots))))  # (rows, columns, normal)
         why = f"its orientation differs from theirs by {angle:.2f} degrees"
     return (
-        f"it lies in a gap of the stack's slices ({at[gap[0]]:.2f} to {at[gap[0] + 1]:.2f} mm "
-        f"along its normal) but was kept apart from them: {why}"
+        f"it lies in a gap of the stack's slices ({gap[0]:.2f} to {gap[1]:.2f} mm along its "
+        f"normal) but was kept apart from them: {why}"
     )
+
+
+def _along_normal(main: DicomSeries) -> tuple[np.ndarray, list[float]]:
+    """``main``'s slice normal and its frames' sorted positions along it (mm)."""
+    o = np.asarray(main.frames[0].orientation, dtype=np.float64)
+    normal = np.cross(o[:3], o[3:])
+    return normal, sorted(float(np.dot(f.position, normal)) for f in main.frames
+                          if f.position is not None)  # fmt: skip
 
 
 def _within(g: DicomSeries, main: DicomSeries) -> bool:
     """Whether ``g``'s slices lie inside ``main``'s stack along its normal, or within one and a
     half of its slice steps beyond either end (a slice of the stack of another size); slices
     elsewhere are a stack of their own (a second acquisition: a ``.partN``, as before)."""
-    o = np.asarray(main.frames[0].orientation, dtype=np.float64)
-    normal = np.cross(o[:3], o[3:])
-    at = [float(np.dot(f.position, normal)) for f in main.frames if f.position is not None]
+    normal, at = _along_normal(main)
     mine = [float(np.dot(f.position, normal)) for f in g.frames if f.position is not None]
     if len(at) < 2 or not mine:
         return True
-    at.sort()
     step = float(np.median(np.diff(at))) or 1.0
     lo, hi = at[0] - 1.5 * step, at[-1] + 1.5 * step
     return all(lo <= x <= hi for x in mine)

@@ -17,7 +17,9 @@ frames x bits against the pixel data element and the memory cap).
 from __future__ import annotations
 
 import os
+import struct
 
+from pydicom.errors import BytesLengthException
 from pydicom.uid import UID
 
 from ..errors import ReadError
@@ -185,6 +187,24 @@ _DICOMDIR_SKIPPED = (
 )
 
 
+#: what pydicom raises converting a damaged value (BytesLengthException: a wrong length)
+_VALUE_ERRORS = (
+    ValueError,
+    TypeError,
+    AttributeError,
+    IndexError,
+    KeyError,
+    OverflowError,
+    NotImplementedError,
+    struct.error,
+    BytesLengthException,
+)
+
+
+def _malformed(e: Exception) -> str:
+    return f"malformed attributes ({type(e).__name__}: {e}); fix or remove the file"
+
+
 def _fail(path, reason, looks: bool, strict: bool, uid=None, sop=None) -> tuple:
     if strict:
         raise ReadError(reason, path)
@@ -220,10 +240,9 @@ def scan_file(path: str, strict: bool = False) -> tuple:
         return _record(ds, offset, path, size, looks, strict)
     except ReadError as e:
         return _fail(path, e.message, looks, strict)
-    except Exception as e:  # noqa: BLE001 - pydicom converts values lazily, and raises many
-        # kinds on damaged ones (an unknown VR: NotImplementedError)
-        reason = f"malformed attributes ({type(e).__name__}: {e}); fix or remove the file"
-        return _fail(path, reason, looks, strict)
+    except _VALUE_ERRORS as e:  # pydicom converts values lazily, and raises many kinds on
+        # damaged ones (an unknown VR: NotImplementedError)
+        return _fail(path, _malformed(e), looks, strict)
 
 
 def _record(ds, offset: int, path: str, size: int, looks: bool, strict: bool) -> tuple:
@@ -251,9 +270,8 @@ def _record(ds, offset: int, path: str, size: int, looks: bool, strict: bool) ->
         return _image_record(ds, offset, path, size, uid)
     except ReadError as e:
         return _fail(path, e.message, True, strict, uid, sop)
-    except Exception as e:  # noqa: BLE001 - (as above; here the file's series is known)
-        reason = f"malformed attributes ({type(e).__name__}: {e}); fix or remove the file"
-        return _fail(path, reason, True, strict, uid, sop)
+    except _VALUE_ERRORS as e:  # (as above; here the file's series is known)
+        return _fail(path, _malformed(e), True, strict, uid, sop)
 
 
 def _image_record(ds, offset: int, path: str, size: int, uid: str | None) -> tuple:

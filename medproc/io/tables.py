@@ -90,7 +90,8 @@ def read_csv_rows(path: str, need: tuple, what: str):
         at = reader.line_num
         if "field limit" in str(e):  # (the reader had not counted that line yet)
             limit = csv.field_size_limit()
-            at = next((n for n, x in enumerate(text.split("\n"), 1) if len(x) > limit), at + 1)
+            rest = text.split("\n")[at:]  # (from the first line not read whole)
+            at = next((n for n, x in enumerate(rest, at + 1) if len(x) > limit), at + 1)
         raise ReadError(
             f"is not a valid CSV ({e}); fix that line", path, where=f"line {at}"
         ) from None

@@ -214,16 +214,18 @@ def walk_inputs(
 
             for root, dirs, files in os.walk(p, onerror=onerror, followlinks=True):
                 dirs.sort()
+                above = os.path.realpath(root).rstrip(os.sep) + os.sep  # (once per folder)
                 for d in list(dirs):
                     full = os.path.join(root, d)
                     real = os.path.realpath(full)
+                    up = above.startswith(real.rstrip(os.sep) + os.sep)  # root lies under it
                     if real in excluded:
                         dirs.remove(d)
                         out.skipped.append((full, f"{excluded[real]}: never read as an input"))
-                    elif real in walked or is_within(root, real, real=True):
+                    elif real in walked or up:
                         dirs.remove(d)  # (a link up the tree, to `..` or `/`, led out of the
                         # input, into its siblings and the whole file system: not followed)
-                        if is_within(root, real, real=True):
+                        if up:
                             why = f"a symlink to {real}, a folder above it (a loop): not followed"
                         else:
                             why = f"a symlink to {real}, a folder already scanned"

@@ -47,29 +47,38 @@ _SPACINGD = {
     "max_pixdim": "give the spacing in the Spec",
     "ensure_same_shape": "the keys must share one grid (a label off its image's grid is refused)",
     "labels": "axis codes name RAS directions, as nibabel's and MONAI's defaults do",
+    "as_closest_canonical": "the orientation is the Spec's: Spec(orientation='RAS')",
+    "lazy": "Resampled resamples when called (its plan is one matrix: nothing to fuse)",
 }
+#: the arguments above that are Orientationd's (named so in the messages)
+_ORIENTATIOND = {"axcodes", "labels", "as_closest_canonical"}
 
 #: values of those arguments that change nothing (the defaults medproc follows): accepted
 _SPACINGD_NO_EFFECT = {"padding_mode": "border", "align_corners": False, "dtype": None,
                        "diagonal": False, "scale_extent": False, "recompute_affine": False,
-                       "min_pixdim": None, "max_pixdim": None,
-                       "ensure_same_shape": True}  # fmt: skip
+                       "min_pixdim": None, "max_pixdim": None, "ensure_same_shape": True,
+                       "axcodes": None, "labels": None, "as_closest_canonical": False,
+                       "lazy": False}  # fmt: skip
 
 
 def check_loadimaged_kwargs(kwargs: dict, own) -> None:
     """Refuse ``LoadImaged``-only arguments that would change something, saying what to do
     instead (their defaults are accepted, as ``ensure_channel_first=True`` is); any other
     unknown one with the closest of ``own`` (LoadVolumed's parameters, ``inspect``'s)."""
-    _check("LoadVolumed", "LoadImaged's", kwargs, own, _LOADIMAGED, _NO_EFFECT)
+    _check("LoadVolumed", lambda n: "LoadImaged's", kwargs, own, _LOADIMAGED, _NO_EFFECT)
 
 
 def check_spacingd_kwargs(kwargs: dict, own) -> None:
     """The same for :class:`~medproc.monai.Resampled` and the arguments of ``Spacingd`` and
     ``Orientationd`` (the Spec holds what they say)."""
-    _check("Resampled", "Spacingd's", kwargs, own, _SPACINGD, _SPACINGD_NO_EFFECT)
+
+    def whose(n):
+        return "Orientationd's" if n in _ORIENTATIOND else "Spacingd's"
+
+    _check("Resampled", whose, kwargs, own, _SPACINGD, _SPACINGD_NO_EFFECT)
 
 
-def _check(who: str, whose: str, kwargs: dict, own, table: dict, no_effect: dict) -> None:
+def _check(who: str, whose, kwargs: dict, own, table: dict, no_effect: dict) -> None:
     import difflib
 
     for name, value in kwargs.items():
@@ -77,7 +86,8 @@ def _check(who: str, whose: str, kwargs: dict, own, table: dict, no_effect: dict
             continue
         if name in table:
             raise TypeError(
-                f"{who} does not take {whose} {name}={value!r}: {table[name]}; drop the argument"
+                f"{who} does not take {whose(name)} {name}={value!r}: {table[name]}; drop the "
+                "argument"
             )
         names = [n for n, p in own.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
         near = difflib.get_close_matches(name, names, n=1)
