@@ -45,7 +45,16 @@ def find_dicom_labels(roots) -> dict[str, str]:
         seen.add(os.path.realpath(p))
         ds = _header(p)
         uid = _referenced_series(ds) if ds is not None else None
-        if uid is None or label_kind_of(ds) is None:
+        if ds is None or label_kind_of(ds) is None:
+            continue
+        if uid is None:  # (it was left out unsaid, and its case went to the test set)
+            warnings.warn(
+                f"{p}: a DICOM {label_kind_of(ds)} that references no series (no "
+                "ReferencedSeriesSequence, nor a series in its ReferencedFrameOfReference"
+                "Sequence): left out; pass labels={series UID: file} to use it",
+                MedprocWarning,
+                stacklevel=2,
+            )
             continue
         if uid not in out:
             out[uid], sop[uid] = p, ds.get("SOPInstanceUID")

@@ -28,6 +28,14 @@ def _event(line: str):
     ok = all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in (t0, t1))
     if not ok or not (0 <= t0 <= t1 < 1e12) or not isinstance(e.get("pid"), int):
         return None
+    if "cpu" in e or "faults" in e:  # (both or neither, numbers: "abc" was a crash)
+        cpu, faults = e.get("cpu"), e.get("faults")
+        good = isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and 0 <= cpu < 1e12
+        if not (good and type(faults) is int and faults >= 0):
+            return None
+    name = e["name"]
+    if not name.isprintable() or len(name) > 64:  # (escape sequences reached the terminal)
+        return None
     return e if isinstance(e.get("thread"), str) else None
 
 

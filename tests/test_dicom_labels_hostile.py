@@ -279,6 +279,64 @@ def _rt_empty(p):
     return write_rt(p, [(1, "GTV")], [])
 
 
+def _edited(**attrs):
+    """A SEG of 5 frames with ``attrs`` set in it (None: deleted); ``per_frame``: a frame item
+    more than NumberOfFrames says."""
+    extra = attrs.pop("per_frame", False)
+
+    def make(p):
+        write_seg(p, [(k, 1, _square()) for k in range(10, 15)], {1: "t", 2: "u"})
+        ds = pydicom.dcmread(p)
+        for k, v in attrs.items():
+            if v is None:
+                delattr(ds, k)
+            else:
+                setattr(ds, k, v)
+        if extra:
+            ds.NumberOfFrames = 4
+        ds.save_as(p)
+        return str(p)
+
+    return make
+
+
+def _seg_dup_numbers(p):
+    write_seg(p, [(k, 1, _square()) for k in range(10, 15)], {1: "liver", 2: "tumor"})
+    ds = pydicom.dcmread(p)
+    ds.SegmentSequence[1].SegmentNumber = 1  # (the last name was taken, unsaid)
+    ds.save_as(p)
+    return str(p)
+
+
+# (a reviewer's and a prober's findings: each was read as something else, exit 0)
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (_edited(SegmentationType="FRACTIONAL", SegmentationFractionalType="PROBABILITY",
+                 MaximumFractionalValue=255), "is a FRACTIONAL SEG (PROBABILITY"),
+        (_edited(SegmentSequence=[]), "its SegmentSequence lists no segment"),
+        (_edited(per_frame=True), "lists 5 per-frame items but NumberOfFrames is 4"),
+        (_seg_dup_numbers, "lists segment number 1 twice ('liver', 'tumor')"),
+    ],
+)  # fmt: skip
+def test_a_seg_that_cannot_be_read_as_binary_segments_is_refused_naming_it(make, says, tmp_path):
+    from medproc.annotations import read_seg
+
+    p = make(tmp_path / "ann.dcm")
+    with pytest.raises(MedprocError, match="ann.dcm: ") as e:
+        read_seg(p)
+    assert says in str(e.value)
+
+
+def test_a_seg_or_rtstruct_that_references_no_series_is_said(tmp_path):
+    p = write_seg(tmp_path / "seg.dcm", [(k, 1, _square()) for k in range(10, 15)], {1: "t"})
+    ds = pydicom.dcmread(p)
+    del ds.ReferencedSeriesSequence
+    ds.save_as(p)
+    with pytest.warns(MedprocWarning, match=r"seg.dcm: a DICOM SEG that references no series"):
+        assert find_dicom_labels(str(tmp_path)) == {}
+
+
 @pytest.mark.parametrize(
     "make, says",
     [

@@ -185,3 +185,40 @@ def test_device_route_on_cpu_tensors_equals_host_route():
             torch.testing.assert_close(bh["image"], bd["image"], atol=1e-6, rtol=0)
             assert torch.equal(bh["label"].as_tensor(), bd["label"].as_tensor())
             torch.testing.assert_close(bh["image"].affine, bd["image"].affine)
+
+
+def test_a_fifo_in_the_cache_folder_is_rebuilt_over_not_waited_on(tmp_path):
+    """A FIFO named like an entry's file blocked PatchLoader in open() for ever (a prober's
+    finding); it is damage like any other: the entry is built again."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import os, numpy as np, nibabel as nib, medproc
+        from medproc.monai.loader import PatchLoader
+        W = {str(tmp_path)!r}
+        a = np.random.default_rng(0).integers(-1000, 400, (9, 7, 5)).astype(np.int16)
+        lab = np.zeros((9, 7, 5), np.uint8); lab[3:5, 2:4, 1:3] = 1
+        nib.save(nib.Nifti1Image(a, np.eye(4)), W + '/img.nii.gz')
+        nib.save(nib.Nifti1Image(lab, np.eye(4)), W + '/lab.nii.gz')
+        dl = [{{'image': W + '/img.nii.gz', 'label': W + '/lab.nii.gz'}}]
+        def make():
+            return PatchLoader(dl, medproc.Spec(), 4, batch_size=1, device='cpu',
+                               num_threads=1, cache_dir=W + '/cache')
+        make().close()
+        for end in ('_image.npy', '.json'):
+            name = [n for n in os.listdir(W + '/cache') if n.endswith(end)][0]
+            os.unlink(W + '/cache/' + name); os.mkfifo(W + '/cache/' + name)
+            loader = make()
+            assert next(iter(loader))['image'].shape[-3:] == (4, 4, 4)
+            loader.close()
+        print('ok')
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(medproc.__file__))}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120, env=env)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]

@@ -114,9 +114,15 @@ def test_trace_files_that_are_not_traces_are_refused_or_left_out(tmp_path, capsy
     span = {"name": "start", "t0": 0.0, "t1": 0.5, "pid": 7, "thread": "MainThread"}
     deep = "[" * 100_000 + "]" * 100_000  # (json.loads: RecursionError)
     lines = ["[1, 2, 3]", '{"foo": 1}', json.dumps({**span, "t1": 1e300}), deep, json.dumps(span)]
+    # spans whose cpu or faults are no numbers, or whose name would reach the terminal as an
+    # escape sequence, crashed the report or printed raw (a prober's findings)
+    timed = {**span, "name": "read", "cpu": 0.1, "faults": 3}
+    lines += [json.dumps({**timed, "cpu": "abc"}), json.dumps({**timed, "cpu": None}),
+              json.dumps({**timed, "faults": 1.5}), json.dumps({**timed, "name": "\x1b[31mred"}),
+              json.dumps(timed)]  # fmt: skip
     (junk / "1.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.warns(UserWarning, match="4 line"):
-        assert trace_report.load(str(junk)) == [span]
+    with pytest.warns(UserWarning, match="8 line"):
+        assert trace_report.load(str(junk)) == [span, timed]
     (junk / "2.jsonl").write_bytes(b"\xff\xfe\n")
     with pytest.raises(UsageError, match="2.jsonl: cannot be read as a trace"):
         trace_report.load(str(junk))

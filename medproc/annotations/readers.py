@@ -10,9 +10,10 @@ import numpy as np
 
 from ..errors import MedprocWarning, ReadError
 from ..geometry import LPS_TO_RAS
-from .dicom_labels import read_rtstruct, read_seg  # noqa: F401 (re-exported)
+from .dicom_labels import read_seg  # noqa: F401 (re-exported)
 from .keys import _DATALIST, check_top_keys, image_key
 from .lesions import Lesions
+from .rtstruct import read_rtstruct  # noqa: F401 (re-exported)
 
 __all__ = ["read_luna_csv", "read_json", "read_seg", "read_rtstruct", "BOX_MODES"]
 

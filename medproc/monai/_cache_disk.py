@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 
 import numpy as np
@@ -98,11 +99,22 @@ def _sample(a, n: int = 16384) -> str | None:
     return h.hexdigest()[:16]
 
 
+def _regular(*paths: str) -> bool:
+    """Whether every one of ``paths`` is a regular file (through links)."""
+    try:
+        return all(stat.S_ISREG(os.stat(p).st_mode) for p in paths)
+    except OSError:
+        return False
+
+
 def _read(case: dict, base: str) -> Entry | None:
     """The entry written by :func:`_write`, memory-mapped; None when absent or damaged (then
     rebuilt): its files must agree with its json (the case it was made from, its shape, the
     label's shape, indices inside the volume). Damage inside the voxels, which a header does
-    not show, is not found."""
+    not show, is not found. A file of it that is not a regular file (a FIFO would block the
+    loader for ever) is damage too."""
+    if not _regular(base + ".json", base + "_image.npy", base + "_index.npz"):
+        return None
     try:
         with open(base + ".json") as f:
             doc = json.load(f)
@@ -113,6 +125,8 @@ def _read(case: dict, base: str) -> Entry | None:
         if doc.get("label") != label or len(shape) != 3 or bool(doc["has_label"]) != bool(label):
             return None
         image = np.load(base + "_image.npy", mmap_mode="r")
+        if label and not _regular(base + "_label.npy"):
+            return None
         lab = np.load(base + "_label.npy", mmap_mode="r") if label else None
         if image.shape != shape or (lab is not None and lab.shape != shape):
             return None
