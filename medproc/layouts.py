@@ -150,9 +150,28 @@ def check_validation(validation, cases) -> None:
 
 def _swap_in(tmp: str, target: str) -> None:
     """Rename the finished folder ``tmp`` to ``target``; an older one is moved aside first and
-    removed once the new one is in place."""
+    removed once the new one is in place. What a user added at the top of the older one (notes,
+    a folder of predictions) is moved into the new one, said in a warning: a rerun removed it."""
+    from .io.walk import SOURCE_MARK
+
     old = atomic_dir(target, "old")
     if os.path.exists(target):
+        owned = {"imagesTr", "labelsTr", "imagesTs", "dataset.json", SOURCE_MARK}
+        kept = sorted(set(os.listdir(target)) - owned - set(os.listdir(tmp)))
+        for name in kept:
+            os.replace(os.path.join(target, name), os.path.join(tmp, name))
+        if kept:
+            import warnings
+
+            from .errors import MedprocWarning
+
+            warnings.warn(
+                f"{target}: kept {len(kept)} entry(ies) medproc did not write ("
+                f"{', '.join(kept[:4])}{', ...' if len(kept) > 4 else ''}) in the rewritten "
+                "dataset",
+                MedprocWarning,
+                stacklevel=3,
+            )
         os.replace(target, os.path.join(old, "d"))
     os.replace(tmp, target)
     shutil.rmtree(old, ignore_errors=True)

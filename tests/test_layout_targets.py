@@ -164,6 +164,27 @@ def test_a_rerun_keeps_the_datasets_channel_name(sample_data, tmp_path, capsys):
     assert said in capsys.readouterr().err
 
 
+def test_a_rerun_keeps_what_the_user_added_to_the_dataset(sample_data, tmp_path, capsys):
+    """Notes and a folder of predictions put into the dataset were deleted by the same command
+    run again (no --force, no word: a prober's finding); they are carried over, said."""
+    images, labels = _case_tree(sample_data, tmp_path / "data")
+    ds = tmp_path / "raw" / "Dataset506_K"
+    args = ["--layout", "nnunet", "--dataset", str(ds)]
+    assert _convert(images, labels, tmp_path / "out", *args) == 0
+    (ds / "NOTES.md").write_text("mine\n")
+    (ds / "imagesTs_pred").mkdir()
+    (ds / "imagesTs_pred" / "p.nii.gz").write_bytes(b"x")
+    capsys.readouterr()
+    again = ["convert", str(images), "--labels", str(labels), "-o", str(tmp_path / "out")]
+    assert main([*again, "--spacing", "3", *args]) == 0  # (without -q: the warning is printed)
+    assert (ds / "NOTES.md").read_text() == "mine\n"
+    assert (ds / "imagesTs_pred" / "p.nii.gz").read_bytes() == b"x"
+    assert "kept 2 entry(ies) medproc did not write (NOTES.md, imagesTs_pred)" in (
+        capsys.readouterr().err
+    )
+    assert sorted(os.listdir(ds / "labelsTr")) == sorted(os.listdir(labels))
+
+
 def test_a_case_whose_label_cannot_be_used_is_left_out_and_the_rest_written(
     sample_data, tmp_path, capsys
 ):
