@@ -337,6 +337,25 @@ def test_a_seg_or_rtstruct_that_references_no_series_is_said(tmp_path):
         assert find_dicom_labels(str(tmp_path)) == {}
 
 
+def test_a_contour_far_beyond_the_image_or_without_area(tmp_path, case):
+    """A contour around the whole image at 1e30 voxels overflowed int64 (said as "invalid value
+    encountered in cast", then as lying outside); three collinear points labelled the voxels
+    along their line (a prober's findings)."""
+    from medproc.annotations import read_rtstruct
+
+    img = case[1]
+    big = [(-1e30, -1e30), (1e30, -1e30), (1e30, 1e30), (-1e30, 1e30)]
+    p = write_rt(tmp_path / "big.dcm", [(1, "body")], [(1, 10, big)])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        lab = read_rtstruct(p, img)
+    assert int((np.asarray(lab.array)[:, :, 10] == 1).sum()) == SHAPE[0] * SHAPE[1]
+    assert not any("invalid value" in str(w.message) for w in said)
+    p = write_rt(tmp_path / "line.dcm", [(1, "x")], [(1, 10, [(5, 5), (10, 10), (20, 20)])])
+    with pytest.raises(MedprocError, match="line.dcm: ROI 1 contour 1: .*encloses no area"):
+        read_rtstruct(p, img)
+
+
 @pytest.mark.parametrize(
     "make, says",
     [

@@ -114,6 +114,13 @@ def _roi_masks(ds, names, roi, image: Volume, path: str):
                     "the contour does not lie on a slice of the image grid", path, where=where
                 )
             k = int(k[0])
+            x, y = idx[:, 0], idx[:, 1]
+            if abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))) < 1e-6:  # (shoelace)
+                raise ReadError(  # (3 collinear points labelled 7 voxels along their line)
+                    "the contour encloses no area (its points lie on one line)",
+                    path,
+                    where=where,
+                )
             inside = _inside(idx[:, :2], image.shape[:2]) if 0 <= k < image.shape[2] else None
             if inside is None or not inside.any():  # off its slices, or beside it in-plane
                 outside += 1
@@ -141,8 +148,10 @@ def _inside(poly: np.ndarray, shape) -> np.ndarray:
     from matplotlib.path import Path
 
     out = np.zeros(shape, bool)
-    lo = np.maximum(np.floor(poly.min(0)).astype(np.int64), 0)
-    hi = np.minimum(np.ceil(poly.max(0)).astype(np.int64) + 1, shape)
+    # (clipped to the plane before the cast: a contour at 1e30 mm overflowed int64, said as
+    # "invalid value encountered in cast" and then as lying outside the image)
+    lo = np.clip(np.floor(poly.min(0)), 0, shape).astype(np.int64)
+    hi = np.clip(np.ceil(poly.max(0)) + 1, 0, shape).astype(np.int64)
     if np.any(hi <= lo):
         return out
     ii, jj = np.mgrid[lo[0] : hi[0], lo[1] : hi[1]]
