@@ -285,16 +285,10 @@ def _edited(**attrs):
     extra = attrs.pop("per_frame", False)
 
     def make(p):
+        from badinputs import _edit
+
         write_seg(p, [(k, 1, _square()) for k in range(10, 15)], {1: "t", 2: "u"})
-        ds = pydicom.dcmread(p)
-        for k, v in attrs.items():
-            if v is None:
-                delattr(ds, k)
-            else:
-                setattr(ds, k, v)
-        if extra:
-            ds.NumberOfFrames = 4
-        ds.save_as(p)
+        _edit(p, **attrs, **({"NumberOfFrames": 4} if extra else {}))
         return str(p)
 
     return make
