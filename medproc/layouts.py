@@ -220,7 +220,9 @@ def write_nnunet(
         Hard links to the outputs (auto: copies where linking fails, e.g. across disks).
     overwrite : bool
         Replace an existing dataset folder (otherwise refuse; :func:`written_from` says
-        whether medproc wrote it from this ``source``).
+        whether medproc wrote it from this ``source``). Entries at its top other than
+        ``imagesTr``, ``labelsTr``, ``imagesTs`` and ``dataset.json`` (what a user added) are
+        moved into the new one, with a warning.
     device : {"cpu", "gpu"}
         Engine device for putting SEG/RTSTRUCT labels on the output grid.
     failed : list, optional

@@ -98,9 +98,12 @@ def test_nnunet_refuses_bad_names_and_existing_folders_and_replaces_with_overwri
     d = write_nnunet(out, tmp_path / "Dataset002_A", link="copy")
     with pytest.raises(FileExistsError, match="overwrite=True"):
         write_nnunet(out, d)
-    open(os.path.join(d, "stale.txt"), "w").close()
-    write_nnunet(out, d, overwrite=True, channel_name="zscore")
-    assert not os.path.exists(os.path.join(d, "stale.txt"))
+    open(os.path.join(d, "stale.txt"), "w").close()  # (a file the user added: kept, said)
+    open(os.path.join(d, "imagesTr", "old_0000.nii.gz"), "w").close()  # (medproc's: replaced)
+    with pytest.warns(medproc.MedprocWarning, match=r"kept 1 entry\(ies\).*\(stale.txt\)"):
+        write_nnunet(out, d, overwrite=True, channel_name="zscore")
+    assert os.path.exists(os.path.join(d, "stale.txt"))
+    assert not os.path.exists(os.path.join(d, "imagesTr", "old_0000.nii.gz"))
     assert json.load(open(os.path.join(d, "dataset.json")))["channel_names"] == {"0": "zscore"}
     assert sorted(os.listdir(tmp_path)) == ["Dataset002_A"]
     with pytest.raises(FileExistsError, match=r"Dataset002_A has the dataset ID 002 of Dat"):
