@@ -77,7 +77,9 @@ def lanes(events: list[dict]) -> dict[str, list[dict]]:
     ``commit`` (the process committing the services' arena) and ``worker N``. The main process is the one that recorded its start (the ``medproc``
     program), or listed the inputs (``medproc.convert`` called from Python)."""
     main = {e["pid"] for e in events if e["name"] == "start"}
-    main = main or {e["pid"] for e in events if e["name"] == "find_cases"}
+    # (a Python run's main process records no start: with a command's run in the folder too,
+    # it was counted as a worker)
+    main |= {e["pid"] for e in events if e["name"] == "find_cases"}
     if len(main) > 1:
         from .errors import UsageError
 

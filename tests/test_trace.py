@@ -126,3 +126,25 @@ def test_trace_files_that_are_not_traces_are_refused_or_left_out(tmp_path, capsy
     (junk / "2.jsonl").write_bytes(b"\xff\xfe\n")
     with pytest.raises(UsageError, match="2.jsonl: cannot be read as a trace"):
         trace_report.load(str(junk))
+
+
+@pytest.mark.parametrize("second", ["program", "python"])
+def test_a_folder_holding_two_runs_is_refused_whichever_started_them(tmp_path, second):
+    """Two runs traced into one folder are refused; a Python run (``medproc.convert``, no
+    ``start`` span) beside a program's run was read as one run, its main process as a worker
+    (a prober's finding)."""
+    from medproc.errors import UsageError
+
+    def span(name, pid, t0):
+        return json.dumps({"name": name, "t0": t0, "t1": t0 + 0.1, "pid": pid, "thread": "M"})
+
+    one = [span("start", 1, 0.0), span("find_cases", 1, 0.2), span("read", 3, 0.4)]
+    two = [span("find_cases", 2, 5.0), span("read", 4, 5.2)]
+    if second == "program":
+        two.insert(0, span("start", 2, 4.8))
+    (tmp_path / "1.jsonl").write_text("\n".join(one) + "\n")
+    (tmp_path / "2.jsonl").write_text("\n".join(two) + "\n")
+    with pytest.raises(UsageError, match="holds 2 runs' traces"):
+        trace_report.lanes(trace_report.load(str(tmp_path)))
+    (tmp_path / "2.jsonl").unlink()
+    assert set(trace_report.lanes(trace_report.load(str(tmp_path)))) == {"main", "worker  0"}
