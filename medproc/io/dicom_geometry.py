@@ -146,8 +146,7 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
                 "load the files of one volume",
                 where,
             )
-        typical = float(np.median(steps))
-        gaps = np.nonzero(steps > MISSING_RATIO * typical)[0]
+        typical, gaps = slice_gaps(steps)
         if gaps.size:
             i = gaps[0]
             lost = int(round(steps[i] / typical)) - 1
@@ -207,6 +206,13 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
     aff_lps[:3, 3] = origin
     affine = check_affine(lps_to_ras(aff_lps), where, "the DICOM geometry (spacing, positions)")
     return SeriesGeometry([int(i) for i in order], affine, warnings, d_sorted, tilt)
+
+
+def slice_gaps(steps: np.ndarray) -> tuple[float, np.ndarray]:
+    """The typical step (the median) of sorted slice positions' ``steps``, and the indices of
+    the steps that are gaps (slices missing): more than :data:`MISSING_RATIO` of it."""
+    typical = float(np.median(steps))
+    return typical, np.nonzero(steps > MISSING_RATIO * typical)[0]
 
 
 def _declared_step(info: dict) -> float | None:

@@ -209,7 +209,7 @@ def _no_strays_in_gaps(groups: list[DicomSeries], keys: dict) -> list[DicomSerie
     orientation a little off) is a problem of the stack, named with the reason: it was a
     1-slice volume of its own (converted "ok") while the stack failed for "missing slices",
     naming no file."""
-    from .dicom_geometry import DUPLICATE_MM, MISSING_RATIO
+    from .dicom_geometry import DUPLICATE_MM, slice_gaps
 
     gapped: dict[tuple, list] = {}  # (folder, size) -> [(stack, normal, positions, gaps)]
     for main in groups:
@@ -217,11 +217,12 @@ def _no_strays_in_gaps(groups: list[DicomSeries], keys: dict) -> list[DicomSerie
         if len(main.frames) < 3 or main.frames[0].orientation is None or len(folders) != 1:
             continue
         normal, at = _along_normal(main)
-        steps = np.diff(at)
-        typical = float(np.median(steps)) if len(steps) > 1 else 0.0
+        if len(at) < 3:
+            continue
+        typical, where = slice_gaps(np.diff(at))  # (the rule reading the stack applies)
         if typical <= DUPLICATE_MM:  # (echoes, repeats: not a stack with gaps)
             continue
-        gaps = [(at[i], at[i + 1]) for i in np.nonzero(steps > MISSING_RATIO * typical)[0]]
+        gaps = [(at[i], at[i + 1]) for i in where]
         if gaps:
             key = (next(iter(folders)), _size(keys[id(main)]))
             gapped.setdefault(key, []).append((main, normal, gaps))

@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import tempfile
 
 import numpy as np
@@ -100,11 +99,16 @@ def _sample(a, n: int = 16384) -> str | None:
 
 
 def _regular(*paths: str) -> bool:
-    """Whether every one of ``paths`` is a regular file (through links)."""
+    """Whether every one of ``paths`` is a regular file (through links: the readers' check)."""
+    from ..errors import ReadError
+    from ..io.safety import check_file
+
     try:
-        return all(stat.S_ISREG(os.stat(p).st_mode) for p in paths)
-    except OSError:
+        for p in paths:
+            check_file(p)
+    except ReadError:
         return False
+    return True
 
 
 def _read(case: dict, base: str) -> Entry | None:
