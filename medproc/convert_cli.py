@@ -294,7 +294,10 @@ def _cmd_convert(a) -> int:
         left = s["interrupted"] + s["not_started"]
         how = "terminated (SIGTERM)" if batch.terminated else "interrupted"
         if interrupted and left == 0:  # Ctrl-C after the last case: nothing to redo
-            print(f"medproc convert: {how} after every case was done", file=sys.stderr)
+            print(
+                f"medproc convert: {how} after every case was done (nothing is left to convert)",
+                file=sys.stderr,
+            )
             if batch.terminated:  # (told to end: no layout is started now)
                 return 143
         elif interrupted:
@@ -307,4 +310,6 @@ def _cmd_convert(a) -> int:
         rc = 0 if s["failed"] == 0 else 1
         if targets:  # still holding the output folder's lock
             rc = max(rc, write_layouts(a, targets, batch, Mute() if quiet else ui.console()))
-        return rc
+        # a Ctrl-C is said in the status even when it came after the last case, so that a
+        # calling script (set -e, a shell loop) stops as its user asked; the summary has counts
+        return 130 if interrupted else rc

@@ -138,7 +138,8 @@ def inspect_paths(paths) -> list[Entry]:
                 out.append(Entry("skipped", p, error=reason))
     accounted.update(file_identity(f) for f in (scan.bad_files if scan else []))
     out = _named_inputs_accounted(paths, _stray_files(paths, out, accounted))
-    once = {(e.kind, e.source, e.error): e for e in out}.values()  # (both walks skip a folder)
+    # (both walks skip a folder; two series of one folder share their source: keyed apart)
+    once = {(e.kind, e.source, e.series, e.error): e for e in out}.values()
     return sorted(once, key=lambda e: (e.kind == "skipped", e.source))  # by path, skipped last
 
 

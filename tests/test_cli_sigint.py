@@ -141,11 +141,12 @@ def test_a_second_ctrl_c_stops_the_running_cases_at_once(data, tmp_path):
         assert after[r["case"]]["status"] == ("ok" if r["status"] == "interrupted" else "skipped")
 
 
-def test_ctrl_c_after_the_last_case_is_not_an_interruption(
+def test_ctrl_c_after_the_last_case_exits_130_with_nothing_to_rerun(
     sample_data, tmp_path, monkeypatch, capsys
 ):
-    """Every case done when the Ctrl-C came: nothing to rerun, so the status is the batch's
-    (0 here), not 130, and no "run again"."""
+    """Every case done when the Ctrl-C came: nothing to rerun (no "run again"), but the status
+    is still 130, so that a calling script stops (a prober's finding: it was the batch's own
+    status, 0, and a `set -e` script went on after its user's Ctrl-C)."""
     from medproc import _convert_report
     from medproc.cli import main
 
@@ -159,7 +160,9 @@ def test_ctrl_c_after_the_last_case_is_not_an_interruption(
     images = os.path.join(sample_data, "nifti", "images")
     rc = main(["convert", images, "-o", str(tmp_path / "o"), "--spacing", "3", "-j", "1"])
     err = capsys.readouterr().err
-    assert rc == 0 and "interrupted after every case was done" in err and "again" not in err
+    assert rc == 130 and "interrupted after every case was done" in err and "again" not in err
+    with open(tmp_path / "o" / "manifest.csv") as f:
+        assert {r["status"] for r in csv.DictReader(f)} == {"ok"}
 
 
 def test_after_a_ctrl_c_the_counts_tell_failed_from_not_converted_yet():

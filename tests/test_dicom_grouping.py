@@ -205,13 +205,16 @@ def test_a_slice_of_another_size_fails_the_series_naming_it(tmp_path, quiet):
     assert entry.error.startswith(why)
 
 
-@pytest.mark.parametrize("split", ["no_uid", "tilted"])
+@pytest.mark.parametrize("split", ["no_uid", "tilted", "localizer", "not_unit", "zero_iop"])
 def test_a_slice_split_off_into_a_gap_of_its_stack_fails_the_series_naming_it(
     tmp_path, quiet, split
 ):
     """A slice of the stack without SeriesInstanceUID, or turned 0.5 degrees in its plane, was
     a 1-slice volume converted "ok", while the stack failed for "missing slices", naming no
-    file: now one failed series naming the file and why it was kept apart."""
+    file: now one failed series naming the file and why it was kept apart. The reason is the
+    real one (a prober's finding: a LOCALIZER mark or non-unit orientation vectors were said
+    to be "an orientation differing by 0.00 degrees", and an all-zero orientation left the
+    stack failing for "missing slices ... find the missing files")."""
     inp = tmp_path / "in"
     d = inp / "split"
     shutil.copytree(AXIAL, d)
@@ -220,10 +223,17 @@ def test_a_slice_split_off_into_a_gap_of_its_stack_fails_the_series_naming_it(
     if split == "no_uid":
         del ds.SeriesInstanceUID
         why = "it has no SeriesInstanceUID"
-    else:
+    elif split == "tilted":
         a = np.radians(0.5)
         ds.ImageOrientationPatient = [np.cos(a), np.sin(a), 0.0, -np.sin(a), np.cos(a), 0.0]
         why = "its orientation differs from theirs by 0.50 degrees"
+    elif split == "localizer":
+        ds.ImageType = ["ORIGINAL", "PRIMARY", "LOCALIZER"]
+        why = "it is marked LOCALIZER (ImageType)"
+    else:
+        iop = [2, 0, 0, 0, 2, 0] if split == "not_unit" else [0] * 6
+        ds.ImageOrientationPatient = iop
+        why = f"its ImageOrientationPatient is not made of unit vectors: {iop}".replace("'", "")
     ds.save_as(d / name)
     said = f"{name}: it lies in a gap of the stack's slices"
     with pytest.raises(medproc.ReadError, match=re.escape(said) + ".*" + re.escape(why)):
@@ -336,3 +346,23 @@ def test_plain_naming_templates_still_work(tmp_path):
     out = tmp_path / "out"
     rc = main(["convert", image, "-o", str(out), "--spacing", "3", "-q", "--name", "{{x}}-{name}"])
     assert rc == 0 and os.path.exists(out / "{x}-case001.nii.gz")
+
+
+@pytest.mark.parametrize("uids", ["kept", "deleted"])
+def test_inspect_lists_every_series_of_a_folder_holding_two(tmp_path, quiet, uids):
+    """A prober's finding: ``medproc inspect`` on a folder holding two readable series (with
+    their UIDs, or without: one volume per part of the folder) listed one, exit 0, while
+    ``convert`` wrote both: the report's de-duplication keyed entries by folder alone."""
+    d = tmp_path / "mix"
+    d.mkdir()
+    for prefix, src in (("x", AXIAL), ("y", OBLIQUE)):
+        for n in os.listdir(src):
+            shutil.copy(os.path.join(src, n), d / f"{prefix}{n}")
+    if uids == "deleted":
+        _edit(d, SeriesInstanceUID=None)
+    found = [e for e in inspect_paths(str(d)) if e.kind == "dicom"]
+    assert sorted(e.files for e in found) == [30, 40], [(e.series, e.files) for e in found]
+    assert not any(e.error for e in found)
+    assert len({e.series for e in found}) == 2
+    rc, rows = _convert(tmp_path, tmp_path / "mix")
+    assert rc == 0 and len(rows) == 2

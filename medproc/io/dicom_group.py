@@ -236,7 +236,8 @@ def _no_strays_in_gaps(groups: list[DicomSeries], keys: dict) -> list[DicomSerie
             nouid = g.uid.startswith("nouid:")  # (grouped by folder: see dicom_records)
             if g is main or not (nouid or g.uid == main.uid):
                 continue  # (another series' slice is its own)
-            why = _kept_apart(g, main, normal, gaps, nouid)
+            marks = (keys[id(g)][4], keys[id(main)][4])  # (marked LOCALIZER: it, the stack)
+            why = _kept_apart(g, main, normal, gaps, nouid, marks)
             if why:
                 main.problems.append((f.path, why))
                 dropped.add(id(g))
@@ -244,18 +245,30 @@ def _no_strays_in_gaps(groups: list[DicomSeries], keys: dict) -> list[DicomSerie
     return [g for g in groups if id(g) not in dropped]
 
 
-def _kept_apart(g: DicomSeries, main: DicomSeries, normal, gaps, nouid: bool) -> str | None:
+def _kept_apart(
+    g: DicomSeries, main: DicomSeries, normal, gaps, nouid: bool, marks: tuple = (False, False)
+) -> str | None:
     """Why ``g`` (a lone slice) lies in one of ``main``'s ``gaps`` yet was kept apart from it,
-    or None when it lies in none (or turns away by over 5 degrees)."""
+    or None when it lies in none (or turns away by over 5 degrees). ``marks``: whether it and
+    the stack are marked LOCALIZER (ImageType). A slice whose orientation is not made of unit
+    vectors (all zeros, say) is placed by its position alone, and that is why."""
+    from .dicom_geometry import _fmt
+
     f = g.frames[0]
     mine = np.asarray(f.orientation, dtype=np.float64)
-    cos = abs(float(np.dot(normal, np.cross(mine[:3], mine[3:]))))
+    unit = all(abs(np.linalg.norm(mine[n : n + 3]) - 1) <= 1e-2 for n in (0, 3))
+    cos = abs(float(np.dot(normal, np.cross(mine[:3], mine[3:])))) if unit else 1.0
     x = float(np.dot(f.position, normal))
     gap = next(((lo, hi) for lo, hi in gaps if lo < x < hi), None)
     if cos < np.cos(np.radians(5)) or gap is None:
         return None
     if nouid:
         why = "it has no SeriesInstanceUID"
+    elif not unit:
+        why = f"its ImageOrientationPatient is not made of unit vectors: {_fmt(mine)}"
+    elif marks[0] != marks[1]:
+        who = "it is" if marks[0] else "the stack's slices are"
+        why = f"{who} marked LOCALIZER (ImageType)"
     else:
         o = np.asarray(main.frames[0].orientation, dtype=np.float64)
         dots = [float(np.dot(o[n : n + 3], mine[n : n + 3])) for n in (0, 3)]

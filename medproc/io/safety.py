@@ -122,10 +122,9 @@ def check_file(path, folder_ok: bool = False) -> os.stat_result:
         kind = "a folder"
     if kind is not None:
         link = " (through a symlink)" if os.path.islink(path) else ""
+        never = "" if kind == "a folder" else "; medproc never reads from pipes or devices"
         raise ReadError(
-            f"is {kind}{link}, not an image file; medproc never reads from pipes or devices. "
-            "Point it at a regular file",
-            path,
+            f"is {kind}{link}, not a regular file{never}. Point it at a regular file", path
         )
     return st
 
