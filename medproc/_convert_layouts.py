@@ -18,13 +18,13 @@ def check_layouts(a) -> dict:
     from .errors import MedprocWarning, UsageError
 
     if not a.layout:
-        for flag, v in (
-            ("--dataset", a.dataset),
-            ("--channel-name", a.channel_name),
-            ("--validation", a.validation),
+        for flag, v, layout in (
+            ("--dataset", a.dataset, "nnunet"),
+            ("--channel-name", a.channel_name, "nnunet"),
+            ("--validation", a.validation, "monai"),
         ):
             if v:
-                raise UsageError(f"{flag} goes with --layout nnunet|monai")
+                raise UsageError(f"{flag} goes with --layout {layout}")
         return {}
     kinds = list(dict.fromkeys(a.layout))
     out = {}

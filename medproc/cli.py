@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
         epilog=EXIT_INSPECT,
     )
-    i.add_argument("paths", nargs="+", help="DICOM folders/files, NIfTI, NRRD or MHA files")
+    i.add_argument("paths", nargs="+", metavar="PATH", help="DICOM/NIfTI/NRRD/MHA files, folders")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.add_argument("--max-skipped", type=_at_least(0), default=20, help="skipped files to list")
     i.add_argument(

@@ -87,7 +87,8 @@ def _bad_usage_cases(tmp_path, image):
             + ["--format", "npy"],
             "needs .nii.gz",
         ),  # fmt: skip
-        "validation without layout": (base + ["--validation", "c1"], "goes with --layout"),
+        "validation without layout": (base + ["--validation", "c1"], "goes with --layout monai"),
+        "dataset without layout": (base + ["--dataset", "d"], "goes with --layout nnunet"),
         "labels folder missing": (base + ["--labels", str(tmp_path / "nolabels")], "labels"),
     }
 

@@ -42,8 +42,7 @@ def nan_error(count: int, path) -> ReadError:
     """The error of ``--nan error`` for ``count`` NaN/inf voxels (NIfTI, ITK, DICOM alike)."""
     return ReadError(
         f"contains {count} NaN/inf voxel(s); clean the file, or set them to 0: "
-        f"medproc.load(..., nan='zero'), or `medproc convert --nan zero` first (what a "
-        f"PatchLoader or a MONAI pipeline then reads)",
+        f"`medproc convert --nan zero`, or medproc.load(..., nan='zero')",
         path,
     )
 
