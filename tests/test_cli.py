@@ -104,6 +104,7 @@ def _bad_usage_cases(tmp_path, image):
         "nnunet bad name",
         "nnunet npy",
         "validation without layout",
+        "dataset without layout",
         "labels folder missing",
     ],
 )
