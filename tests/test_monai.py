@@ -199,6 +199,12 @@ def test_the_old_invertd_is_deprecated_and_still_works(sample_data):
         old = mm.Invertd(["label"], plan_key="image_plan")
     back = to_volume(old(d)["label"])
     np.testing.assert_allclose(back.affine, medproc.load(case["label"]).affine, atol=1e-6)
+    # a MONAI user's findings: modes of the wrong count, MONAI's error naming neither
+    # Resampled nor its keys; the old Invertd called MONAI's way, a bare TypeError
+    with pytest.raises(ValueError, match="mode=\\('bilinear',\\) for keys \\['image', 'label'\\]"):
+        Resampled(["image", "label"], spec, mode=("bilinear",))
+    with pytest.raises(TypeError, match="'transform', 'orig_keys'.*import Invertd from monai"):
+        mm.Invertd(["label"], transform=None, orig_keys="image")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -386,6 +392,12 @@ def test_a_label_map_given_an_images_mode_is_said_and_roles_named_backwards_too(
         two({**d, "ct2": d["image"].clone()})  # a second image: nothing to say
         out = Resampled(["image", "label"], spec, mode=("bilinear", "nearest"))(dict(d))
     assert set(np.unique(out["label"].numpy())) <= set(np.unique(d["label"].numpy()))
+    # without an intensity step too: interpolated into values between its classes, which the
+    # docs said was warned about (a MONAI user's finding: it was said only with a step)
+    plain = medproc.Spec(spacing=1.5)
+    with pytest.warns(medproc.errors.MedprocWarning, match=r"it is interpolated \(values betw"):
+        mixed = Resampled(["image", "label"], plain, mode="bilinear")(dict(d))["label"]
+    assert not np.all(np.mod(mixed.numpy(), 1) == 0)  # (what the warning is about)
     with pytest.warns(medproc.errors.MedprocWarning, match="the first key \\('seg'\\)"):
         Resampled(["seg", "img"], spec)
     # a label map on its own, without mode= (the first key is the image): the same window was

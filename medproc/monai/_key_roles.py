@@ -16,11 +16,12 @@ def label_named(key) -> bool:
     return any(w in str(key).lower() for w in ("label", "seg", "mask"))
 
 
-def say_label_as_image(keys, vols, roles) -> bool:
+def say_label_as_image(keys, vols, roles, intensity: bool = True) -> bool:
     """Warn (once: returns True) when a key resampled as an image holds what looks like a
     label map: whole numbers named like one, or, after the first key, with few values. With
-    one mode for every key it gets the spec's intensity step and interpolation (a label of
-    0/1/2 clipped and scaled came back as 0.714-0.716 everywhere), where MONAI's intensity
+    one mode for every key it is interpolated (values between its classes: 1 and 2 mixed into
+    1.5) and gets the spec's intensity step if there is one (``intensity``; a label of 0/1/2
+    clipped and scaled came back as 0.714-0.716 everywhere), where MONAI's intensity
     transforms touch only the keys they name. (The first key is the image unless told: judged
     by its name alone, ``Resampled("label", spec)``.)"""
     for n, k in enumerate(keys):
@@ -32,10 +33,11 @@ def say_label_as_image(keys, vols, roles) -> bool:
 
             from ..errors import MedprocWarning
 
+            step = "gets the spec's intensity step and " if intensity else ""
             warnings.warn(
                 f"Resampled: key {k!r} looks like a label map ({a.dtype}, whole numbers) but its "
-                "mode makes it an image: it gets the spec's intensity step and is interpolated; "
-                f"give it mode 'nearest' (e.g. mode=('bilinear', 'nearest'))",
+                f"mode makes it an image: it {step}is interpolated (values between its classes); "
+                "give it mode 'nearest' (e.g. mode=('bilinear', 'nearest'))",
                 MedprocWarning,
                 stacklevel=3,
             )

@@ -37,7 +37,14 @@ class Invertd(MapTransform):
         nearest: bool = True,
         device: str = "cpu",
         allow_missing_keys=False,
+        **monai_style,
     ):
+        if monai_style:  # (MONAI's Invertd(keys, transform=..., orig_keys=...): a bare TypeError)
+            raise TypeError(
+                f"medproc.monai.Invertd got {', '.join(map(repr, monai_style))}: that is "
+                "monai.transforms.Invertd's signature; import Invertd from monai.transforms "
+                "(it inverts medproc's Resampled), this one is deprecated"
+            )
         warnings.warn(_MESSAGE, DeprecationWarning, stacklevel=2)
         super().__init__(keys, allow_missing_keys)
         self.source = plan_key[: -len("_plan")] if plan_key.endswith("_plan") else plan_key

@@ -258,7 +258,13 @@ class Resampled(MapTransform, InvertibleTransform):
                     stacklevel=2,
                 )
         else:
-            modes = ensure_tuple_rep(mode, len(self.keys))
+            try:
+                modes = ensure_tuple_rep(mode, len(self.keys))
+            except ValueError:  # (MONAI's words name neither the transform nor the keys)
+                raise ValueError(
+                    f"Resampled: mode={mode!r} for keys {list(self.keys)}: give one mode for "
+                    "every key, or one per key in their order"
+                ) from None
             interps = [interp_of(m, k) for m, k in zip(modes, self.keys)]
             self.roles = tuple((i, i == "nearest") for i in interps)
 
@@ -285,8 +291,8 @@ class Resampled(MapTransform, InvertibleTransform):
         elif self.device == "cpu":
             vols = {k: v.numpy() for k, v in vols.items()}
         roles = dict(items)
-        if self.spec.intensity.active and not self._warned:
-            self._warned = say_label_as_image(keys, vols, roles)
+        if not self._warned:
+            self._warned = say_label_as_image(keys, vols, roles, self.spec.intensity.active)
         if self._unjudged & set(keys):
             mine = [k for k in keys if k in self._unjudged]
             say_image_as_label(mine, vols, roles, self.keys)
