@@ -19,7 +19,7 @@ def check_layouts(a) -> dict:
 
     if not a.layout:
         for flag, v, layout in (
-            ("--dataset", a.dataset, "nnunet"),
+            ("--dataset", a.dataset, "nnunet|monai"),
             ("--channel-name", a.channel_name, "nnunet"),
             ("--validation", a.validation, "monai"),
         ):

@@ -293,23 +293,19 @@ def _cmd_convert(a) -> int:
         # (the failed are counted apart, in the summary line: each error says why)
         left = s["interrupted"] + s["not_started"]
         how = "terminated (SIGTERM)" if batch.terminated else "interrupted"
-        if interrupted and left == 0:  # Ctrl-C after the last case: nothing to redo
-            print(
-                f"medproc convert: {how} after every case was done (nothing is left to convert)",
-                file=sys.stderr,
-            )
-            if batch.terminated:  # (told to end: no layout is started now)
-                return 143
-        elif interrupted:
-            print(
-                f"medproc convert: {how}; {left} case(s) not converted yet: run the same "
-                "command again to continue",
-                file=sys.stderr,
-            )
+        if interrupted:  # (also after the last case: a `set -e` script stops as asked)
+            if left:
+                why = f"; {left} case(s) not converted yet: run the same command again to continue"
+            elif targets:  # (no layout is started after a Ctrl-C or SIGTERM)
+                why = (
+                    " after every case was done, before the --layout files were written: run "
+                    "the same command again to write them"
+                )
+            else:
+                why = " after every case was done (nothing is left to convert)"
+            print(f"medproc convert: {how}{why}", file=sys.stderr)
             return 143 if batch.terminated else 130
         rc = 0 if s["failed"] == 0 else 1
         if targets:  # still holding the output folder's lock
             rc = max(rc, write_layouts(a, targets, batch, Mute() if quiet else ui.console()))
-        # a Ctrl-C is said in the status even when it came after the last case, so that a
-        # calling script (set -e, a shell loop) stops as its user asked; the summary has counts
-        return 130 if interrupted else rc
+        return rc

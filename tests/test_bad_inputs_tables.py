@@ -135,8 +135,8 @@ def test_annotation_paths_that_are_not_tables(image, tmp_path, capsys, sample_da
     cases = {
         dcm: "is a DICOM file, not a lesion table",
         str(tmp_path / "missing.csv"): "no such file",
-        str(tmp_path / "folder.csv"): "is a folder",
-        str(tmp_path / "pipe.csv"): "FIFO",
+        str(tmp_path / "folder.csv"): "is a folder, not a regular file. Point it",
+        str(tmp_path / "pipe.csv"): "FIFO (named pipe), not a regular file; medproc never reads",
     }
     for p, pattern in cases.items():
         rc, err = _run(
@@ -144,6 +144,8 @@ def test_annotation_paths_that_are_not_tables(image, tmp_path, capsys, sample_da
             capsys,
         )
         assert rc == 2 and p in err and pattern in err, err
+        # (a prober's finding: a folder was said to be "not an image file", read from "pipes")
+        assert ("pipes" in err) == p.endswith("pipe.csv") and "image file" not in err
     with pytest.raises(medproc.errors.ReadError, match="is a DICOM file, not a JSON"):
         read_json(dcm)
 

@@ -88,7 +88,7 @@ def _bad_usage_cases(tmp_path, image):
             "needs .nii.gz",
         ),  # fmt: skip
         "validation without layout": (base + ["--validation", "c1"], "goes with --layout monai"),
-        "dataset without layout": (base + ["--dataset", "d"], "goes with --layout nnunet"),
+        "dataset without layout": (base + ["--dataset", "d"], "goes with --layout nnunet|monai"),
         "labels folder missing": (base + ["--labels", str(tmp_path / "nolabels")], "labels"),
     }
 

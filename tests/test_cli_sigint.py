@@ -163,6 +163,14 @@ def test_ctrl_c_after_the_last_case_exits_130_with_nothing_to_rerun(
     assert rc == 130 and "interrupted after every case was done" in err and "again" not in err
     with open(tmp_path / "o" / "manifest.csv") as f:
         assert {r["status"] for r in csv.DictReader(f)} == {"ok"}
+    # with --layout: no layout is started after the Ctrl-C (as after SIGTERM); a rerun writes it
+    lay = ["convert", images, "-o", str(tmp_path / "o2"), "--spacing", "3", "-j", "1"]
+    lay += ["--layout", "monai"]
+    assert main(lay) == 130
+    assert "before the --layout files were written: run the same" in capsys.readouterr().err
+    assert not (tmp_path / "o2" / "datalist.json").exists()
+    monkeypatch.setattr(_convert_report, "run_with_bar", real)
+    assert main(lay) == 0 and (tmp_path / "o2" / "datalist.json").exists()
 
 
 def test_after_a_ctrl_c_the_counts_tell_failed_from_not_converted_yet():

@@ -205,7 +205,10 @@ def test_a_slice_of_another_size_fails_the_series_naming_it(tmp_path, quiet):
     assert entry.error.startswith(why)
 
 
-@pytest.mark.parametrize("split", ["no_uid", "tilted", "localizer", "not_unit", "zero_iop"])
+@pytest.mark.parametrize(
+    "split",
+    ["no_uid", "tilted", "localizer", "stack_localizer", "not_unit", "zero_iop", "skew", "nearly"],
+)
 def test_a_slice_split_off_into_a_gap_of_its_stack_fails_the_series_naming_it(
     tmp_path, quiet, split
 ):
@@ -230,10 +233,20 @@ def test_a_slice_split_off_into_a_gap_of_its_stack_fails_the_series_naming_it(
     elif split == "localizer":
         ds.ImageType = ["ORIGINAL", "PRIMARY", "LOCALIZER"]
         why = "it is marked LOCALIZER (ImageType)"
-    else:
-        iop = [2, 0, 0, 0, 2, 0] if split == "not_unit" else [0] * 6
+    elif split == "stack_localizer":  # (the other way round: every other file marked)
+        _edit(d, pick=lambda n: n != name, ImageType=["ORIGINAL", "PRIMARY", "LOCALIZER"])
+        why = "the stack's slices are marked LOCALIZER (ImageType)"
+    elif split == "nearly":  # (apart by more than grouping's rounding, by no visible angle)
+        ds.ImageOrientationPatient = [1.001, 0, 0, 0, 1, 0]
+        why = "its ImageOrientationPatient [1.001, 0, 0, 0, 1, 0] differs from theirs [1, 0, 0"
+    else:  # (what the reader refuses: placed by its position alone, and that is why)
+        iop, what = {
+            "not_unit": ([2, 0, 0, 0, 2, 0], " is not made of unit vectors"),
+            "zero_iop": ([0] * 6, " is not made of unit vectors"),
+            "skew": ([1, 0, 0, 1, 0, 0], "'s row and column are not perpendicular"),
+        }[split]
         ds.ImageOrientationPatient = iop
-        why = f"its ImageOrientationPatient is not made of unit vectors: {iop}".replace("'", "")
+        why = f"its ImageOrientationPatient{what}: {iop}"
     ds.save_as(d / name)
     said = f"{name}: it lies in a gap of the stack's slices"
     with pytest.raises(medproc.ReadError, match=re.escape(said) + ".*" + re.escape(why)):

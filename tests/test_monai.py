@@ -189,6 +189,8 @@ def test_load_resample_invert_on_the_device(sample_data, device):
 def test_the_old_invertd_is_deprecated_and_still_works(sample_data):
     """medproc.monai.Invertd (MONAI's name, another meaning) warns and points to MONAI's; it is
     not in ``import *``, and until it goes it reads the plan from applied_operations."""
+    from monai.transforms import Compose
+
     import medproc.monai as mm
 
     assert "Invertd" not in mm.__all__
@@ -199,12 +201,13 @@ def test_the_old_invertd_is_deprecated_and_still_works(sample_data):
         old = mm.Invertd(["label"], plan_key="image_plan")
     back = to_volume(old(d)["label"])
     np.testing.assert_allclose(back.affine, medproc.load(case["label"]).affine, atol=1e-6)
-    # a MONAI user's findings: modes of the wrong count, MONAI's error naming neither
-    # Resampled nor its keys; the old Invertd called MONAI's way, a bare TypeError
-    with pytest.raises(ValueError, match="mode=\\('bilinear',\\) for keys \\['image', 'label'\\]"):
-        Resampled(["image", "label"], spec, mode=("bilinear",))
-    with pytest.raises(TypeError, match="'transform', 'orig_keys'.*import Invertd from monai"):
+    # called MONAI's way (a MONAI user's finding: a bare TypeError)
+    with pytest.raises(TypeError, match="'orig_keys', 'transform'.*import Invertd from monai"):
         mm.Invertd(["label"], transform=None, orig_keys="image")
+    with pytest.raises(TypeError, match="got a Compose: that is monai.transforms.Invertd's"):
+        mm.Invertd("label", Compose([]), "image")  # (positionally)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'plan_kye'$"):
+        mm.Invertd(["label"], plan_kye="image_plan")  # (its own keyword mistyped)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -408,6 +411,30 @@ def test_a_label_map_given_an_images_mode_is_said_and_roles_named_backwards_too(
         warnings.simplefilter("error", medproc.errors.MedprocWarning)
         Resampled("label", spec, mode="nearest")(dict(d))
         Resampled("image", spec)(dict(d))  # (a CT image: whole numbers, not named like a label)
+
+
+def test_modes_of_the_wrong_count_name_resampled_and_its_keys():
+    """A MONAI user's finding: MONAI's error ("Sequence must have length 2, got 1") named
+    neither the transform nor its keys."""
+    spec = medproc.Spec(spacing=1.5)
+    with pytest.raises(ValueError, match="mode=\\('bilinear',\\) for keys \\['image', 'label'\\]"):
+        Resampled(["image", "label"], spec, mode=("bilinear",))
+
+
+def test_each_key_is_judged_a_label_map_once(sample_data, monkeypatch):
+    """The check of a key given an image's mode looks at its values once per transform, not on
+    every sample (a reviewer's finding: a second int16 image was sampled on every call)."""
+    from medproc.monai import _key_roles
+
+    case = _datalist(sample_data)[0]
+    d = LoadVolumed(["image"])({"image": case["image"]})
+    calls = []
+    real = _key_roles._values
+    monkeypatch.setattr(_key_roles, "_values", lambda a: calls.append(1) or real(a))
+    r = Resampled(["image", "ct2"], medproc.Spec(spacing=3), mode="bilinear")
+    for _ in range(3):
+        r({**d, "ct2": d["image"].clone()})
+    assert len(calls) == 1
 
 
 def test_spacingd_s_arguments_are_refused_saying_where_the_spec_takes_them():

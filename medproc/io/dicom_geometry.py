@@ -23,7 +23,7 @@ from ..geometry import lps_to_ras
 from .dicom_scan import DicomSeries
 from .safety import check_affine
 
-__all__ = ["SeriesGeometry", "series_geometry"]
+__all__ = ["SeriesGeometry", "series_geometry", "orientation_problem"]
 
 #: positions closer than this (mm) along the normal are duplicates
 DUPLICATE_MM = 1e-3
@@ -48,6 +48,18 @@ class SeriesGeometry:
 
 def _fmt(v) -> str:
     return "[" + ", ".join(f"{x:.4g}" for x in v) + "]"
+
+
+def orientation_problem(iop) -> str | None:
+    """Why an ImageOrientationPatient cannot place a slice (not unit vectors, row and column
+    not perpendicular, within 1e-2), or None."""
+    iop = np.asarray(iop, dtype=np.float64)
+    row_cos, col_cos = iop[:3], iop[3:]
+    if abs(np.linalg.norm(row_cos) - 1) > 1e-2 or abs(np.linalg.norm(col_cos) - 1) > 1e-2:
+        return f"ImageOrientationPatient is not made of unit vectors: {_fmt(iop)}"
+    if abs(row_cos @ col_cos) > 1e-2:
+        return f"ImageOrientationPatient's row and column are not perpendicular: {_fmt(iop)}"
+    return None
 
 
 def series_geometry(series: DicomSeries) -> SeriesGeometry:
@@ -102,14 +114,9 @@ def series_geometry(series: DicomSeries) -> SeriesGeometry:
 
     iop = frames[0].orientation
     row_cos, col_cos = iop[:3], iop[3:]
-    if abs(np.linalg.norm(row_cos) - 1) > 1e-2 or abs(np.linalg.norm(col_cos) - 1) > 1e-2:
-        raise GeometryError(
-            f"ImageOrientationPatient is not made of unit vectors: {_fmt(iop)}", where
-        )
-    if abs(row_cos @ col_cos) > 1e-2:
-        raise GeometryError(
-            f"ImageOrientationPatient's row and column are not perpendicular: {_fmt(iop)}", where
-        )
+    problem = orientation_problem(iop)
+    if problem:
+        raise GeometryError(problem, where)
     # re-orthonormalise the small rounding of DS strings
     row_cos = row_cos / np.linalg.norm(row_cos)
     col_cos = col_cos - (col_cos @ row_cos) * row_cos

@@ -246,26 +246,27 @@ def _no_strays_in_gaps(groups: list[DicomSeries], keys: dict) -> list[DicomSerie
 
 
 def _kept_apart(
-    g: DicomSeries, main: DicomSeries, normal, gaps, nouid: bool, marks: tuple = (False, False)
+    g: DicomSeries, main: DicomSeries, normal, gaps, nouid: bool, marks: tuple[bool, bool]
 ) -> str | None:
     """Why ``g`` (a lone slice) lies in one of ``main``'s ``gaps`` yet was kept apart from it,
     or None when it lies in none (or turns away by over 5 degrees). ``marks``: whether it and
-    the stack are marked LOCALIZER (ImageType). A slice whose orientation is not made of unit
-    vectors (all zeros, say) is placed by its position alone, and that is why."""
-    from .dicom_geometry import _fmt
+    the stack are marked LOCALIZER (ImageType). A slice whose orientation cannot place it (all
+    zeros, not unit vectors, not perpendicular: the reader's rule) is placed by its position
+    alone, and that is why."""
+    from .dicom_geometry import _fmt, orientation_problem
 
     f = g.frames[0]
     mine = np.asarray(f.orientation, dtype=np.float64)
-    unit = all(abs(np.linalg.norm(mine[n : n + 3]) - 1) <= 1e-2 for n in (0, 3))
-    cos = abs(float(np.dot(normal, np.cross(mine[:3], mine[3:])))) if unit else 1.0
+    bad = orientation_problem(mine)
+    cos = abs(float(np.dot(normal, np.cross(mine[:3], mine[3:])))) if not bad else 1.0
     x = float(np.dot(f.position, normal))
     gap = next(((lo, hi) for lo, hi in gaps if lo < x < hi), None)
     if cos < np.cos(np.radians(5)) or gap is None:
         return None
     if nouid:
         why = "it has no SeriesInstanceUID"
-    elif not unit:
-        why = f"its ImageOrientationPatient is not made of unit vectors: {_fmt(mine)}"
+    elif bad:
+        why = f"its {bad}"
     elif marks[0] != marks[1]:
         who = "it is" if marks[0] else "the stack's slices are"
         why = f"{who} marked LOCALIZER (ImageType)"
@@ -274,6 +275,8 @@ def _kept_apart(
         dots = [float(np.dot(o[n : n + 3], mine[n : n + 3])) for n in (0, 3)]
         angle = float(np.degrees(np.arccos(min(1.0, cos, *dots))))  # (rows, columns, normal)
         why = f"its orientation differs from theirs by {angle:.2f} degrees"
+        if round(angle, 2) == 0:  # (apart by more than rounding, but by no visible angle)
+            why = f"its ImageOrientationPatient {_fmt(mine)} differs from theirs {_fmt(o)}"
     return (
         f"it lies in a gap of the stack's slices ({gap[0]:.2f} to {gap[1]:.2f} mm along its "
         f"normal) but was kept apart from them: {why}"

@@ -89,7 +89,14 @@ def special_kind(mode: int) -> str | None:
     ):
         if test(mode):
             return name
-    return None if (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) else "not a regular file"
+    return None if (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) else "of an unknown type"
+
+
+def not_regular(kind: str, link: str = "") -> str:
+    """``"is <kind><link>, not a regular file"``, with the remark about pipes and devices for
+    those (a folder given for a file is only that)."""
+    never = "" if kind == "a folder" else "; medproc never reads from pipes or devices"
+    return f"is {kind}{link}, not a regular file{never}"
 
 
 def os_error(e: OSError, path, doing: str = "read") -> ReadError:
@@ -122,10 +129,7 @@ def check_file(path, folder_ok: bool = False) -> os.stat_result:
         kind = "a folder"
     if kind is not None:
         link = " (through a symlink)" if os.path.islink(path) else ""
-        never = "" if kind == "a folder" else "; medproc never reads from pipes or devices"
-        raise ReadError(
-            f"is {kind}{link}, not a regular file{never}. Point it at a regular file", path
-        )
+        raise ReadError(f"{not_regular(kind, link)}. Point it at a regular file", path)
     return st
 
 
@@ -221,11 +225,7 @@ def check_inside(ref: str, header, kind: str = "data file") -> str:
         ) from None
     kind_name = special_kind(st.st_mode) or ("a folder" if stat.S_ISDIR(st.st_mode) else None)
     if kind_name:
-        raise ReadError(
-            f"its {kind} {ref!r} is {kind_name}, not a regular file; medproc never reads "
-            "from pipes or devices",
-            header,
-        )
+        raise ReadError(f"its {kind} {ref!r} {not_regular(kind_name)}", header)
     return target
 
 

@@ -16,17 +16,21 @@ def label_named(key) -> bool:
     return any(w in str(key).lower() for w in ("label", "seg", "mask"))
 
 
-def say_label_as_image(keys, vols, roles, intensity: bool = True) -> bool:
+def say_label_as_image(keys, vols, roles, intensity: bool = True, judge=None) -> bool:
     """Warn (once: returns True) when a key resampled as an image holds what looks like a
     label map: whole numbers named like one, or, after the first key, with few values. With
     one mode for every key it is interpolated (values between its classes: 1 and 2 mixed into
     1.5) and gets the spec's intensity step if there is one (``intensity``; a label of 0/1/2
     clipped and scaled came back as 0.714-0.716 everywhere), where MONAI's intensity
     transforms touch only the keys they name. (The first key is the image unless told: judged
-    by its name alone, ``Resampled("label", spec)``.)"""
+    by its name alone, ``Resampled("label", spec)``.) ``judge``: the keys to judge (all)."""
     for n, k in enumerate(keys):
         a = vols[k].array
-        if roles[k][1] or _dtype_name(a)[:3] not in ("int", "uin", "boo"):
+        if (
+            (judge is not None and k not in judge)
+            or roles[k][1]
+            or _dtype_name(a)[:3] not in ("int", "uin", "boo")
+        ):
             continue
         if label_named(k) or (n > 0 and len(_values(a)) <= 16):
             import warnings

@@ -18,6 +18,12 @@ from .transforms import plan_of
 
 __all__ = ["Invertd"]
 
+#: monai.transforms.Invertd's keywords (besides keys and allow_missing_keys)
+_MONAI_ARGS = {
+    "transform", "orig_keys", "meta_keys", "orig_meta_keys", "meta_key_postfix",
+    "nearest_interp", "to_tensor", "post_func",
+}  # fmt: skip
+
 _MESSAGE = (
     "medproc.monai.Invertd is deprecated and will be removed: medproc's Resampled is a MONAI "
     "InvertibleTransform, so use monai.transforms.Invertd(keys, transform=<your Compose>, "
@@ -39,11 +45,17 @@ class Invertd(MapTransform):
         allow_missing_keys=False,
         **monai_style,
     ):
-        if monai_style:  # (MONAI's Invertd(keys, transform=..., orig_keys=...): a bare TypeError)
+        theirs = sorted(set(monai_style) & _MONAI_ARGS)
+        if theirs or not isinstance(plan_key, str):  # (MONAI's Invertd(keys, transform, ...))
+            got = ", ".join(map(repr, theirs)) if theirs else f"a {type(plan_key).__name__}"
             raise TypeError(
-                f"medproc.monai.Invertd got {', '.join(map(repr, monai_style))}: that is "
-                "monai.transforms.Invertd's signature; import Invertd from monai.transforms "
-                "(it inverts medproc's Resampled), this one is deprecated"
+                f"medproc.monai.Invertd got {got}: that is monai.transforms.Invertd's "
+                "signature; import Invertd from monai.transforms (it inverts medproc's "
+                "Resampled), this one is deprecated"
+            )
+        if monai_style:  # (a typo of this one's own keywords: Python's own words)
+            raise TypeError(
+                f"Invertd() got an unexpected keyword argument {next(iter(monai_style))!r}"
             )
         warnings.warn(_MESSAGE, DeprecationWarning, stacklevel=2)
         super().__init__(keys, allow_missing_keys)

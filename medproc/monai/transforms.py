@@ -239,7 +239,7 @@ class Resampled(MapTransform, InvertibleTransform):
         self.spec = spec
         self.device = device
         self.lesion_key = lesion_key
-        self._warned = False  # (a label map given an image's mode: said once)
+        self._as_image = set(self.keys)  # (keys not yet judged label maps given an image's mode)
         # (keys the default mode makes label maps: judged once each, when first present)
         self._unjudged = set(self.keys[1:]) if mode is None else set()
         if mode is None:
@@ -291,8 +291,9 @@ class Resampled(MapTransform, InvertibleTransform):
         elif self.device == "cpu":
             vols = {k: v.numpy() for k, v in vols.items()}
         roles = dict(items)
-        if not self._warned:
-            self._warned = say_label_as_image(keys, vols, roles, self.spec.intensity.active)
+        if self._as_image & set(keys):  # (each key judged once; said once per transform)
+            said = say_label_as_image(keys, vols, roles, self.spec.intensity.active, self._as_image)
+            self._as_image = set() if said else self._as_image - set(keys)
         if self._unjudged & set(keys):
             mine = [k for k in keys if k in self._unjudged]
             say_image_as_label(mine, vols, roles, self.keys)
