@@ -43,7 +43,8 @@ def interp_of(mode, key) -> str:
     if m not in MODES:
         raise ValueError(
             f"mode for key {key!r} must be one of 'bilinear', 'nearest', 'bicubic' (or MONAI's "
-            f"spline orders 1, 0, 3), got {mode!r}"
+            f"spline orders 1, 0, 3; also 'linear'/'trilinear', 'nearest-exact', 'cubic'), got "
+            f"{mode!r}"
         )
     return MODES[m]
 

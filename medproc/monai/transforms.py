@@ -198,8 +198,9 @@ class Resampled(MapTransform, InvertibleTransform):
         intensity steps and image dtype.
     mode : str or sequence, optional
         Per key, as MONAI's ``Spacingd``: ``"bilinear"``, ``"nearest"``, ``"bicubic"`` (or 1, 0,
-        3). A ``"nearest"`` key keeps its dtype and values (a label map: no intensity step);
-        the others are images: the spec's dtype and intensity steps (statistics per key).
+        3; also ``"linear"``/``"trilinear"``, ``"nearest-exact"``, ``"cubic"``). A
+        ``"nearest"`` key keeps its dtype and values (a label map: no intensity step); the
+        others are images: the spec's dtype and intensity steps (statistics per key).
         Default: the first key is the image (``spec.interp``), the others label maps.
     device : {"cpu", "gpu"}
         DALI backend; ``"gpu"`` returns CUDA MetaTensors (on the inputs' GPU if they are there).
