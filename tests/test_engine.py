@@ -293,8 +293,10 @@ def test_labels_never_get_values_they_do_not_hold_when_the_grid_leaves_the_input
     spec = Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40))
     plan = make_plan(img.shape, img.affine, spec)
     assert plan.axis_aligned  # the case the separable graph would take
-    assert Graph.from_spec(spec, labels=1).mode_for([plan], "cpu") == "mixed"
-    alone = medproc.resample(img, spec=spec)  # the image keeps the separable resize
+    # (the region leaves the input by more than a voxel: since DALI's linear resize crashed on
+    # such plans, the image takes the warp graph too; "mixed" is for overhangs within a voxel)
+    assert Graph.from_spec(spec, labels=1).mode_for([plan], "cpu") == "warp"
+    alone = medproc.resample(img, spec=spec)
     for _ in range(10):
         with_lab, out = medproc.resample(img, spec=spec, label=zeros)
         assert not out.array.any()
@@ -502,3 +504,22 @@ def test_the_runner_holds_each_batchs_fed_volumes_until_its_outputs_are_collecte
     assert not any(np.shares_memory(a, c_img) for a in fed)  # the copy, held here alone
     runner.collect(batch.n, False)
     assert runner.pending == len(runner._held) == 0
+
+
+@pytest.mark.parametrize("interp", ["linear", "nearest"])
+def test_padding_far_beyond_the_input_repeats_the_border_without_crashing(interp):
+    """A prober's finding: 40^3 voxels centre-cropped to 150^3 (the border repeated) killed the
+    process in DALI's CPU resize (SIGSEGV), through resample, PatchLoader and the proxy alike.
+    Such plans take the warp graph; the result is scipy's border-repeating interpolation."""
+    from scipy.ndimage import map_coordinates
+
+    a = np.arange(40**3, dtype=np.float32).reshape(40, 40, 40)
+    v = medproc.Volume(a, np.diag([0.8, 0.8, 1.25, 1.0]))
+    out = medproc.resample(v, spec=Spec(crop=(150, 150, 150), interp=interp), device="cpu")
+    x = np.asarray(out.array)
+    assert x.shape == (150, 150, 150)
+    to_in = np.linalg.inv(v.affine) @ out.affine
+    idx = np.indices(x.shape).reshape(3, -1)
+    src = (to_in @ np.vstack([idx, np.ones(idx.shape[1])]))[:3]
+    ref = map_coordinates(a, src, order=1 if interp == "linear" else 0, mode="nearest")
+    np.testing.assert_allclose(x.reshape(-1), ref, atol=1e-3 * float(a.max()))

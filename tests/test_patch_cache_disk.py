@@ -70,7 +70,8 @@ def test_a_dicom_slice_edited_in_place_rebuilds_its_entry(sample_data, tmp_path)
 @pytest.mark.parametrize(
     "damage",
     ["swap_labels", "swap_entries", "index_truncated", "index_empty", "json_shape_null",
-     "image_header_fortran", "image_header_shape", "index_out_of_range"],
+     "image_header_fortran", "image_header_shape", "index_out_of_range", "background_zeroed",
+     "json_affine_nan", "json_intensity_short", "json_n_bg_negative"],
 )  # fmt: skip
 def test_a_damaged_or_mixed_up_entry_is_rebuilt_not_used(tmp_path, damage):
     cases, cache = _cases(tmp_path), tmp_path / "c"
@@ -109,12 +110,29 @@ def test_a_damaged_or_mixed_up_entry_is_rebuilt_not_used(tmp_path, damage):
             flipped = head.replace(str(shape), str(shape[::-1]))
         assert flipped != head and len(flipped) == len(head)
         open(images[0], "wb").write(flipped.encode("latin-1") + raw[head_len:])
-    elif damage == "index_out_of_range":
+    elif damage in ("index_out_of_range", "background_zeroed"):
         with np.load(index[0]) as z:
             parts = {k: z[k] for k in z.files}
-        parts["fg"] = parts["fg"] + 10**8
+        if damage == "index_out_of_range":
+            parts["fg"] = parts["fg"] + 10**8
+        else:  # (a prober's finding: the background sampler then looped for ever)
+            key = "bg_bits" if "bg_bits" in parts else "bg_index"
+            parts[key] = np.zeros_like(parts[key])
         np.savez(index[0][: -len(".npz")], **parts)
-    _same(_arrays(_loader(cases, cache)), reference)  # rebuilt: as the first build
+    elif damage.startswith("json_"):  # (the json's own fields: used unchecked, a prober's
+        doc = json.load(open(jsons[0]))  # finding: a NaN affine in every batch, a crash)
+        if damage == "json_affine_nan":
+            doc["affine"][0][3] = float("nan")
+        elif damage == "json_intensity_short":
+            doc["intensity"] = [0.0, 1.0]
+        else:
+            doc["n_bg"] = -5
+        json.dump(doc, open(jsons[0], "w"))
+    loader = _loader(cases, cache)
+    _same(_arrays(loader), reference)  # rebuilt: as the first build
+    for e in loader.entries:  # (what the first build made, and samples from it)
+        assert np.all(np.isfinite(e.affine)) and e.n_bg >= 0
+    assert next(iter(loader)) is not None
 
 
 def test_a_read_only_cache_dir_builds_missing_entries_in_memory(tmp_path, monkeypatch):

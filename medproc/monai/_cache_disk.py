@@ -70,7 +70,7 @@ def _write(entry: Entry, base: str) -> None:
         "order": _order(image),  # (a flipped fortran_order in the .npy header shows)
         # dtype, shape and samples of the bytes of each array (another case's files of the same
         # shape, or another dtype, show; see _sample)
-        "sample": {"image": _sample(image), "label": _sample(label), "fg": _sample(entry.fg)},
+        "sample": _samples(image, label, entry.fg, entry.bg_bits, entry.bg_index),
     }
     with atomic_write(base + ".json") as tmp, open(tmp, "w") as f:
         json.dump(doc, f)
@@ -83,6 +83,17 @@ def _order(a) -> str | None:
         if a.flags.f_contiguous and not a.flags.c_contiguous
         else ("C" if a.flags.c_contiguous else None)
     )
+
+
+def _samples(image, label, fg, bg_bits, bg_index) -> dict:
+    """:func:`_sample` of each array of an entry (the background's too: a zeroed bitmap made
+    the background sampler loop for ever, a prober's finding)."""
+    return {
+        "image": _sample(image),
+        "label": _sample(label),
+        "fg": _sample(fg),
+        "bg": _sample(bg_index if bg_index is not None else bg_bits),
+    }
 
 
 def _sample(a, n: int = 16384) -> str | None:
@@ -140,8 +151,7 @@ def _read(case: dict, base: str) -> Entry | None:
             fg = idx["fg"]
             bg_bits = idx["bg_bits"] if "bg_bits" in idx.files else None
             bg_index = idx["bg_index"] if "bg_index" in idx.files else None
-        got = {"image": _sample(image), "label": _sample(lab), "fg": _sample(fg)}
-        if doc.get("sample") != got:
+        if doc.get("sample") != _samples(image, lab, fg, bg_bits, bg_index):
             return None
         n = int(np.prod(shape))
         for a in (fg, bg_index):
@@ -149,17 +159,27 @@ def _read(case: dict, base: str) -> Entry | None:
                 return None
         if bg_bits is not None and bg_bits.size * 8 < n:
             return None
+        affine = np.array(doc["affine"], dtype=np.float64).reshape(4, 4)
+        inten = doc["intensity"]  # (the json's own fields are checked too: a prober's finding)
+        if inten is not None and (len(inten) != 4 or not np.all(np.isfinite(inten))):
+            return None
+        n_bg = int(doc["n_bg"])
+        bg_count = bg_index.size if bg_index is not None else None
+        if bg_count is None and bg_bits is not None:
+            bg_count = int(np.unpackbits(bg_bits, bitorder="little")[:n].sum())
+        if not np.all(np.isfinite(affine)) or not 0 <= n_bg <= n or bg_count not in (None, n_bg):
+            return None
         return Entry(
             case=case,
             shape=shape,
-            affine=np.array(doc["affine"], dtype=np.float64).reshape(4, 4),
-            intensity=None if doc["intensity"] is None else tuple(doc["intensity"]),
+            affine=affine,
+            intensity=None if inten is None else tuple(inten),
             image=image,
             label=lab,
             fg=fg,
             bg_bits=bg_bits,
             bg_index=bg_index,
-            n_bg=int(doc["n_bg"]),
+            n_bg=n_bg,
         )
     except Exception:  # noqa: BLE001 - a damaged entry (BadZipFile, EOFError, a null field...)
         return None

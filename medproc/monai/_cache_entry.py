@@ -73,11 +73,15 @@ class Entry:
         if self.bg_index is not None:
             return int(self.bg_index[rng.integers(self.bg_index.size)])
         n = int(np.prod(self.shape))
-        while True:
+        for _ in range(0 if self.n_bg == 0 else 1 + 64 * n // self.n_bg):  # (never for ever)
             cand = rng.integers(0, n, 64)
             hit = np.flatnonzero((self.bg_bits[cand >> 3] >> (cand & 7).astype(np.uint8)) & 1)
             if hit.size:
                 return int(cand[hit[0]])
+        raise RuntimeError(  # (the loader checks an entry's bitmap against n_bg as it loads)
+            f"case {self.case['image']}: no background voxel found in its cached bitmap "
+            f"({self.n_bg} expected): delete its cache entry to rebuild it"
+        )
 
     def is_background(self, flat) -> np.ndarray:
         """Whether flat indices are background (for tests and checks)."""

@@ -117,7 +117,14 @@ class Graph:
             return "resize" if resize else "warp"
         # DALI's nearest-neighbour resize (labels, interp="nearest") reads past the input where
         # the sampled region leaves it (garbage label values): there nearest neighbour takes
-        # the warp graph, while an interpolated image keeps the (more exact) resize: "mixed"
+        # the warp graph, while an interpolated image keeps the (more exact) resize: "mixed".
+        # Its linear resize crashed the process (SIGSEGV) where the region left the input by
+        # far (40^3 voxels padded to 150^3, 80^3 to 300^3; DALI 2.4 CPU, a prober's finding):
+        # beyond a voxel (more than a centred grid's overhang) linear takes warp too, the
+        # border repeated as resize would. Cubic and antialiasing exist only in resize: they stay
+        if self.interp == "linear" and not self.antialias:
+            if not all(_reads_inside(p, margin=1.0) for p in plans):
+                return "warp"
         if not all(_reads_inside(p) for p in plans):
             if self.interp == "nearest":
                 return "warp"
@@ -126,12 +133,13 @@ class Graph:
         return "resize"
 
 
-def _reads_inside(plan: Plan) -> bool:
-    """Whether an axis-aligned plan samples only inside its input grid."""
+def _reads_inside(plan: Plan, margin: float = 1e-4) -> bool:
+    """Whether an axis-aligned plan samples only inside its input grid (give or take
+    ``margin`` input voxels)."""
     start, end = resize_roi(plan)
     n = np.array(plan.in_shape[::-1], dtype=np.float64)
     return bool(
-        np.all(np.minimum(start, end) >= -1e-4) and np.all(np.maximum(start, end) <= n + 1e-4)
+        np.all(np.minimum(start, end) >= -margin) and np.all(np.maximum(start, end) <= n + margin)
     )
 
 
