@@ -293,9 +293,13 @@ def test_labels_never_get_values_they_do_not_hold_when_the_grid_leaves_the_input
     spec = Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40))
     plan = make_plan(img.shape, img.affine, spec)
     assert plan.axis_aligned  # the case the separable graph would take
-    # (the region leaves the input by more than a voxel: since DALI's linear resize crashed on
-    # such plans, the image takes the warp graph too; "mixed" is for overhangs within a voxel)
+    # (here the region leaves the input by 12 voxels, past FAR_OUTSIDE: since DALI's linear
+    # resize crashed on such plans, the image takes the warp graph too; "mixed" is for less)
     assert Graph.from_spec(spec, labels=1).mode_for([plan], "cpu") == "warp"
+    full = make_plan(img.shape, img.affine, Spec(spacing=1.5, orientation="RAS")).out_shape
+    near = Spec(spacing=1.5, orientation="RAS", crop=tuple(n + 4 for n in full))  # (2 out)
+    plan_near = make_plan(img.shape, img.affine, near)
+    assert Graph.from_spec(near, labels=1).mode_for([plan_near], "cpu") == "mixed"
     alone = medproc.resample(img, spec=spec)
     for _ in range(10):
         with_lab, out = medproc.resample(img, spec=spec, label=zeros)

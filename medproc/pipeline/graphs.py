@@ -29,6 +29,8 @@ from ..plan import Plan
 __all__ = ["Graph", "dali_matrix", "resize_roi", "build_resample", "to_dhwc"]
 
 MODES = ("auto", "warp", "resize")
+#: input voxels a linear resize may sample beyond its input before the warp graph takes it
+FAR_OUTSIDE = 8.0
 INTERPS = ("linear", "cubic", "nearest")
 
 
@@ -119,11 +121,12 @@ class Graph:
         # the sampled region leaves it (garbage label values): there nearest neighbour takes
         # the warp graph, while an interpolated image keeps the (more exact) resize: "mixed".
         # Its linear resize crashed the process (SIGSEGV) where the region left the input by
-        # far (40^3 voxels padded to 150^3, 80^3 to 300^3; DALI 2.4 CPU, a prober's finding):
-        # beyond a voxel (more than a centred grid's overhang) linear takes warp too, the
-        # border repeated as resize would. Cubic and antialiasing exist only in resize: they stay
+        # far (40^3 voxels padded to 150^3: 55 voxels out, 80^3 to 300^3; not 45 out; DALI 2.4
+        # CPU, a prober's finding): beyond FAR_OUTSIDE voxels (a centred grid's overhang when
+        # respacing is half an output voxel, 5 input voxels from 0.5 to 5 mm) linear takes warp
+        # too, the border repeated as resize would. Cubic and antialiasing exist only in resize
         if self.interp == "linear" and not self.antialias:
-            if not all(_reads_inside(p, margin=1.0) for p in plans):
+            if not all(_reads_inside(p, margin=FAR_OUTSIDE) for p in plans):
                 return "warp"
         if not all(_reads_inside(p) for p in plans):
             if self.interp == "nearest":
