@@ -42,6 +42,11 @@ def _entry_files(cache, suffix):
     return sorted(glob.glob(str(cache / f"*{suffix}")))
 
 
+def _background(e):
+    """An entry's background, as it stores it (a bitmap or, when sparse, indices)."""
+    return np.asarray(e.bg_index if e.bg_index is not None else e.bg_bits)
+
+
 def _same(a, b):
     for (ia, la), (ib, lb) in zip(a, b):
         np.testing.assert_array_equal(ia, ib)
@@ -75,7 +80,8 @@ def test_a_dicom_slice_edited_in_place_rebuilds_its_entry(sample_data, tmp_path)
 )  # fmt: skip
 def test_a_damaged_or_mixed_up_entry_is_rebuilt_not_used(tmp_path, damage):
     cases, cache = _cases(tmp_path), tmp_path / "c"
-    reference = _arrays(_loader(cases, cache))
+    first = _loader(cases, cache)
+    reference, background = _arrays(first), [_background(e) for e in first.entries]
     labels, images, index = (_entry_files(cache, s) for s in ("_label.npy", "_image.npy", ".npz"))
     jsons = _entry_files(cache, ".json")
     if damage == "swap_labels":
@@ -130,8 +136,10 @@ def test_a_damaged_or_mixed_up_entry_is_rebuilt_not_used(tmp_path, damage):
         json.dump(doc, open(jsons[0], "w"))
     loader = _loader(cases, cache)
     _same(_arrays(loader), reference)  # rebuilt: as the first build
-    for e in loader.entries:  # (what the first build made, and samples from it)
-        assert np.all(np.isfinite(e.affine)) and e.n_bg >= 0
+    for e, bg, ref in zip(loader.entries, background, first.entries):  # (as the first build)
+        np.testing.assert_array_equal(_background(e), bg)
+        np.testing.assert_array_equal(e.affine, ref.affine)
+        assert e.n_bg == ref.n_bg and e.intensity == ref.intensity
     assert next(iter(loader)) is not None
 
 
