@@ -85,6 +85,10 @@ def _order(a) -> str | None:
     )
 
 
+#: set bits of each byte value (a bitmap's count, numpy < 2 has no bitwise_count)
+_BITS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
 def _samples(image, label, fg, bg_bits, bg_index) -> dict:
     """:func:`_sample` of each array of an entry (the background's too: a zeroed bitmap made
     the background sampler loop for ever, a prober's finding)."""
@@ -166,7 +170,7 @@ def _read(case: dict, base: str) -> Entry | None:
         n_bg = int(doc["n_bg"])
         bg_count = bg_index.size if bg_index is not None else None
         if bg_count is None and bg_bits is not None:
-            bg_count = int(np.unpackbits(bg_bits, bitorder="little")[:n].sum())
+            bg_count = int(_BITS[bg_bits].sum(dtype=np.int64))  # (no n-byte unpacked copy)
         if not np.all(np.isfinite(affine)) or not 0 <= n_bg <= n or bg_count not in (None, n_bg):
             return None
         return Entry(

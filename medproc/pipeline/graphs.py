@@ -125,10 +125,10 @@ class Graph:
         # CPU, a prober's finding): beyond FAR_OUTSIDE voxels (a centred grid's overhang when
         # respacing is half an output voxel, 5 input voxels from 0.5 to 5 mm) linear takes warp
         # too, the border repeated as resize would. Cubic and antialiasing exist only in resize
-        if self.interp == "linear" and not self.antialias:
-            if not all(_reads_inside(p, margin=FAR_OUTSIDE) for p in plans):
-                return "warp"
-        if not all(_reads_inside(p) for p in plans):
+        outside = max((_outside(p) for p in plans), default=0.0)
+        if self.interp == "linear" and not self.antialias and outside > FAR_OUTSIDE:
+            return "warp"
+        if outside > 1e-4:
             if self.interp == "nearest":
                 return "warp"
             if self.labels:
@@ -136,14 +136,12 @@ class Graph:
         return "resize"
 
 
-def _reads_inside(plan: Plan, margin: float = 1e-4) -> bool:
-    """Whether an axis-aligned plan samples only inside its input grid (give or take
-    ``margin`` input voxels)."""
+def _outside(plan: Plan) -> float:
+    """How far (input voxels) an axis-aligned plan samples beyond its input grid (0: inside)."""
     start, end = resize_roi(plan)
     n = np.array(plan.in_shape[::-1], dtype=np.float64)
-    return bool(
-        np.all(np.minimum(start, end) >= -margin) and np.all(np.maximum(start, end) <= n + margin)
-    )
+    lo, hi = np.minimum(start, end), np.maximum(start, end)
+    return float(max(0.0, -lo.min(), (hi - n).max()))
 
 
 def to_dhwc(a, contiguous: bool = True):
