@@ -162,10 +162,11 @@ def fork_context(ctx):
 def batches_checked(batch_size, most: int, kw: dict) -> tuple[int, int]:
     """A proxy loader's batches against its server's batch size ``most`` (DALI's pipelines
     take at most their batch size): ``(the batch_size for torch's DataLoader, the largest
-    batch)``. A ``batch_sampler`` in ``kw`` (then ``batch_size`` is left at None or 1, as
+    batch)``; ``batch_size=None`` is the server's. A ``batch_sampler`` in ``kw`` (then ``batch_size`` is left at None or 1, as
     torch's DataLoader wants) is wrapped so that a larger batch it draws is refused by name."""
     sampler = kw.get("batch_sampler")
     if sampler is None:
+        batch_size = most if batch_size is None else batch_size
         whole = isinstance(batch_size, int) and not isinstance(batch_size, bool)
         if not whole or not 1 <= batch_size <= most:
             raise ValueError(

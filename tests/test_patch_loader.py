@@ -451,6 +451,17 @@ def test_arguments_checked():
     for n in (0, -2, 1.5, True):  # (0 gave batches of 1, silently)
         with pytest.raises(ValueError, match="batch_size must be a whole number >= 1"):
             PatchLoader(datalist(), SPEC, (8, 8, 8), batch_size=n)
+    # (a NaN size raised numpy's "cannot convert float NaN", 100000 DALI's bad_alloc, and
+    # num_threads=0 / prefetch=0 were taken as given)
+    for size in (float("nan"), (8, 8, float("inf")), (8, 8, 7.5), "8", (8, 8)):
+        with pytest.raises(ValueError, match="patch_size must be 1 or 3 whole sizes >= 1"):
+            PatchLoader(datalist(), SPEC, size)
+    with pytest.raises(ValueError, match=r"patch_size \(100000, 100000, 100000\) x batch_size"):
+        PatchLoader(datalist(), SPEC, 100000)
+    for name in ("num_threads", "prefetch"):
+        for n in (0, -1, 2.0, True):
+            with pytest.raises(ValueError, match=f"{name} must be a whole number >= 1"):
+                PatchLoader(datalist(), SPEC, (8, 8, 8), **{name: n})
 
 
 def test_a_detection_datalist_is_a_clear_error_naming_the_case(tmp_path):

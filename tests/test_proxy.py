@@ -430,6 +430,9 @@ def test_server_arguments_are_checked_when_made():
             match="batch_size must be a whole number from 1 to the server's batch_size 2, got 5",
         ):
             server.loader([], batch_size=5)
+        # (None, the loader's own default, was refused as "got None")
+        loader = server.loader(CaseDataset(2, server.transform))
+        assert [len(b["image"]) for b in loader] == [2]
 
 
 def random_rotation(plan, rng):

@@ -44,12 +44,12 @@ from monai.data import MetaTensor
 
 from ..errors import check_device
 from ..pipeline import stacked
-from ..spec import Spec
+from ..spec import Spec, check_args
 from ._columns import gathered, one_dtype
 from ._datalist import read_datalist
 from ._patch_cache import GPU_CACHE_FRACTION, Builder, Entry
 from .meta import store
-from .patches import Augment, PosNeg, draw_patches
+from .patches import Augment, PosNeg, draw_patches, patch_size_of
 
 __all__ = ["PatchLoader", "PosNeg", "Augment", "GPU_CACHE_FRACTION"]
 
@@ -170,21 +170,15 @@ class PatchLoader:
                 "at least one case"
             )
         self.spec = spec
-        sizes = [patch_size] * 3 if np.isscalar(patch_size) else list(patch_size)  # (as MONAI)
-        if len(sizes) != 3 or any(isinstance(x, str) or int(x) != x or x < 1 for x in sizes):
-            raise ValueError(f"patch_size must be 1 or 3 whole sizes >= 1, got {patch_size!r}")
-        self.patch = tuple(int(x) for x in sizes)
+        check_args(spec, "PatchLoader", batch_size=batch_size, prefetch=prefetch)
+        if num_threads is not None:
+            check_args(spec, "PatchLoader", num_threads=num_threads)
+        self.patch = patch_size_of(patch_size, batch_size)
         if augment.rotate90_prob and self.patch[0] != self.patch[1]:
             raise ValueError(
                 f"Augment.rotate90_prob turns patches in the (i, j) plane: patch_size must be "
                 f"square in i and j, got {self.patch}"
             )
-        if (
-            isinstance(batch_size, bool)
-            or not isinstance(batch_size, (int, np.integer))
-            or batch_size < 1
-        ):
-            raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
         self.batch_size = int(batch_size)
         self.sampling, self.augment = sampling, augment
         self.device = device

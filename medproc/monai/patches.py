@@ -23,7 +23,15 @@ import numpy as np
 
 from ..plan import Plan, content_motion, flip_map, input_boxes
 
-__all__ = ["PosNeg", "Augment", "crop_start", "rotation_map", "rot90_map", "draw_patches"]
+__all__ = [
+    "PosNeg",
+    "Augment",
+    "crop_start",
+    "rotation_map",
+    "rot90_map",
+    "draw_patches",
+    "patch_size_of",
+]
 
 
 def _range(value, name: str) -> tuple[float, float]:
@@ -50,6 +58,33 @@ def _prob(value, name: str) -> float:
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
     return p
+
+
+def patch_size_of(patch_size, batch_size: int) -> tuple[int, int, int]:
+    """``patch_size`` (1 or 3 whole sizes >= 1, as MONAI's ``spatial_size``) as 3 ints, refused
+    by name when it is not, or when one batch of such patches (float32 images and labels) would
+    take more memory than one volume may here (``patch_size=100000`` failed in DALI with
+    ``bad_alloc``)."""
+    from ..io.safety import human, max_bytes
+
+    sizes = [patch_size] * 3 if np.isscalar(patch_size) else list(patch_size)  # (as MONAI)
+
+    def whole(x) -> bool:
+        if isinstance(x, (str, bytes, bool)) or not np.isscalar(x):
+            return False
+        return bool(np.isfinite(float(x)) and float(x) == int(x) and x >= 1)
+
+    if len(sizes) != 3 or not all(whole(x) for x in sizes):
+        raise ValueError(f"patch_size must be 1 or 3 whole sizes >= 1, got {patch_size!r}")
+    patch = tuple(int(x) for x in sizes)
+    need = int(np.prod(patch, dtype=object)) * 4 * 2 * int(batch_size)
+    if need > max_bytes():
+        raise ValueError(
+            f"patch_size {patch} x batch_size {batch_size}: one batch of patches and labels "
+            f"would take {human(need)}, more than the {human(max_bytes())} one volume may take "
+            "here (MEDPROC_MAX_BYTES raises the cap)"
+        )
+    return patch
 
 
 @dataclass(frozen=True)
