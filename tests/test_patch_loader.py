@@ -464,6 +464,28 @@ def test_arguments_checked():
                 PatchLoader(datalist(), SPEC, (8, 8, 8), **{name: n})
 
 
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ('{"training": [', r"not valid JSON \(Expecting value: line 1 column 15"),
+        ('{"validation": []}', 'not a decathlon datalist: .*"training"'),
+        ('{"training": "a.nii"}', "not a decathlon datalist: .*must be a dict"),
+        ("\udcff", "not a text file"),
+        (None, "is a folder"),
+    ],
+)
+def test_a_malformed_datalist_file_is_a_read_error_naming_it(tmp_path, text, says):
+    """MONAI's reader raised JSONDecodeError "Expecting value: line 1 column 15" or TypeError
+    "Every item in items must be a dict", naming no file."""
+    path = tmp_path / "datalist.json"
+    if text is None:
+        path.mkdir()
+    else:
+        path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(medproc.ReadError, match=f"^{re.escape(str(path))}: {says}"):
+        PatchLoader(str(path), SPEC, (8, 8, 8))
+
+
 def test_a_detection_datalist_is_a_clear_error_naming_the_case(tmp_path):
     """MONAI's detection datalists hold box labels (a list) under "label": PatchLoader wants a
     label map's path there, and says so before reading anything."""

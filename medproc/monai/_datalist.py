@@ -16,9 +16,7 @@ def read_datalist(datalist) -> list[dict]:
     *detection* datalist holds box labels (a list) under "label": said plainly, with the case,
     instead of failing later in a reader."""
     if isinstance(datalist, (str, os.PathLike)):
-        from monai.data import load_decathlon_datalist
-
-        datalist = load_decathlon_datalist(str(datalist), data_list_key="training")
+        datalist = _read_decathlon(datalist)
     if isinstance(datalist, dict):
         raise UsageError(
             f"PatchLoader: the datalist is a dict (keys {sorted(datalist)[:4]}); give a list of "
@@ -60,6 +58,34 @@ def read_datalist(datalist) -> list[dict]:
                 f"path, got {type(v).__name__} {v!r:.60}{what}"
             )
     _check_labels_and_lesions(cases)
+    return cases
+
+
+def _read_decathlon(path) -> list:
+    """The "training" list of the decathlon JSON file ``path``, read by MONAI (which resolves
+    its paths against the file's folder); a :class:`ReadError` naming the file and what is wrong
+    with it (MONAI says "Expecting value: line 1 column 15", or TypeError "Every item in items
+    must be a dict", without the file)."""
+    import json
+
+    from monai.data import load_decathlon_datalist
+
+    from ..errors import ReadError
+    from ..io.safety import check_file
+
+    check_file(path)
+    try:
+        cases = load_decathlon_datalist(os.fsdecode(path), data_list_key="training")
+    except json.JSONDecodeError as e:
+        raise ReadError(f"not valid JSON ({e}); fix the file", path) from None
+    except UnicodeDecodeError:
+        raise ReadError("not a text file: a decathlon datalist (JSON) was expected", path) from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ReadError(
+            f"not a decathlon datalist: MONAI's load_decathlon_datalist says {e} (it needs "
+            '{"training": [{"image": path, "label": path}, ...]})',
+            path,
+        ) from None
     return cases
 
 
