@@ -27,6 +27,7 @@ def find_dicom_labels(roots) -> dict[str, str]:
     order is used and a warning names both (pass ``labels=`` yourself to choose). A root that
     does not exist is a :class:`~medproc.errors.ReadError` naming it.
     """
+    from .annotations.dicom_labels import referenced_series
     from .errors import ReadError
 
     out: dict[str, str] = {}
@@ -44,7 +45,7 @@ def find_dicom_labels(roots) -> dict[str, str]:
             continue
         seen.add(os.path.realpath(p))
         ds = _header(p)
-        uid = _referenced_series(ds) if ds is not None else None
+        uid = (referenced_series(ds) or [None])[0] if ds is not None else None
         if ds is None or label_kind_of(ds) is None:
             continue
         if uid is None:  # (it was left out unsaid, and its case went to the test set)
@@ -91,17 +92,6 @@ def _header(path: str):
         return pydicom.dcmread(path, stop_before_pixels=True, force=path.lower().endswith(".dcm"))
     except Exception:  # noqa: BLE001 - not DICOM
         return None
-
-
-def _referenced_series(ds) -> str | None:
-    """The series a SEG (ReferencedSeriesSequence) or RTSTRUCT annotates."""
-    uids = [str(i.SeriesInstanceUID) for i in ds.get("ReferencedSeriesSequence", [])] + [
-        str(se.SeriesInstanceUID)
-        for fr in ds.get("ReferencedFrameOfReferenceSequence", [])
-        for st in fr.get("RTReferencedStudySequence", [])
-        for se in st.get("RTReferencedSeriesSequence", [])
-    ]
-    return uids[0] if uids else None
 
 
 def label_on_grid(label: Volume, affine, shape, device: str = "cpu") -> Volume:

@@ -302,6 +302,22 @@ def _seg_dup_numbers(p):
     return str(p)
 
 
+def _seg_unlisted(p):
+    return write_seg(p, [(k, 3, _square()) for k in range(10, 15)], {1: "t", 2: "u"})
+
+
+def _truncated(keep):
+    """The SEG of 5 frames cut after ``keep`` bytes (12.8 kB in all; a fraction: of it)."""
+
+    def make(p):
+        write_seg(p, [(k, 1, _square()) for k in range(10, 15)], {1: "t"})
+        data = open(p, "rb").read()
+        open(p, "wb").write(data[: int(len(data) * keep if keep < 1 else keep)])
+        return str(p)
+
+    return make
+
+
 # (a reviewer's and a prober's findings: each was read as something else, exit 0)
 @pytest.mark.parametrize(
     "make, says",
@@ -311,6 +327,16 @@ def _seg_dup_numbers(p):
         (_edited(SegmentSequence=[]), "its SegmentSequence lists no segment"),
         (_edited(per_frame=True), "lists 5 per-frame items but NumberOfFrames is 4"),
         (_seg_dup_numbers, "lists segment number 1 twice ('liver', 'tumor')"),
+        # (a prober's: frames of a segment no item names became the unnamed class "label_3";
+        # a SEG cut before its frame items was "not a DICOM SEG (Modality 'SEG' ...)")
+        (_seg_unlisted, "frame 1: references segment 3, which its SegmentSequence does not "
+                        "list (it lists [1, 2])"),
+        (_truncated(600), "is a DICOM SEG without PerFrameFunctionalGroupsSequence and "
+                          "PixelData: the file is truncated"),
+        (_truncated(1000), "is a DICOM SEG without PixelData: the file is truncated"),
+        (_truncated(200), "is not a DICOM SEG (it holds neither a Modality nor a SOP Class "
+                           "UID: truncated?)"),
+        (_truncated(0.9), "its pixel data cannot be decoded"),
     ],
 )  # fmt: skip
 def test_a_seg_that_cannot_be_read_as_binary_segments_is_refused_naming_it(make, says, tmp_path):
@@ -320,6 +346,34 @@ def test_a_seg_that_cannot_be_read_as_binary_segments_is_refused_naming_it(make,
     with pytest.raises(MedprocError, match="ann.dcm: ") as e:
         read_seg(p)
     assert says in str(e.value)
+
+
+def test_an_annotation_of_another_series_is_said_and_an_image_path_is_refused(tmp_path, case):
+    """A SEG or RTSTRUCT naming another series than the DICOM image it is read onto was placed
+    without a word; ``image="folder"`` was blamed on the file ("incomplete or malformed
+    RTSTRUCT (AttributeError ...)")."""
+    _, image, _ = case
+    seg = write_seg(tmp_path / "seg.dcm", [(k, 1, _square()) for k in range(10, 15)], {1: "t"})
+    rt = write_rt(tmp_path / "rt.dcm", [(1, "GTV")], [(1, 12, sq(20, 30))])
+    for name, read in (("read_seg", read_seg), ("read_rtstruct", read_rtstruct)):
+        path = seg if name == "read_seg" else rt
+        with pytest.raises(medproc.UsageError, match=f"^{name}: image must be a medproc.Volume"):
+            read(path, image=str(tmp_path))
+        for uid, warns in ((UID, False), ("1.2.3.4", True), ("nouid:abc", False), ("", False)):
+            img = image.with_array(image.array, series_uid=uid)
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                lab = read(path, image=img)
+            hits = [w for w in said if "annotates series" in str(w.message)]
+            assert len(hits) == warns, (name, uid, [str(w.message) for w in said])
+            if warns:
+                assert f"it annotates series {UID}, not the series of" in str(hits[0].message)
+                assert "(1.2.3.4)" in str(hits[0].message)
+            assert lab.array[20:30, 20:30, 12].all()  # (placed all the same)
+    with pytest.raises(medproc.UsageError, match="^seg_on_image: image must be"):
+        from medproc.annotations.dicom_labels import seg_on_image
+
+        seg_on_image(seg, None)
 
 
 def test_a_seg_or_rtstruct_that_references_no_series_is_said(tmp_path):

@@ -200,7 +200,7 @@ def test_a_seg_off_its_series_or_with_an_undeclared_segment_is_refused(
 ):
     """A SEG whose frames lie 5 m away from the series it names became an all-background
     label with a warning; a segment number the SEG does not declare became class 'label_7'.
-    Both are errors naming the file (the layout leaves the case out)."""
+    Both are errors naming the file (the layout leaves the case out); the second is read_seg's."""
     out, rows = converted
     image, lab = _axial_label(sample_data)
     found = {AXIAL_UID: str(tmp_path / "seg.dcm")}
@@ -213,7 +213,7 @@ def test_a_seg_off_its_series_or_with_an_undeclared_segment_is_refused(
         write_nnunet([rows[AXIAL_UID]], tmp_path / "Dataset011_Far", labels=found)
     frames = [(k, 7, lab[:, :, k] == 1) for k in ks]
     write_seg(found[AXIAL_UID], image.affine, image.shape, frames, {1: "gtv"}, ref=AXIAL_UID)
-    with pytest.raises(medproc.MedprocError, match=r"segment\(s\) \[7\] have no name"):
+    with pytest.raises(medproc.ReadError, match=r"frame 1: references segment 7, which its"):
         write_nnunet([rows[AXIAL_UID]], tmp_path / "Dataset012_Undeclared", labels=found)
 
 

@@ -22,7 +22,7 @@ from ..geometry import LPS_TO_RAS
 from ..volume import Volume
 from ._overlap import overlay
 
-__all__ = ["read_seg", "seg_on_image"]
+__all__ = ["read_seg", "seg_on_image", "referenced_series", "check_image"]
 
 _FLIP = LPS_TO_RAS.diagonal()[:3]  # LPS <-> RAS on coordinates
 _ROIS, _SEGS = "StructureSetROISequence", "SegmentSequence"
@@ -62,15 +62,60 @@ def _warn(text: str) -> None:
     warnings.warn(text, MedprocWarning, stacklevel=3)
 
 
+def referenced_series(ds) -> list[str]:
+    """The SeriesInstanceUIDs a SEG (ReferencedSeriesSequence) or RTSTRUCT (its
+    ReferencedFrameOfReferenceSequence) says it annotates, in that order."""
+    return [str(i.SeriesInstanceUID) for i in ds.get("ReferencedSeriesSequence", [])] + [
+        str(se.SeriesInstanceUID)
+        for fr in ds.get("ReferencedFrameOfReferenceSequence", [])
+        for st in fr.get("RTReferencedStudySequence", [])
+        for se in st.get("RTReferencedSeriesSequence", [])
+    ]
+
+
+def check_image(image, who: str, optional: bool = False) -> None:
+    """Refuse an ``image`` that is not a :class:`Volume`, naming the argument (a path given
+    for it was blamed on the annotation file, as "incomplete or malformed")."""
+    from ..errors import UsageError
+
+    if not (isinstance(image, Volume) or optional and image is None):
+        raise UsageError(
+            f"{who}: image must be a medproc.Volume (the series it annotates, e.g. "
+            f"medproc.load(series_folder)), got {type(image).__name__} {image!r:.80}"
+        )
+
+
+def _check_series(ds, image: Volume, path: str) -> None:
+    """Warn when the DICOM series ``image`` was read from is not among those the annotation
+    ``ds`` references: it is placed by patient coordinates all the same."""
+    uid = str(image.meta.get("series_uid") or "")
+    refs = referenced_series(ds)
+    if uid and not uid.startswith("nouid:") and refs and uid not in refs:
+        src = image.meta.get("source") or "the image"
+        _warn(
+            f"{path}: it annotates series {refs[0]}, not the series of {src} ({uid}); placed "
+            "by patient coordinates all the same: is it this series' annotation?"
+        )
+
+
 def _parse_seg(path: str):
     """(dataset, frames, extra info, segment number per frame, pixels, segment names)."""
     from ..io.dicom_records import label_kind_of
     from ..io.dicom_scan import frames_of
 
     ds = _dcmread(path)
-    if label_kind_of(ds) != "SEG" or "PerFrameFunctionalGroupsSequence" not in ds:
+    if label_kind_of(ds) != "SEG":
         what = f"Modality {ds.get('Modality')!r}, SOP Class UID {ds.get('SOPClassUID')!r}"
+        if ds.get("Modality") is None and ds.get("SOPClassUID") is None:
+            what = "it holds neither a Modality nor a SOP Class UID: truncated?"
         raise ReadError(f"is not a DICOM SEG ({what})", path)
+    if "PerFrameFunctionalGroupsSequence" not in ds or "PixelData" not in ds:
+        gone = [k for k in ("PerFrameFunctionalGroupsSequence", "PixelData") if k not in ds]
+        raise ReadError(
+            f"is a DICOM SEG without {' and '.join(gone)}: the file is truncated or incomplete; "
+            "export or copy it again",
+            path,
+        )
     kind = str(ds.get("SegmentationType") or "BINARY").upper()
     if kind != "BINARY":  # (its pixels are probabilities or occupancies: > 0 is no label)
         raise ReadError(
@@ -137,6 +182,14 @@ def _parse_seg(path: str):
         raise ReadError(
             "its SegmentSequence lists no segment: what its frames segment is unknown", path
         )
+    for i, n in enumerate(seg_of):  # (its voxels became an unnamed class "label_7")
+        if n not in names:
+            raise ReadError(
+                f"references segment {n}, which its {_SEGS} does not list (it lists "
+                f"{sorted(names)}): the file is damaged; export it again",
+                path,
+                where=f"frame {i + 1}",
+            )
     return ds, frames, extra, seg_of, px, names
 
 
@@ -166,8 +219,11 @@ def seg_on_image(path, image: Volume) -> Volume:
 
 
 def _read_seg(path: str, image: Volume | None, how: str) -> Volume:
+    check_image(image, "read_seg" if how == "place" else "seg_on_image", how == "own")
     with _incomplete(path, "DICOM SEG"):
         ds, frames, extra, seg_of, px, names = _parse_seg(path)
+        if image is not None:
+            _check_series(ds, image, path)
         if how == "place" or how == "auto" and _on_grid(frames, px.shape[1:], image):
             lab = _frames_on_image(frames, seg_of, px, image, names, path)
             return image.with_array(lab, source=path, format="dicom-seg", segments=names)

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import MedprocError, ReadError
 from ..volume import Volume
 from ._overlap import combine_contours, overlay
-from .dicom_labels import _FLIP, _ROIS, _dcmread, _incomplete, _warn
+from .dicom_labels import _FLIP, _ROIS, _check_series, _dcmread, _incomplete, _warn, check_image
 
 __all__ = ["read_rtstruct"]
 
@@ -28,11 +28,13 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None, *, renumber
     one that cannot be a voxel value (below 1) is an error unless ``renumber``, which gives
     the ROIs values 1..N in ascending ROI number order (``meta["rois"]`` names them).
     """
+    check_image(image, "read_rtstruct")
     path = os.fspath(path)
     ds = _dcmread(path, force=True)
     if "ROIContourSequence" not in ds:
         raise ReadError("is not an RTSTRUCT (no ROIContourSequence)", path)
     with _incomplete(path, "RTSTRUCT"):
+        _check_series(ds, image, path)
         listed = [(int(r.ROINumber), str(r.get("ROIName", ""))) for r in ds.get(_ROIS, [])]
         names = dict(listed)
         if len(names) < len(listed):
