@@ -52,6 +52,23 @@ LESION_CSVS = {
     "empty_uid.csv": ((HEAD + ",1,2,3,4\n").encode(), r"line 2: empty seriesuid"),
     "nan.csv": ((HEAD + "A,nan,2,3,4\n").encode(), r"line 2: coordinates must be finite"),
     "unclosed_quote.csv": ((HEAD + 'A,"1,2,3,4\n').encode(), r"line \d+|coordinates"),
+    # (the numbers are checked as arrays: the first bad line is still the one named)
+    "nan_before_text.csv": (
+        (HEAD + "A,1,2,3,4\nA,1,2,3,0\nB,1,2,3,4\nA,1,x,3,4\n").encode(),
+        r"line 3: coordinates must be finite and the diameter > 0, got \[1.0, 2.0, 3.0\] / 0.0",
+    ),
+    "far_then_nan.csv": (
+        (HEAD + "A,1,2,3,4\nA,1,2,1e6,4\nA,nan,2,3,4\n").encode(),
+        r"line 3: coordinates \[1.0, 2.0, 1000000.0\] lie more than",
+    ),
+    "far_before_empty.csv": (
+        (HEAD + "A,1,2,3,4\nA,1,2,1e6,4\n,1,2,3,4\n").encode(),
+        r"line 3: coordinates \[1.0, 2.0, 1000000.0\] lie more than",
+    ),
+    "nan_on_the_empty_uid_line.csv": (
+        (HEAD + "A,1,2,3,4\n,nan,2,3,4\n").encode(),
+        r"line 3: coordinates must be finite",
+    ),
 }
 
 JSONS = {

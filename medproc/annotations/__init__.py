@@ -7,6 +7,7 @@ that grid's affine, so every geometric step that moves voxels moves it by the sa
 """
 
 from .lesions import Lesions
-from .readers import read_json, read_luna_csv, read_rtstruct, read_seg
+from .luna import read_luna_csv
+from .readers import read_json, read_rtstruct, read_seg
 
 __all__ = ["Lesions", "read_luna_csv", "read_json", "read_seg", "read_rtstruct"]

@@ -15,7 +15,7 @@ from .keys import _DATALIST, check_top_keys, image_key
 from .lesions import Lesions
 from .rtstruct import read_rtstruct  # noqa: F401 (re-exported)
 
-__all__ = ["read_luna_csv", "read_json", "read_seg", "read_rtstruct", "BOX_MODES"]
+__all__ = ["read_json", "read_seg", "read_rtstruct", "BOX_MODES"]
 
 _FLIP = LPS_TO_RAS.diagonal()[:3]  # LPS <-> RAS on coordinates
 BOX_MODES = ("cccwhd", "xyzxyz")
@@ -30,86 +30,6 @@ def _not_dicom(path: str, what: str) -> None:
             "medproc.annotations.read_seg / read_rtstruct",
             path,
         )
-
-
-def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesions:
-    """LUNA16-style ``seriesuid,coordX,coordY,coordZ,diameter_mm`` (world LPS mm).
-
-    Returns ``{seriesuid: Lesions}``, or the Lesions of ``series`` (empty if it has none).
-    ``seriesuid`` is a DICOM SeriesInstanceUID or an image file's stem (a file name or path
-    is read as its stem: ``D:\\scans\\case001.nii.gz`` is ``case001``). A malformed file (not
-    UTF-8, binary, missing columns, a value that is not a number) raises :class:`ReadError`
-    naming the line.
-    """
-    from ..io.tables import read_csv_rows
-
-    path = os.fspath(path)
-    need = ("seriesuid", "coordX", "coordY", "coordZ", "diameter_mm")
-    _not_dicom(path, "lesion table")
-    rows: dict[str, list] = {}
-    raws: dict[str, tuple] = {}  # key -> (the seriesuid written, its line)
-    firsts: dict[tuple, int] = {}  # (key, x, y, z, diameter) -> its first line
-    repeats: list[str] = []
-    for line, row in read_csv_rows(path, need, "lesion table (LUNA16 CSV)"):
-        where = f"line {line}"
-        if any(row.get(c) is None for c in need):
-            raise ReadError(
-                "fewer fields than the header (an unterminated quote?)", path, where=where
-            )
-        try:
-            if any("_" in row[c] for c in need[1:]):  # float() takes "1_000"; a table does not
-                raise ValueError
-            xyz = np.array([float(row["coordX"]), float(row["coordY"]), float(row["coordZ"])])
-            d = float(row["diameter_mm"])
-        except (TypeError, ValueError):
-            got = [str(row.get(c))[:40] for c in need[1:]]
-            raise ReadError(
-                f"coordinates and diameter must be numbers, got {got}", path, where=where
-            ) from None
-        if not np.all(np.isfinite(xyz)) or not np.isfinite(d) or d <= 0:
-            raise ReadError(
-                f"coordinates must be finite and the diameter > 0, got {xyz.tolist()} / {d}",
-                path,
-                where=where,
-            )
-        _sane(xyz, d, path, where)
-        raw = (row["seriesuid"] or "").strip()
-        uid = image_key(raw)  # (a file name or path: its stem)
-        if not uid:
-            raise ReadError("empty seriesuid", path, where=where)
-        if raws.setdefault(uid, (raw, line))[0] != raw:  # (two images under one key)
-            first = raws[uid]
-            raise ReadError(
-                f"{raw!r} and {first[0]!r} (line {first[1]}) are both read as the image "
-                f"{uid!r}: give each image one name, or key them by distinct names",
-                path,
-                where=where,
-            )
-        seen = firsts.setdefault((uid, *xyz.tolist(), d), line)
-        if seen != line:  # (kept once: twice would be two boxes on one lesion)
-            repeats.append(f"line {line} repeats line {seen}")
-            continue
-        rows.setdefault(uid, []).append((xyz * _FLIP, d, f"{os.path.basename(path)}:{line}"))
-    if repeats:
-        warnings.warn(
-            f"{path}: {'; '.join(repeats[:5])}{' ...' if len(repeats) > 5 else ''} (the same "
-            f"image, centre and diameter): {len(repeats)} repeated row(s) read once",
-            MedprocWarning,
-            stacklevel=2,
-        )
-    out = {
-        uid: Lesions(
-            np.array([r[0] for r in rs]),
-            np.array([[r[1]] * 3 for r in rs]),
-            ["point"] * len(rs),
-            None,
-            [r[2] for r in rs],
-        )
-        for uid, rs in rows.items()
-    }
-    if series is not None:
-        return out.get(image_key(series), Lesions.empty())
-    return out
 
 
 class _RepeatedKey(ValueError):
