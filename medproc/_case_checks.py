@@ -49,9 +49,19 @@ def warn_unmatched(cases: list, table: dict | None) -> None:
     used |= {c.fields.get(k) for c in cases for k in ("stem", "name")}
     left = sorted(str(k) for k in table if k not in used)
     if left:
+        lower = {str(k).lower(): str(k) for k in used if k}
+        near = [f"{k!r} ~ {lower[k.lower()]!r}" for k in left if k.lower() in lower]
+        hint = (
+            f" ({len(near)} differ from a case's name only in upper/lower case: "
+            f"{', '.join(near[:3])}{', ...' if len(near) > 3 else ''}; keys are matched exactly: "
+            "rename them in the file)"
+            if near
+            else ""
+        )
         warnings.warn(
             f"--annotations: {len(left)} image key(s) of the lesion file match no case, their "
-            f"lesions are not used: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}",
+            f"lesions are not used: {', '.join(left[:5])}{', ...' if len(left) > 5 else ''}"
+            f"{hint}",
             MedprocWarning,
             stacklevel=2,
         )

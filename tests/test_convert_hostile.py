@@ -116,6 +116,22 @@ def test_lesion_keys_that_match_no_case_are_said(sample_data, tmp_path, capsys):
     assert main(["convert", _images(sample_data), "-o", str(out), "--annotations", str(f)]) == 0
     err = capsys.readouterr().err
     assert "match no case" in err and "9.9.9.9" in err and "case001" not in err.split("used:")[1]
+    assert "only in upper/lower case" not in err
+
+
+def test_lesion_keys_differing_from_a_case_only_in_case_are_pointed_out(
+    sample_data, tmp_path, capsys
+):
+    """'CASE001' matched no case, said only as a key matching no case: the image got no
+    lesions, though its name is one key away."""
+    f = tmp_path / "les.csv"
+    rows = open(os.path.join(sample_data, "lesions.csv")).read().replace("case001,", "CASE001,")
+    assert "CASE001," in rows
+    f.write_text(rows)
+    out = tmp_path / "o"
+    assert main(["convert", _images(sample_data), "-o", str(out), "--annotations", str(f)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "1 differ from a case's name only in upper/lower case: 'CASE001' ~ 'case001'" in err
 
 
 def test_a_rerun_adding_qc_makes_the_pictures_saying_so(sample_data, tmp_path, capsys):
