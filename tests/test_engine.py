@@ -9,7 +9,7 @@ import torch
 
 import medproc
 from medproc import Spec, make_plan
-from medproc.pipeline import Engine, ForkError, Graph, Job
+from medproc.pipeline import Engine, ForkError, Graph, Job, slabs
 from medproc.pipeline import cache as cache_mod
 from medproc.sample_data import ct_phantom, grid_affine
 
@@ -293,9 +293,8 @@ def test_labels_never_get_values_they_do_not_hold_when_the_grid_leaves_the_input
     spec = Spec(spacing=1.5, orientation="RAS", crop=(48, 56, 40))
     plan = make_plan(img.shape, img.affine, spec)
     assert plan.axis_aligned  # the case the separable graph would take
-    # (here the region leaves the input by 12 voxels, past FAR_OUTSIDE: since DALI's linear
-    # resize crashed on such plans, the image takes the warp graph too; "mixed" is for less)
-    assert Graph.from_spec(spec, labels=1).mode_for([plan], "cpu") == "warp"
+    # (here the region leaves the input by 12 voxels: the labels are warped, the image resized)
+    assert Graph.from_spec(spec, labels=1).mode_for([plan], "cpu") == "mixed"
     full = make_plan(img.shape, img.affine, Spec(spacing=1.5, orientation="RAS")).out_shape
     near = Spec(spacing=1.5, orientation="RAS", crop=tuple(n + 4 for n in full))  # (2 out)
     plan_near = make_plan(img.shape, img.affine, near)
@@ -510,20 +509,58 @@ def test_the_runner_holds_each_batchs_fed_volumes_until_its_outputs_are_collecte
     assert runner.pending == len(runner._held) == 0
 
 
+@pytest.mark.parametrize("crop", [120, 150, 300])
 @pytest.mark.parametrize("interp", ["linear", "nearest"])
-def test_padding_far_beyond_the_input_repeats_the_border_without_crashing(interp):
+def test_padding_far_beyond_the_input_repeats_the_border_without_crashing(interp, crop):
     """A prober's finding: 40^3 voxels centre-cropped to 150^3 (the border repeated) killed the
-    process in DALI's CPU resize (SIGSEGV), through resample, PatchLoader and the proxy alike.
-    Such plans take the warp graph; the result is scipy's border-repeating interpolation."""
+    process in DALI's CPU resize (SIGSEGV), through resample, PatchLoader and the proxy alike:
+    the volume ran as slabs, and a slab lying wholly beyond the input crashed DALI's resize.
+    No slab lies so now (120^3: one sample; 150^3 and 300^3: slabs); the result is scipy's
+    border-repeating interpolation."""
     from scipy.ndimage import map_coordinates
+
+    from medproc.pipeline.graphs import misses_input
 
     a = np.arange(40**3, dtype=np.float32).reshape(40, 40, 40)
     v = medproc.Volume(a, np.diag([0.8, 0.8, 1.25, 1.0]))
-    out = medproc.resample(v, spec=Spec(crop=(150, 150, 150), interp=interp), device="cpu")
+    spec = Spec(crop=(crop,) * 3, interp=interp)
+    plan = make_plan(v.shape, v.affine, spec)
+    jobs, _ = slabs.split([Job(a, plan)], Graph.from_spec(spec))
+    assert not any(misses_input(j.plan) for j in jobs)
+    assert len(jobs) < slabs.slab_count(plan.out_shape) or crop == 120  # (3 and 7 before)
+    out = medproc.resample(v, spec=spec, device="cpu")
     x = np.asarray(out.array)
-    assert x.shape == (150, 150, 150)
+    assert x.shape == (crop,) * 3
     to_in = np.linalg.inv(v.affine) @ out.affine
     idx = np.indices(x.shape).reshape(3, -1)
     src = (to_in @ np.vstack([idx, np.ones(idx.shape[1])]))[:3]
     ref = map_coordinates(a, src, order=1 if interp == "linear" else 0, mode="nearest")
     np.testing.assert_allclose(x.reshape(-1), ref, atol=1e-3 * float(a.max()))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        Spec(crop=(150, 150, 150), interp="cubic"),
+        Spec(spacing=4.0, crop=(64, 64, 64), antialias=True),
+    ],
+    ids=["cubic", "antialias"],
+)
+def test_cubic_and_antialiased_padding_far_beyond_the_input_is_the_border_repeated(spec):
+    """Cubic and antialiased resampling exist only in DALI's resize, which crashed the process
+    on these grids (they reach 55 and 140 input voxels past a 40^3 volume). The result is the
+    same grid resampled from the input padded with its border (np.pad "edge") far enough that
+    nothing lies outside it: what repeating the border means."""
+    rng = np.random.default_rng(3)
+    a = rng.random((40, 40, 40)).astype(np.float32) + np.arange(40, dtype=np.float32)
+    aff = np.diag([0.8, 0.8, 1.25, 1.0])
+    out = medproc.resample(medproc.Volume(a, aff), spec=spec, device="cpu")
+    pad = 90
+    shift = np.eye(4)
+    shift[:3, 3] = -pad
+    padded = medproc.Volume(np.pad(a, pad, mode="edge"), aff @ shift)
+    ref = medproc.resample(padded, spec=spec, device="cpu")
+    assert ref.shape == out.shape and np.allclose(ref.affine, out.affine)
+    plan = make_plan(padded.shape, padded.affine, spec)
+    assert Graph.from_spec(spec).mode_for([plan], "cpu") == "resize"  # (nothing outside it)
+    np.testing.assert_allclose(np.asarray(out.array), np.asarray(ref.array), atol=1e-4)

@@ -26,11 +26,9 @@ import numpy as np
 
 from ..plan import Plan
 
-__all__ = ["Graph", "dali_matrix", "resize_roi", "build_resample", "to_dhwc"]
+__all__ = ["Graph", "dali_matrix", "resize_roi", "misses_input", "build_resample", "to_dhwc"]
 
 MODES = ("auto", "warp", "resize")
-#: input voxels a linear resize may sample beyond its input before the warp graph takes it
-FAR_OUTSIDE = 8.0
 INTERPS = ("linear", "cubic", "nearest")
 
 
@@ -117,17 +115,22 @@ class Graph:
         )
         if not resize or self.mode == "resize":
             return "resize" if resize else "warp"
+        # DALI 2.4's resize kills the process (SIGSEGV, CPU) when a sample's region lies wholly
+        # beyond its input along an axis (found as a slab of a volume centre-cropped far past
+        # itself; slabs.split no longer makes such slabs): warp repeats the border as resize
+        # would, but has no cubic or antialiasing
+        if any(misses_input(p) for p in plans):
+            if self.interp == "cubic" or self.antialias:
+                raise ValueError(
+                    "this output grid lies wholly outside its input along an axis, where only "
+                    "DALI's warp graph can sample it, and warp has no cubic interpolation or "
+                    "antialiasing: use interp='linear' and antialias=False for it"
+                )
+            return "warp"
         # DALI's nearest-neighbour resize (labels, interp="nearest") reads past the input where
         # the sampled region leaves it (garbage label values): there nearest neighbour takes
-        # the warp graph, while an interpolated image keeps the (more exact) resize: "mixed".
-        # Its linear resize crashed the process (SIGSEGV) where the region left the input by
-        # far (40^3 voxels padded to 150^3: 55 voxels out, 80^3 to 300^3; not 45 out; DALI 2.4
-        # CPU, a prober's finding): beyond FAR_OUTSIDE voxels (a centred grid's overhang when
-        # respacing is half an output voxel, 5 input voxels from 0.5 to 5 mm) linear takes warp
-        # too, the border repeated as resize would. Cubic and antialiasing exist only in resize
+        # the warp graph, while an interpolated image keeps the (more exact) resize: "mixed"
         outside = max((_outside(p) for p in plans), default=0.0)
-        if self.interp == "linear" and not self.antialias and outside > FAR_OUTSIDE:
-            return "warp"
         if outside > 1e-4:
             if self.interp == "nearest":
                 return "warp"
@@ -142,6 +145,16 @@ def _outside(plan: Plan) -> float:
     n = np.array(plan.in_shape[::-1], dtype=np.float64)
     lo, hi = np.minimum(start, end), np.maximum(start, end)
     return float(max(0.0, -lo.min(), (hi - n).max()))
+
+
+def misses_input(plan: Plan) -> bool:
+    """Whether an axis-aligned plan samples a region lying wholly beyond its input along some
+    axis: DALI 2.4's CPU resize crashes on one (measured on 4 input slices: region (-2, -1) or
+    (6, 5) crashed, (-1, -0.01) and (4, 8) did not; this test is stricter than the crash)."""
+    start, end = resize_roi(plan)
+    n = np.array(plan.in_shape[::-1], dtype=np.float64)
+    lo, hi = np.minimum(start, end), np.maximum(start, end)
+    return bool(((hi <= 0) | (lo >= n)).any())
 
 
 def to_dhwc(a, contiguous: bool = True):
