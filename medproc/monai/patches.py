@@ -61,18 +61,16 @@ def _prob(value, name: str) -> float:
 
 
 def patch_size_of(patch_size, batch_size: int) -> tuple[int, int, int]:
-    """``patch_size`` (1 or 3 whole sizes >= 1, as MONAI's ``spatial_size``) as 3 ints, refused
-    by name when it is not, or when one batch of such patches (float32 images and labels) would
-    take more memory than one volume may here (``patch_size=100000`` failed in DALI with
-    ``bad_alloc``)."""
+    """``patch_size`` (1 or 3 whole sizes >= 1, as MONAI's ``spatial_size``) as 3 ints; refused
+    by name if not, or if a batch of such patches (float32 images and labels) would take more
+    memory than one volume may here (``patch_size=100000`` was DALI's ``bad_alloc``)."""
     from ..io.safety import human, max_bytes
 
     sizes = [patch_size] * 3 if np.isscalar(patch_size) else list(patch_size)  # (as MONAI)
 
-    def whole(x) -> bool:
-        if isinstance(x, (str, bytes, bool)) or not np.isscalar(x):
-            return False
-        return bool(np.isfinite(float(x)) and float(x) == int(x) and x >= 1)
+    def whole(x) -> bool:  # (not "8", True, NaN, inf or 7.5)
+        num = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+        return bool(num and np.isfinite(x) and x == int(x) and x >= 1)
 
     if len(sizes) != 3 or not all(whole(x) for x in sizes):
         raise ValueError(f"patch_size must be 1 or 3 whole sizes >= 1, got {patch_size!r}")
