@@ -546,7 +546,8 @@ def test_padding_far_beyond_the_input_repeats_the_border_without_crashing(interp
     ],
     ids=["cubic", "antialias"],
 )
-def test_cubic_and_antialiased_padding_far_beyond_the_input_is_the_border_repeated(spec):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_cubic_and_antialiased_padding_far_beyond_the_input_is_the_border_repeated(spec, device):
     """Cubic and antialiased resampling exist only in DALI's resize, which crashed the process
     on these grids (they reach 55 and 140 input voxels past a 40^3 volume). The result is the
     same grid resampled from the input padded with its border (np.pad "edge") far enough that
@@ -554,13 +555,14 @@ def test_cubic_and_antialiased_padding_far_beyond_the_input_is_the_border_repeat
     rng = np.random.default_rng(3)
     a = rng.random((40, 40, 40)).astype(np.float32) + np.arange(40, dtype=np.float32)
     aff = np.diag([0.8, 0.8, 1.25, 1.0])
-    out = medproc.resample(medproc.Volume(a, aff), spec=spec, device="cpu")
+    out = medproc.resample(medproc.Volume(a, aff), spec=spec, device=device)
     pad = 90
     shift = np.eye(4)
     shift[:3, 3] = -pad
     padded = medproc.Volume(np.pad(a, pad, mode="edge"), aff @ shift)
-    ref = medproc.resample(padded, spec=spec, device="cpu")
+    ref = medproc.resample(padded, spec=spec, device=device)
     assert ref.shape == out.shape and np.allclose(ref.affine, out.affine)
     plan = make_plan(padded.shape, padded.affine, spec)
-    assert Graph.from_spec(spec).mode_for([plan], "cpu") == "resize"  # (nothing outside it)
-    np.testing.assert_allclose(np.asarray(out.array), np.asarray(ref.array), atol=1e-4)
+    assert Graph.from_spec(spec).mode_for([plan], device) == "resize"  # (nothing outside it)
+    got, want = (np.asarray(torch.as_tensor(x.array).cpu()) for x in (out, ref))
+    np.testing.assert_allclose(got, want, atol=1e-4 if device == "cpu" else 1e-3)

@@ -181,7 +181,7 @@ def test_an_iterable_dataset_s_error_reaches_the_loop_and_ends_the_workers(where
         assert not {p.pid for p in multiprocessing.active_children()} - before
 
 
-@pytest.mark.parametrize("size", [None, 0, 3, 2.0])
+@pytest.mark.parametrize("size", [0, 3, 2.0, "2"])  # (None: the server's, tests/test_proxy.py)
 def test_a_loader_batch_size_the_server_cannot_take_is_refused_naming_it(size):
     with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2) as server:
         with pytest.raises(
