@@ -331,9 +331,13 @@ def _truncated(keep):
         # a SEG cut before its frame items was "not a DICOM SEG (Modality 'SEG' ...)")
         (_seg_unlisted, "frame 1: references segment 3, which its SegmentSequence does not "
                         "list (it lists [1, 2])"),
-        (_truncated(600), "is a DICOM SEG without PerFrameFunctionalGroupsSequence and "
-                          "PixelData: the file is truncated"),
-        (_truncated(1000), "is a DICOM SEG without PixelData: the file is truncated"),
+        (_truncated(600), "a DICOM element declares a length that runs 2 bytes past the end "
+                          "of the file: the file is truncated"),
+        (_truncated(1000), "runs 280 bytes past the end of the file: the file is truncated"),
+        (_edited(PixelData=None), "is a DICOM SEG without PixelData: the file is truncated or "
+                                  "incomplete"),
+        (_edited(PerFrameFunctionalGroupsSequence=None), "is a DICOM SEG without "
+                                                         "PerFrameFunctionalGroupsSequence"),
         (_truncated(200), "is not a DICOM SEG (it holds neither a Modality nor a SOP Class "
                            "UID: truncated?)"),
         (_truncated(0.9), "its pixel data cannot be decoded"),
@@ -374,6 +378,75 @@ def test_an_annotation_of_another_series_is_said_and_an_image_path_is_refused(tm
         from medproc.annotations.dicom_labels import seg_on_image
 
         seg_on_image(seg, None)
+
+
+@pytest.mark.parametrize(
+    "group, attr, value, says",
+    [
+        ("PlaneOrientationSequence", "ImageOrientationPatient", [0] * 6, "not made of unit"),
+        ("PlaneOrientationSequence", "ImageOrientationPatient", [1, 0, 0, 1, 0, 0],
+         "not perpendicular"),
+        ("PixelMeasuresSequence", "PixelSpacing", [1e-9, 1e-9], "PixelSpacing .* is outside"),
+    ],
+)  # fmt: skip
+def test_seg_frames_no_grid_can_place_are_refused_with_an_image_too(
+    tmp_path, case, group, attr, value, says
+):
+    """A prober's: on an image's grid, a SEG with an all-zero orientation put its 5 frames of
+    100 pixels on 5 voxels, unsaid; on its own grid it was refused."""
+    _, image, _ = case
+    p = write_seg(tmp_path / "seg.dcm", [(k, 1, _square()) for k in range(10, 15)], {1: "t"})
+    ds = pydicom.dcmread(p)
+    setattr(getattr(ds.SharedFunctionalGroupsSequence[0], group)[0], attr, value)
+    ds.save_as(p)
+    for image_given in (image, None):
+        with pytest.raises(GeometryError, match=f"seg.dcm: frame 1: .*{says}.*cannot be placed"):
+            read_seg(p, image=image_given)
+
+
+def test_a_truncated_rtstruct_is_an_error_never_a_label_missing_an_roi(tmp_path, case):
+    """A prober's: cut short, an RTSTRUCT raised a bare OSError or struct.error, or (cut at an
+    ROI's boundary) came back with that ROI empty, unsaid. Each cut is now a ReadError naming
+    the file, or (cut in what follows the contours) the whole label."""
+    _, image, _ = case
+    full = write_rt(
+        tmp_path / "rt.dcm", [(1, "a"), (2, "b")], [(1, 12, sq(10, 20)), (2, 14, sq(25, 45))]
+    )
+    whole = read_rtstruct(full, image).array
+    assert (whole == 1).sum() == 100 and (whole == 2).sum() == 400
+    data = open(full, "rb").read()
+    cut = str(tmp_path / "cut.dcm")
+    outcomes = set()
+    for n in range(132, len(data), 3):
+        open(cut, "wb").write(data[:n])
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                lab = read_rtstruct(cut, image).array
+        except MedprocError as e:
+            assert str(e).startswith(cut + ": "), str(e)
+            outcomes.add(type(e).__name__)
+        else:
+            np.testing.assert_array_equal(lab, whole, err_msg=f"cut at {n} of {len(data)}")
+            outcomes.add("whole")
+    assert "ReadError" in outcomes
+
+
+def test_a_reference_without_its_series_uid_is_said_not_a_crash(tmp_path):
+    """A prober's: a SEG whose ReferencedSeriesSequence item lacks its SeriesInstanceUID (or an
+    RTSTRUCT's RTReferencedSeriesSequence item) ended convert --layout with AttributeError."""
+    p = write_seg(tmp_path / "seg.dcm", [(k, 1, _square()) for k in range(10, 15)], {1: "t"})
+    ds = pydicom.dcmread(p)
+    del ds.ReferencedSeriesSequence[0].SeriesInstanceUID
+    ds.save_as(p)
+    rt = write_rt(tmp_path / "rt.dcm", [(1, "GTV")], [(1, 12, sq(20, 30))])
+    ds = pydicom.dcmread(rt)
+    ref = ds.ReferencedFrameOfReferenceSequence[0].RTReferencedStudySequence[0]
+    del ref.RTReferencedSeriesSequence[0].SeriesInstanceUID
+    ds.save_as(rt)
+    with pytest.warns(MedprocWarning, match="references no series") as said:
+        assert find_dicom_labels(str(tmp_path)) == {}
+    assert {os.path.basename(str(w.message).split(":")[0]) for w in said} >= {"seg.dcm", "rt.dcm"}
 
 
 def test_a_seg_or_rtstruct_that_references_no_series_is_said(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import warnings
 
 import numpy as np
@@ -30,11 +31,15 @@ _GIVE_IMAGE = "give the series it segments, read_seg(path, image=medproc.load(se
 
 
 def _dcmread(path: str, force: bool = False):
+    """The whole dataset of ``path``, its header first checked as the series scan checks it
+    (an element running past the end of the file, as in a truncated RTSTRUCT, is a ReadError:
+    read as it was, an ROI cut off came back empty, unsaid)."""
     import pydicom
 
-    from ..io.safety import check_file, os_error
+    from ..io.dicom_file import read_header
+    from ..io.safety import os_error
 
-    check_file(path)
+    read_header(path, force=force)
     try:
         return pydicom.dcmread(path, force=force)
     except OSError as e:
@@ -50,7 +55,15 @@ def _incomplete(path: str, what: str):
         yield
     except MedprocError:
         raise
-    except (AttributeError, KeyError, IndexError, TypeError, ValueError) as e:
+    except (
+        AttributeError,
+        KeyError,
+        IndexError,
+        TypeError,
+        ValueError,
+        OSError,
+        struct.error,
+    ) as e:
         raise ReadError(
             f"is an incomplete or malformed {what} ({type(e).__name__}: {e}); export it again "
             "or fix the attribute named",
@@ -65,12 +78,13 @@ def _warn(text: str) -> None:
 def referenced_series(ds) -> list[str]:
     """The SeriesInstanceUIDs a SEG (ReferencedSeriesSequence) or RTSTRUCT (its
     ReferencedFrameOfReferenceSequence) says it annotates, in that order."""
-    return [str(i.SeriesInstanceUID) for i in ds.get("ReferencedSeriesSequence", [])] + [
-        str(se.SeriesInstanceUID)
-        for fr in ds.get("ReferencedFrameOfReferenceSequence", [])
-        for st in fr.get("RTReferencedStudySequence", [])
-        for se in st.get("RTReferencedSeriesSequence", [])
-    ]
+    items = list(ds.get("ReferencedSeriesSequence") or []) + [
+        se
+        for fr in ds.get("ReferencedFrameOfReferenceSequence") or []
+        for st in fr.get("RTReferencedStudySequence") or []
+        for se in st.get("RTReferencedSeriesSequence") or []
+    ]  # (an item without its UID is skipped: it names no series)
+    return [str(i.SeriesInstanceUID) for i in items if i.get("SeriesInstanceUID")]
 
 
 def check_image(image, who: str, optional: bool = False) -> None:
@@ -154,6 +168,7 @@ def _parse_seg(path: str):
             "cannot be placed",
             path,
         )
+    _check_frames(frames, path)
     try:
         px = ds.pixel_array
     except Exception as e:  # noqa: BLE001 - decoders raise many kinds on damaged data
@@ -191,6 +206,21 @@ def _parse_seg(path: str):
                 where=f"frame {i + 1}",
             )
     return ds, frames, extra, seg_of, px, names
+
+
+def _check_frames(frames, path: str) -> None:
+    """Refuse frames no grid can place, on an image's grid as on their own (an all-zero
+    orientation put 6 frames of 900 pixels on 6 voxels of the image, unsaid)."""
+    from ..io.dicom_geometry import orientation_problem
+    from ..io.safety import SPACING_RANGE_MM, spacings_outside
+
+    for i, f in enumerate(frames):
+        why = orientation_problem(f.orientation)
+        if why is None and f.pixel_spacing is not None and spacings_outside(f.pixel_spacing):
+            lo, hi = SPACING_RANGE_MM
+            why = f"PixelSpacing {list(f.pixel_spacing)} mm is outside {lo:g} to {hi:g} mm"
+        if why:
+            raise GeometryError(f"{why}: its frames cannot be placed", path, f"frame {i + 1}")
 
 
 def read_seg(path, image: Volume | None = None) -> Volume:
