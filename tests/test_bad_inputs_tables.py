@@ -65,6 +65,14 @@ LESION_CSVS = {
         (HEAD + "A,1,2,3,4\nA,1,2,1e6,4\n,1,2,3,4\n").encode(),
         r"line 3: coordinates \[1.0, 2.0, 1000000.0\] lie more than",
     ),
+    "nan_then_extra_cells.csv": (  # (a prober's: the CSV error of line 5 was named)
+        (HEAD + "s1,1,2,3,4\ns3,nan,1,1,1\ns3,2,2,2,2\ns2,0,0,0,5,7\n").encode(),
+        r"line 3: coordinates must be finite",
+    ),
+    "far_then_huge_field.csv": (
+        (HEAD + "s1,1,2,3,4\ns3,1,1,1,2500\ns3," + "9" * 300000 + ",2,3,4\n").encode(),
+        r"line 3: size or diameter 2500.0 mm is over 2000 mm",
+    ),
     "nan_on_the_empty_uid_line.csv": (
         (HEAD + "A,1,2,3,4\n,nan,2,3,4\n").encode(),
         r"line 3: coordinates must be finite",

@@ -1,14 +1,16 @@
 """LUNA16-style lesion tables: ``seriesuid,coordX,coordY,coordZ,diameter_mm`` (world LPS mm).
 
-Each row is parsed as text; the numbers are checked together, as arrays (a table near the
-256 MiB cap holds millions of rows: checked row by row with numpy, 28 MB took 29 s), and the
-first bad row is named by its line, as a row-by-row reader would name it.
+Rows are parsed as text into flat arrays, and their numbers checked together (a table near the
+256 MiB cap holds millions of rows: checked row by row with numpy, 28 MB took 15 s; a Python
+tuple per row took ~40x the file's size in memory); the first bad row is named by its line,
+whichever its problem, as a row-by-row reader names it. Repeated rows are found by sorting.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from array import array
 
 import numpy as np
 
@@ -33,54 +35,65 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
     """
     path = os.fspath(path)
     _not_dicom(path, "lesion table")
-    lines, keys, values = _rows(path)
-    xyz = np.array(values, dtype=np.float64).reshape(-1, 4)
-    xyz, d = xyz[:, :3], xyz[:, 3]
-    name = os.path.basename(path)
-    firsts: dict[tuple, int] = {}  # (key, x, y, z, diameter) -> its first line
-    rows: dict[str, list] = {}  # key -> row indices, each lesion once
-    repeats: list[str] = []
-    for n, (line, uid, row) in enumerate(zip(lines, keys, map(tuple, values))):
-        seen = firsts.setdefault((uid, *row), line)
-        if seen != line:  # (kept once: twice would be two boxes on one lesion)
-            repeats.append(f"line {line} repeats line {seen}")
-        else:
-            rows.setdefault(uid, []).append(n)
-    if repeats:
+    lines, key_of_row, keys, a = _rows(path)
+    first = _first_same(key_of_row, a)  # each row's first identical row (itself: new)
+    again = np.flatnonzero(first != np.arange(len(first)))
+    if len(again):  # (kept once: twice would be two boxes on one lesion)
+        said = "; ".join(f"line {lines[n]} repeats line {lines[first[n]]}" for n in again[:5])
         warnings.warn(
-            f"{path}: {'; '.join(repeats[:5])}{' ...' if len(repeats) > 5 else ''} (the same "
-            f"image, centre and diameter): {len(repeats)} repeated row(s) read once",
+            f"{path}: {said}{' ...' if len(again) > 5 else ''} (the same image, centre and "
+            f"diameter): {len(again)} repeated row(s) read once",
             MedprocWarning,
             stacklevel=2,
         )
-    out = {
-        uid: Lesions(
-            xyz[ns] * _FLIP,
-            np.repeat(d[ns, None], 3, axis=1),
+    kept = np.flatnonzero(first == np.arange(len(first)))
+    kept = kept[np.argsort(key_of_row[kept], kind="stable")]  # by image, each in line order
+    starts = np.searchsorted(key_of_row[kept], np.arange(len(keys) + 1))
+    name = os.path.basename(path)
+    out = {}
+    for k, uid in enumerate(keys):  # (in order of each image's first line)
+        ns = kept[starts[k] : starts[k + 1]]
+        out[uid] = Lesions(
+            a[ns, :3] * _FLIP,
+            np.repeat(a[ns, 3:], 3, axis=1),
             ["point"] * len(ns),
             None,
             [f"{name}:{lines[n]}" for n in ns],
         )
-        for uid, ns in rows.items()
-    }
     if series is not None:
         return out.get(image_key(series), Lesions.empty())
     return out
 
 
-def _rows(path: str) -> tuple[list[int], list[str], list[tuple]]:
-    """(line of each row, its image key, its (x, y, z, diameter) as floats), each row checked;
-    a ReadError naming the first bad line."""
+def _first_same(key_of_row: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """For each row, the index of the first row with its image, centre and diameter."""
+    if not len(a):
+        return np.zeros(0, np.int64)
+    rows = np.column_stack([key_of_row.astype(np.float64), a + 0.0])  # (+0.0: -0.0 is 0.0)
+    _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    return first[inverse.reshape(-1)]
+
+
+def _rows(path: str):
+    """(line of each row, its image's number, the images' keys, its (x, y, z, diameter) as an
+    (n, 4) array), each row checked; a ReadError naming the first bad line. Rows are kept in
+    arrays (a Python tuple per row took ~40x the file's size in memory)."""
     from ..io.tables import read_csv_rows
 
-    lines: list[int] = []
+    lines, key_of_row, nums = array("q"), array("q"), array("d")
     keys: list[str] = []
-    values: list[tuple] = []
+    number: dict[str, int] = {}  # key -> its index in keys
     raws: dict[str, tuple] = {}  # key -> (the seriesuid written, its line)
     key_of: dict[str, str] = {}  # seriesuid written -> its key (image_key, once per name)
-    for line, row in read_csv_rows(path, _NEED, "lesion table (LUNA16 CSV)"):
+    rows = read_csv_rows(path, _NEED, "lesion table (LUNA16 CSV)")
+    while True:
+        line = None
         try:
-            _parsed(row, path, line, values)
+            item = next(rows, None)  # (a malformed line raises here: an earlier one's first)
+            if item is None:
+                break
+            line, row = item
+            _parsed(row, path, line, nums)
             raw = (row["seriesuid"] or "").strip()
             uid = key_of.get(raw)
             if uid is None:
@@ -96,16 +109,20 @@ def _rows(path: str) -> tuple[list[int], list[str], list[tuple]]:
                     where=f"line {line}",
                 )
         except ReadError:  # (an earlier line's problem, or this line's numbers, first)
-            _check_numbers(values[: len(lines) + 1], [*lines, line], path)
+            _check_numbers(np.frombuffer(nums, np.float64).reshape(-1, 4), [*lines, line], path)
             raise
+        if uid not in number:
+            number[uid] = len(keys)
+            keys.append(uid)
         lines.append(line)
-        keys.append(uid)
-    _check_numbers(values, lines, path)
-    return lines, keys, values
+        key_of_row.append(number[uid])
+    a = np.frombuffer(nums, np.float64).reshape(-1, 4)
+    _check_numbers(a, lines, path)
+    return lines, np.frombuffer(key_of_row, np.int64), keys, a
 
 
-def _parsed(row: dict, path: str, line: int, values: list) -> None:
-    """Append ``row``'s (x, y, z, diameter) to ``values``, or raise naming the line."""
+def _parsed(row: dict, path: str, line: int, nums) -> None:
+    """Append ``row``'s (x, y, z, diameter) to ``nums``, or raise naming the line."""
     cells = [row.get(c) for c in _NEED[1:]]
     if None in cells or row.get("seriesuid") is None:
         raise ReadError(
@@ -114,7 +131,7 @@ def _parsed(row: dict, path: str, line: int, values: list) -> None:
     try:
         if "_" in "".join(cells):  # float() takes "1_000"; a table does not
             raise ValueError
-        values.append(tuple(map(float, cells)))
+        nums.extend(tuple(map(float, cells)))  # (all four, or none: a tuple first)
     except (TypeError, ValueError):
         got = [str(row.get(c))[:40] for c in _NEED[1:]]
         raise ReadError(
@@ -122,12 +139,12 @@ def _parsed(row: dict, path: str, line: int, values: list) -> None:
         ) from None
 
 
-def _check_numbers(values: list, lines: list[int], path: str) -> None:
+def _check_numbers(a: np.ndarray, lines, path: str) -> None:
     """Coordinates finite, diameters finite and > 0, and both such as a scan can hold
-    (:func:`._sane`): checked as arrays; the first bad row is named by its line."""
-    if not values:
+    (:func:`._sane`): checked as arrays (row n's line is ``lines[n]``); the first bad row is
+    named by its line."""
+    if not len(a):
         return
-    a = np.array(values, dtype=np.float64)
     xyz, d = a[:, :3], a[:, 3]
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(a).all(1) | ~(d > 0)
