@@ -652,7 +652,7 @@ def test_a_second_thread_is_refused_while_the_first_waits_for_a_batch(monkeypatc
     real = PatchLoader._item
 
     def held(self, indices):  # (the engine's thread waits here: the loop waits for a batch)
-        gate.wait(30)
+        gate.wait(120)  # (longer than the wait below: the loop is seen waiting, or fails)
         return real(self, indices)
 
     monkeypatch.setattr(PatchLoader, "_item", held)
@@ -669,7 +669,7 @@ def test_a_second_thread_is_refused_while_the_first_waits_for_a_batch(monkeypatc
 
         first = threading.Thread(target=loop)
         first.start()
-        deadline = time.monotonic() + 30  # (10 s was once too short on a loaded 2-core box)
+        deadline = time.monotonic() + 60  # (10, then 30 s were once too short on a loaded box)
         while not (loader._feed is not None and loader._feed.gi_running):
             assert time.monotonic() < deadline, "the loop never waited for a batch"
             time.sleep(0.01)
