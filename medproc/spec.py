@@ -167,7 +167,8 @@ class Spec:
     dtype : str
         Output dtype of images (labels keep theirs).
     fill : float, optional
-        Value outside the input grid; ``None`` repeats the border voxel.
+        Value outside the input grid; ``None`` repeats the border voxel (the only choice with
+        cubic interpolation or antialiasing).
     grid : {"centred", "monai"}
         Where a ``spacing=`` grid lies (see Notes). ``"centred"`` (the default) is medproc's
         rule; ``"monai"`` reproduces MONAI's ``Orientationd`` + ``Spacingd`` grid exactly.
@@ -260,6 +261,13 @@ class Spec:
                 raise UsageError(
                     f"fill=NaN cannot mark the padding of an output of dtype {name} (integers hold no "
                     "NaN); give a number, or a float dtype"
+                )
+            if self.interp == "cubic" or self.antialias:  # (DALI's RuntimeError; ignored)
+                raise UsageError(
+                    f"fill={self.fill!r} with {'interp=cubic' if self.interp == 'cubic' else 'antialias'}"
+                    ": only DALI's resize has cubic interpolation and antialiasing, and it repeats "
+                    "the border; give fill=None (the border repeated), or interp='linear' and "
+                    "antialias=False to pad with a value"
                 )
         if isinstance(self.intensity, dict):
             object.__setattr__(self, "intensity", Intensity(**self.intensity))

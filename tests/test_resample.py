@@ -428,6 +428,11 @@ def test_api_misuse_found_by_a_probe_is_refused_or_handled():
     ):
         medproc.Spec(spacing=2.0, fill=float("nan"), dtype="int16")  # (it padded with 0)
     assert np.isnan(medproc.Spec(fill=float("nan"), dtype="float16").fill)
+    # (a prober's: cubic with a fill value failed in DALI's warp, "Only nearest and linear
+    # interpolation is supported"; antialias with one was not antialiased, unsaid)
+    for kw in ({"interp": "cubic"}, {"antialias": True}):
+        with pytest.raises(medproc.UsageError, match=r"fill=0.0 with (interp=cubic|antialias)"):
+            medproc.Spec(spacing=2.0, fill=0.0, **kw)
     be = np.arange(60, dtype=">i2").reshape(3, 4, 5)
     with tempfile.TemporaryDirectory() as d:
         for ext in ("nrrd", "mha"):
