@@ -159,30 +159,39 @@ def fork_context(ctx):
     )
 
 
-def batches_checked(batch_size, most: int, kw: dict) -> tuple[int, int]:
+def batches_checked(batch_size, most: int, kw: dict, num_workers=0) -> tuple[int, int]:
     """A proxy loader's batches against its server's batch size ``most`` (DALI's pipelines
     take at most their batch size): ``(the batch_size for torch's DataLoader, the largest
-    batch)``; ``batch_size=None`` is the server's. A ``batch_sampler`` in ``kw`` (then ``batch_size`` is left at None or 1, as
-    torch's DataLoader wants) is wrapped so that a larger batch it draws is refused by name."""
+    batch)``; ``batch_size=None`` is the server's. A ``batch_sampler`` in ``kw`` (then
+    ``batch_size`` is left at None or 1, as torch's DataLoader wants) is wrapped so that a
+    larger batch it draws is refused by name; ``num_workers`` is checked too."""
+    import numbers
+
+    from .errors import UsageError
+
+    def whole(n) -> bool:  # (numpy integers too, as ProxyServer takes them)
+        return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+    if not whole(num_workers) or num_workers < 0:  # (1.5 and "2" were bare TypeErrors)
+        raise UsageError(f"loader: num_workers must be a whole number >= 0, got {num_workers!r}")
     sampler = kw.get("batch_sampler")
     if sampler is None:
         batch_size = most if batch_size is None else batch_size
-        whole = isinstance(batch_size, int) and not isinstance(batch_size, bool)
-        if not whole or not 1 <= batch_size <= most:
-            raise ValueError(
+        if not whole(batch_size) or not 1 <= batch_size <= most:
+            raise UsageError(
                 f"loader batch_size must be a whole number from 1 to the server's batch_size "
                 f"{most}, got {batch_size!r} (a larger one: make the ProxyServer with that "
                 "batch_size)"
             )
-        return batch_size, batch_size
+        return int(batch_size), int(batch_size)
     if batch_size not in (None, 1) or isinstance(batch_size, bool):
-        raise ValueError(
+        raise UsageError(
             f"batch_size={batch_size!r} and a batch_sampler: the batch_sampler's batches are "
             "the loader's batches; leave batch_size out (or 1)"
         )
     size = getattr(sampler, "batch_size", None)  # (torch's BatchSampler says it)
     if isinstance(size, int) and not 1 <= size <= most:
-        raise ValueError(
+        raise UsageError(
             f"the batch_sampler's batch_size {size} is more than the server's batch_size "
             f"{most} (make the ProxyServer with batch_size={size})"
         )

@@ -366,7 +366,8 @@ class ProxyServer:
 
         from ._proxy_stream import batches_checked
 
-        batch_size, most = batches_checked(batch_size, self._batch, kw)
+        batch_size, most = batches_checked(batch_size, self._batch, kw, num_workers)
+        num_workers = int(num_workers)
         kw.setdefault("collate_fn", collate)
         if self._proxy is not None:
             if num_workers > 0:

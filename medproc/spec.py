@@ -307,6 +307,14 @@ def check_args(spec, who: str, **counts) -> None:
             raise UsageError(f"{who}: {name} must be a whole number >= 1, got {v!r}")
 
 
+def check_sizes(value, name: str) -> tuple[int, int, int]:
+    """``value`` (one whole size >= 1, or three: i, j, k) as three ints, checked as a Spec's
+    ``crop`` is (``patch_size``: NaN, 7.5, "8", True or None refused by name)."""
+    if value is None:
+        raise UsageError(f"{name} must be one number or three (i, j, k), got None")
+    return _triple(value, name, integer=True)
+
+
 def check_types(who: str, **given) -> None:
     """Refuse, naming it, an argument of another type (``with_label="yes"`` would be true;
     ``seed="x"`` failed deep in numpy)."""

@@ -453,15 +453,27 @@ def test_arguments_checked():
             PatchLoader(datalist(), SPEC, (8, 8, 8), batch_size=n)
     # (a NaN size raised numpy's "cannot convert float NaN", 100000 DALI's bad_alloc, and
     # num_threads=0 / prefetch=0 were taken as given)
-    for size in (float("nan"), (8, 8, float("inf")), (8, 8, 7.5), "8", (8, 8)):
-        with pytest.raises(ValueError, match="patch_size must be 1 or 3 whole sizes >= 1"):
+    # (then a prober's: 10**20 and None were bare TypeErrors, num_threads=10**9 DALI's
+    # bad_alloc at the first batch)
+    for size in (float("nan"), (8, 8, float("inf")), (8, 8, 7.5), "8", (8, 8), None, True, 0):
+        with pytest.raises(
+            medproc.UsageError, match="patch_size must be (one number or three|wh|>)"
+        ):
             PatchLoader(datalist(), SPEC, size)
-    with pytest.raises(ValueError, match=r"patch_size \(100000, 100000, 100000\) x batch_size"):
-        PatchLoader(datalist(), SPEC, 100000)
+    for size in (100000, 10**20, [2**64, 1, 1]):
+        with pytest.raises(medproc.UsageError, match=r"patch_size \(\d+, \d+, \d+\) x batch_size"):
+            PatchLoader(datalist(), SPEC, size)
     for name in ("num_threads", "prefetch"):
         for n in (0, -1, 2.0, True):
             with pytest.raises(ValueError, match=f"{name} must be a whole number >= 1"):
                 PatchLoader(datalist(), SPEC, (8, 8, 8), **{name: n})
+    with pytest.raises(
+        medproc.UsageError, match="num_threads must be a whole number from 1 to 1024"
+    ):
+        PatchLoader(datalist(), SPEC, (8, 8, 8), num_threads=10**9)
+    loader = PatchLoader(datalist(), SPEC, np.array(8), num_threads=np.int64(1))
+    assert loader.patch == (8, 8, 8) and loader._engine.num_threads == 1
+    loader.close()
 
 
 @pytest.mark.parametrize(
@@ -472,6 +484,7 @@ def test_arguments_checked():
         ('{"training": "a.nii"}', "not a decathlon datalist: .*must be a dict"),
         ("\udcff", "not a text file"),
         (None, "is a folder"),
+        ('{"training": ' + "[" * 100000 + "]" * 100000 + "}", "its JSON is nested too deeply"),
     ],
 )
 def test_a_malformed_datalist_file_is_a_read_error_naming_it(tmp_path, text, says):
@@ -483,6 +496,21 @@ def test_a_malformed_datalist_file_is_a_read_error_naming_it(tmp_path, text, say
     else:
         path.write_bytes(text.encode("utf-8", "surrogateescape"))
     with pytest.raises(medproc.ReadError, match=f"^{re.escape(str(path))}: {says}"):
+        PatchLoader(str(path), SPEC, (8, 8, 8))
+
+
+@pytest.mark.parametrize(
+    "cases, says",
+    [
+        ([], "the datalist holds no case"),  # (was "0 cases cannot fill 1 shards")
+        ([{"image": ""}], "case 0: 'image' is an empty path"),  # (MONAI: the file's folder)
+        ([{"image": "a.nii.gz", "label": 3}], r"case 0 \('.*a.nii.gz'\): 'label' must be a file"),
+    ],
+)
+def test_a_datalist_file_s_case_errors_name_the_file(tmp_path, cases, says):
+    path = tmp_path / "datalist.json"
+    path.write_text(json.dumps({"training": cases}))
+    with pytest.raises(medproc.UsageError, match=f"^PatchLoader: {re.escape(str(path))}: {says}"):
         PatchLoader(str(path), SPEC, (8, 8, 8))
 
 
@@ -605,7 +633,7 @@ def test_bad_sampling_and_augmentation_values_are_refused_at_construction():
         Augment(scale_intensity_prob=1, intensity_factors=float("nan"))
     with pytest.raises(ValueError, match="PosNeg: pos and neg must be finite"):
         PosNeg(pos=float("nan"))
-    with pytest.raises(ValueError, match="patch_size must be 1 or 3 whole sizes"):
+    with pytest.raises(ValueError, match="patch_size must be whole numbers of voxels"):
         PatchLoader(datalist(), SPEC, (16.5, 16, 16))
     loader = PatchLoader(datalist(), SPEC, 8)  # one int: a cube, as MONAI's spatial_size
     assert loader.patch == (8, 8, 8)

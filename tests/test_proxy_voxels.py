@@ -10,7 +10,7 @@ import torch
 from test_resample import _synthetic, interior, rel_l2
 from world import sitk_array
 
-from medproc import Intensity, Spec
+from medproc import Intensity, Spec, UsageError
 from medproc.io.sitk_io import resample_filter, to_sitk
 from medproc.plan import affine_map
 from medproc.proxy import ProxyServer, ProxyTransform
@@ -185,9 +185,21 @@ def test_an_iterable_dataset_s_error_reaches_the_loop_and_ends_the_workers(where
 def test_a_loader_batch_size_the_server_cannot_take_is_refused_naming_it(size):
     with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2) as server:
         with pytest.raises(
-            ValueError, match=r"batch_size must be a whole number from 1 to .* 2, got"
+            UsageError, match=r"batch_size must be a whole number from 1 to .* 2, got"
         ):
             server.loader(Volumes([], server.transform), batch_size=size)
+
+
+def test_loader_numbers_are_checked_numpy_integers_taken():
+    """A prober's: np.int64(2) was refused as a batch size (ProxyServer takes it), and
+    num_workers 1.5, "2" or None were bare TypeErrors from torch."""
+    with ProxyServer(Spec(spacing=1.5), device="cpu", batch_size=2) as server:
+        ds = Volumes([_synthetic(False)[0]] * 2, server.transform)
+        for n in (1.5, "2", None, -1, True):
+            with pytest.raises(UsageError, match="num_workers must be a whole number >= 0"):
+                server.loader(ds, num_workers=n)
+        got = [len(b["image"]) for b in server.loader(ds, batch_size=np.int64(2))]
+        assert got == [2]
 
 
 @pytest.mark.parametrize("workers", [0, 1])

@@ -15,14 +15,20 @@ def read_datalist(datalist) -> list[dict]:
     dict whose "image" is a path and whose "label", when present, is a path too. A MONAI
     *detection* datalist holds box labels (a list) under "label": said plainly, with the case,
     instead of failing later in a reader."""
+    home = None  # the datalist file's folder, where MONAI resolves its paths
     if isinstance(datalist, (str, os.PathLike)):
+        home = os.path.dirname(os.path.abspath(datalist))
+        src = os.fsdecode(datalist)
         datalist = _read_decathlon(datalist)
+    who = "PatchLoader" if home is None else f"PatchLoader: {src}"
     if isinstance(datalist, dict):
         raise UsageError(
             f"PatchLoader: the datalist is a dict (keys {sorted(datalist)[:4]}); give a list of "
             'cases like [{"image": path, "label": path}], or a decathlon JSON file\'s path'
         )
     cases = list(datalist)
+    if not cases:  # (it was "0 cases cannot fill 1 shards")
+        raise UsageError(f"{who}: the datalist holds no case")
     boxed = [n for n, c in enumerate(cases) if isinstance(c, dict) and "box" in c]
     if boxed and not any("lesions" in cases[n] for n in boxed):
         import warnings
@@ -39,11 +45,17 @@ def read_datalist(datalist) -> list[dict]:
     for n, case in enumerate(cases):
         if not isinstance(case, dict):
             raise UsageError(
-                f"PatchLoader: case {n} is a {type(case).__name__}, not a dict like "
+                f"{who}: case {n} is a {type(case).__name__}, not a dict like "
                 '{"image": path, "label": path}'
             )
         for key in ("image", "label"):
             v = case.get(key)
+            if (
+                isinstance(v, (str, os.PathLike))
+                and not str(os.fspath(v)).strip()
+                or (home is not None and isinstance(v, str) and os.path.normpath(v) == home)
+            ):  # (MONAI resolves "" to the file's folder: "holds no DICOM image", later)
+                raise UsageError(f"{who}: case {n}: {key!r} is an empty path")
             if (v is None and key == "label") or isinstance(v, (str, os.PathLike)):
                 continue
             what = (
@@ -54,7 +66,7 @@ def read_datalist(datalist) -> list[dict]:
                 else ""
             )
             raise UsageError(
-                f"PatchLoader: case {n} ({case.get('image')!r:.80}): {key!r} must be a file "
+                f"{who}: case {n} ({case.get('image')!r:.80}): {key!r} must be a file "
                 f"path, got {type(v).__name__} {v!r:.60}{what}"
             )
     _check_labels_and_lesions(cases)
@@ -80,6 +92,8 @@ def _read_decathlon(path) -> list:
         raise ReadError(f"not valid JSON ({e}); fix the file", path) from None
     except UnicodeDecodeError:
         raise ReadError("not a text file: a decathlon datalist (JSON) was expected", path) from None
+    except RecursionError:
+        raise ReadError("its JSON is nested too deeply to be read: not a datalist", path) from None
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ReadError(
             f"not a decathlon datalist: MONAI's load_decathlon_datalist says {e} (it needs "

@@ -61,24 +61,19 @@ def _prob(value, name: str) -> float:
 
 
 def patch_size_of(patch_size, batch_size: int) -> tuple[int, int, int]:
-    """``patch_size`` (1 or 3 whole sizes >= 1, as MONAI's ``spatial_size``) as 3 ints; refused
-    by name if not, or if a batch of such patches (float32 images and labels) would take more
-    memory than one volume may here (``patch_size=100000`` was DALI's ``bad_alloc``)."""
+    """``patch_size`` (1 or 3 whole sizes >= 1, as MONAI's ``spatial_size``) as 3 ints, checked
+    as a Spec's ``crop``; refused too if a batch of such patches (float32 images and labels)
+    would take more memory than one volume may here (``patch_size=100000`` was DALI's
+    ``bad_alloc``)."""
+    from ..errors import UsageError
     from ..io.safety import human, max_bytes
+    from ..spec import check_sizes
 
-    sizes = [patch_size] * 3 if np.isscalar(patch_size) else list(patch_size)  # (as MONAI)
-
-    def whole(x) -> bool:  # (not "8", True, NaN, inf or 7.5)
-        num = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
-        return bool(num and np.isfinite(x) and x == int(x) and x >= 1)
-
-    if len(sizes) != 3 or not all(whole(x) for x in sizes):
-        raise ValueError(f"patch_size must be 1 or 3 whole sizes >= 1, got {patch_size!r}")
-    patch = tuple(int(x) for x in sizes)
+    patch = check_sizes(patch_size, "patch_size")
     need = int(np.prod(patch, dtype=object)) * 4 * 2 * int(batch_size)
     if need > max_bytes():
-        raise ValueError(
-            f"patch_size {patch} x batch_size {batch_size}: one batch of patches and labels "
+        raise UsageError(
+            f"patch_size {patch!r:.80} x batch_size {batch_size}: one batch of patches and labels "
             f"would take {human(need)}, more than the {human(max_bytes())} one volume may take "
             "here (MEDPROC_MAX_BYTES raises the cap)"
         )

@@ -43,7 +43,7 @@ from .cache import (
 from .graphs import Graph
 from .pace import TakeQueue
 from .runner import Runner, _restored
-from .threads import default_threads
+from .threads import check_threads, default_threads
 
 __all__ = [
     "Engine",
@@ -133,7 +133,7 @@ class Engine:
                 raise ImportError("device='gpu' hands CUDA tensors to PyTorch: pip install torch")
         self.device = device
         self.batch_size = max(1, int(batch_size))
-        self.num_threads = int(num_threads or default_threads())
+        self.num_threads = check_threads(num_threads)
         #: samples a pipeline takes: on the CPU a volume may be cut into slabs (:mod:`.slabs`)
         self.pipe_batch = self.batch_size * (1 if device == "gpu" else slabs.MAX_SLABS)
         if device_id is None:  # the current CUDA device (torch.cuda.set_device), else 0

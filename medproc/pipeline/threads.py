@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 
-__all__ = ["default_threads"]
+__all__ = ["default_threads", "check_threads", "MAX_THREADS"]
+
+#: DALI CPU threads a pipeline may be given (10^9 was taken, and failed in DALI with
+#: std::bad_alloc at the first batch)
+MAX_THREADS = 1024
 
 
 def default_threads() -> int:
@@ -32,3 +37,19 @@ def _loader_workers() -> int:
     data = sys.modules.get("torch.utils.data")
     info = data.get_worker_info() if data is not None else None
     return max(1, int(info.num_workers)) if info is not None else 1
+
+
+def check_threads(num_threads) -> int:
+    """``num_threads`` (None: :func:`default_threads`) as an int from 1 to :data:`MAX_THREADS`,
+    else a UsageError naming it."""
+    from ..errors import UsageError
+
+    if num_threads is None:
+        return default_threads()
+    whole = isinstance(num_threads, numbers.Integral) and not isinstance(num_threads, bool)
+    if not whole or not 1 <= num_threads <= MAX_THREADS:
+        raise UsageError(
+            f"num_threads must be a whole number from 1 to {MAX_THREADS} (DALI starts one "
+            f"thread each), got {num_threads!r}"
+        )
+    return int(num_threads)
