@@ -132,6 +132,16 @@ JSONS = {
 }
 
 
+def test_luna_series_of_another_type_is_refused_not_an_empty_answer(sample_data):
+    table = os.path.join(sample_data, "lesions.csv")
+    for series in (3, ["case001"], None):
+        if series is None:
+            assert read_luna_csv(table, series)  # (None: every image's)
+            continue
+        with pytest.raises(medproc.UsageError, match="read_luna_csv: series must be"):
+            read_luna_csv(table, series)
+
+
 def _write(path, data):
     with open(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)

@@ -374,6 +374,9 @@ def test_an_annotation_of_another_series_is_said_and_an_image_path_is_refused(tm
                 assert f"it annotates series {UID}, not the series of" in str(hits[0].message)
                 assert "(1.2.3.4)" in str(hits[0].message)
             assert lab.array[20:30, 20:30, 12].all()  # (placed all the same)
+    for roi in (["GTV"], b"GTV", True, 1.5):  # (a damaged file, ROI 1, an empty label)
+        with pytest.raises(medproc.UsageError, match="^read_rtstruct: roi must be an ROI's"):
+            read_rtstruct(rt, image, roi=roi)
     with pytest.raises(medproc.UsageError, match="^seg_on_image: image must be"):
         from medproc.annotations.dicom_labels import seg_on_image
 

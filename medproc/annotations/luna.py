@@ -14,7 +14,7 @@ from array import array
 
 import numpy as np
 
-from ..errors import MedprocWarning, ReadError
+from ..errors import MedprocWarning, ReadError, UsageError
 from .keys import image_key
 from .lesions import Lesions
 from .readers import _FLIP, _MAX_COORD_MM, _MAX_SIZE_MM, _not_dicom, _sane
@@ -34,6 +34,11 @@ def read_luna_csv(path, series: str | None = None) -> dict[str, Lesions] | Lesio
     naming the line.
     """
     path = os.fspath(path)
+    if series is not None and not isinstance(series, (str, os.PathLike)):  # (3: empty, unsaid)
+        raise UsageError(
+            f"read_luna_csv: series must be a SeriesInstanceUID or an image's file name, got "
+            f"{series!r:.80}"
+        )
     _not_dicom(path, "lesion table")
     lines, key_of_row, keys, a = _rows(path)
     first = _first_same(key_of_row, a)  # each row's first identical row (itself: new)

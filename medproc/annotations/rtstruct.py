@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 
 import numpy as np
 
-from ..errors import MedprocError, ReadError
+from ..errors import MedprocError, ReadError, UsageError
 from ..volume import Volume
 from ._overlap import combine_contours, overlay
 from .dicom_labels import _FLIP, _ROIS, _check_series, _dcmread, _incomplete, _warn, check_image
@@ -29,6 +30,8 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None, *, renumber
     the ROIs values 1..N in ascending ROI number order (``meta["rois"]`` names them).
     """
     check_image(image, "read_rtstruct")
+    if roi is not None and (isinstance(roi, bool) or not isinstance(roi, (str, numbers.Integral))):
+        raise UsageError(f"read_rtstruct: roi must be an ROI's name or number, got {roi!r:.80}")
     path = os.fspath(path)
     ds = _dcmread(path, force=True)
     if "ROIContourSequence" not in ds:
