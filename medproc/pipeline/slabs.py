@@ -8,9 +8,9 @@ plan, :meth:`~medproc.plan.Plan.output_slab`, on the part of the input it reads 
 interpolation's reach, :meth:`~medproc.plan.Plan.input_region`), and :class:`Joiner` puts the
 outputs back together, in the memory layout an uncut output has.
 
-How a volume is cut depends on its plan alone (its output shape), never on the thread count
-or the batch: a volume's output is the same whatever ``-j``, ``num_threads`` or batch it ran
-in. A slab samples the same input points as the uncut job, computed from a shifted origin, so
+How a volume is cut depends on its plan alone (its output shape, and which slabs would lie
+wholly beyond the input), never on the thread count or the batch: a volume's output is the
+same whatever ``-j``, ``num_threads`` or batch it ran in. A slab samples the same input points as the uncut job, computed from a shifted origin, so
 an interpolated value may differ from an uncut run's in float32's last bits (~1e-5 of the
 local contrast); nearest-neighbour ties are broken half up either way
 (:data:`~medproc.pipeline.graphs.NN_TIE`).
