@@ -10,10 +10,10 @@ outputs back together, in the memory layout an uncut output has.
 
 How a volume is cut depends on its plan alone (its output shape, and which slabs would lie
 wholly beyond the input), never on the thread count or the batch: a volume's output is the
-same whatever ``-j``, ``num_threads`` or batch it ran in. A slab samples the same input points as the uncut job, computed from a shifted origin, so
-an interpolated value may differ from an uncut run's in float32's last bits (~1e-5 of the
-local contrast); nearest-neighbour ties are broken half up either way
-(:data:`~medproc.pipeline.graphs.NN_TIE`).
+same whatever ``-j``, ``num_threads`` or batch it ran in. A slab samples the same input
+points as the uncut job, computed from a shifted origin, so an interpolated value may differ
+from an uncut run's in float32's last bits (~1e-5 of the local contrast); nearest-neighbour
+ties are broken half up either way (:data:`~medproc.pipeline.graphs.NN_TIE`).
 """
 
 from __future__ import annotations
