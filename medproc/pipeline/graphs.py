@@ -113,20 +113,25 @@ class Graph:
             and self.fill is None
             and (device == "cpu" or self.interp == "cubic" or self.antialias)
         )
-        if not resize or self.mode == "resize":
-            return "resize" if resize else "warp"
-        # DALI 2.4's resize kills the process (SIGSEGV, CPU) when a sample's region lies wholly
-        # beyond its input along an axis (found as a slab of a volume centre-cropped far past
-        # itself; slabs.split no longer makes such slabs): warp repeats the border as resize
-        # would, but has no cubic or antialiasing
+        if not resize:
+            return "warp"
+        # DALI 2.4's resize kills the process (SIGSEGV, CPU; not measured on the GPU) when a
+        # sample's region lies wholly beyond its input along an axis (found as a slab of a
+        # volume centre-cropped far past itself; slabs.split no longer makes such slabs): warp
+        # repeats the border as resize would, but has no cubic or antialiasing
         if any(misses_input(p) for p in plans):
-            if self.interp == "cubic" or self.antialias:
-                raise ValueError(
+            from ..errors import UsageError
+
+            if self.mode == "resize" or self.interp == "cubic" or self.antialias:
+                why = "mode='resize'" if self.mode == "resize" else "cubic or antialiasing"
+                raise UsageError(
                     "this output grid lies wholly outside its input along an axis, where only "
-                    "DALI's warp graph can sample it, and warp has no cubic interpolation or "
-                    "antialiasing: use interp='linear' and antialias=False for it"
+                    f"DALI's warp graph can sample it, and warp cannot do {why}: use "
+                    "interp='linear', antialias=False and mode='auto' for it"
                 )
             return "warp"
+        if self.mode == "resize":
+            return "resize"
         # DALI's nearest-neighbour resize (labels, interp="nearest") reads past the input where
         # the sampled region leaves it (garbage label values): there nearest neighbour takes
         # the warp graph, while an interpolated image keeps the (more exact) resize: "mixed"
@@ -139,11 +144,17 @@ class Graph:
         return "resize"
 
 
-def _outside(plan: Plan) -> float:
-    """How far (input voxels) an axis-aligned plan samples beyond its input grid (0: inside)."""
+def _region(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lo, hi, n) per axis (k, j, i): the region an axis-aligned plan samples, in input
+    voxel coordinates, and the input's size."""
     start, end = resize_roi(plan)
     n = np.array(plan.in_shape[::-1], dtype=np.float64)
-    lo, hi = np.minimum(start, end), np.maximum(start, end)
+    return np.minimum(start, end), np.maximum(start, end), n
+
+
+def _outside(plan: Plan) -> float:
+    """How far (input voxels) an axis-aligned plan samples beyond its input grid (0: inside)."""
+    lo, hi, n = _region(plan)
     return float(max(0.0, -lo.min(), (hi - n).max()))
 
 
@@ -151,9 +162,7 @@ def misses_input(plan: Plan) -> bool:
     """Whether an axis-aligned plan samples a region lying wholly beyond its input along some
     axis: DALI 2.4's CPU resize crashes on one (measured on 4 input slices: region (-2, -1) or
     (6, 5) crashed, (-1, -0.01) and (4, 8) did not; this test is stricter than the crash)."""
-    start, end = resize_roi(plan)
-    n = np.array(plan.in_shape[::-1], dtype=np.float64)
-    lo, hi = np.minimum(start, end), np.maximum(start, end)
+    lo, hi, n = _region(plan)
     return bool(((hi <= 0) | (lo >= n)).any())
 
 

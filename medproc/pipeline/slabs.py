@@ -72,7 +72,7 @@ def split(jobs: list, graph) -> tuple[list, list | None]:
             parts.append((len(out), 1, (0, nk)))
             out.append(j)
             continue
-        bounds = _touching(j.plan, np.linspace(0, nk, count + 1).round().astype(int))
+        bounds = _touching(j.plan, np.linspace(0, nk, count + 1).round().astype(int), graph)
         count = len(bounds) - 1
         parts.append((len(out), count, tuple(int(b) for b in bounds)))
         margin = _margin(graph, j.plan)
@@ -84,14 +84,16 @@ def split(jobs: list, graph) -> tuple[list, list | None]:
     return out, parts
 
 
-def _touching(plan, bounds: np.ndarray) -> list[int]:
+def _touching(plan, bounds: np.ndarray, graph) -> list[int]:
     """``bounds`` less those that would make a slab lying wholly beyond the input along k (a
     volume centre-cropped far past itself): it joins its neighbour towards the input, as DALI's
-    resize crashes on a region beyond its input (:func:`.graphs.misses_input`)."""
+    resize crashes on a region beyond its input (:func:`.graphs.misses_input`). Plans the warp
+    graph takes keep every slab (a fill value, nearest neighbour past the input)."""
     from .graphs import misses_input
 
     b = [int(x) for x in bounds]
-    if not plan.axis_aligned or misses_input(plan):  # (warp: any slab will do)
+    warped = graph.mode == "warp" or graph.fill is not None or graph.interp == "nearest"
+    if warped or not plan.axis_aligned or misses_input(plan):
         return b
     while len(b) > 2 and misses_input(plan.output_slab(b[0], b[1])):
         del b[1]
