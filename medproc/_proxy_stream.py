@@ -165,12 +165,8 @@ def batches_checked(batch_size, most: int, kw: dict, num_workers=0) -> tuple[int
     batch)``; ``batch_size=None`` is the server's. A ``batch_sampler`` in ``kw`` (then
     ``batch_size`` is left at None or 1, as torch's DataLoader wants) is wrapped so that a
     larger batch it draws is refused by name; ``num_workers`` is checked too."""
-    import numbers
-
     from .errors import UsageError
-
-    def whole(n) -> bool:  # (numpy integers too, as ProxyServer takes them)
-        return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+    from .spec import whole_number as whole  # (numpy integers too, as ProxyServer takes them)
 
     if not whole(num_workers) or num_workers < 0:  # (1.5 and "2" were bare TypeErrors)
         raise UsageError(f"loader: num_workers must be a whole number >= 0, got {num_workers!r}")

@@ -63,7 +63,8 @@ class ReadError(MedprocError):
 
 class LimitError(ReadError):
     """A header declares more data than the file can hold or memory allows (checked before any
-    allocation: raise ``MEDPROC_MAX_BYTES`` for genuinely huge volumes)."""
+    allocation; the cap is the smallest of the physical memory, ``ulimit -v`` and
+    ``MEDPROC_MAX_BYTES``)."""
 
 
 class SeriesError(MedprocError):

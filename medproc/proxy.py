@@ -266,12 +266,12 @@ class ProxyServer:
                 f"the proxy feeds PyTorch DataLoaders: pip install torch {TORCH_CPU_HINT}"
             ) from None
         from .pipeline import Engine, Graph, gpu_available
+        from .pipeline.threads import check_threads
         from .spec import check_args, check_types
 
         check_args(spec, "ProxyServer", batch_size=batch_size, prefetch=prefetch)
         check_types("ProxyServer", with_label=(with_label, bool), seed=(seed, int))
-        if num_threads is not None:
-            check_args(spec, "ProxyServer", num_threads=num_threads)
+        check_threads(num_threads, "ProxyServer:")
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if spec.antialias:  # (rotations, and the GPU, take warp_affine, which has neither)

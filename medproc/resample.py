@@ -47,7 +47,8 @@ def check_output_size(plan, channels: int, in_bytes: int, source=None) -> None:
             f"the output grid would be {'x'.join(map(str, out_shape))} voxels = "
             f"{human(nbytes)}; resampling it needs ~{human(need)} (twice the output, and the "
             f"input), more than the {human(max_bytes())} one volume may take here; "
-            "choose a coarser spacing or a crop (MEDPROC_MAX_BYTES raises the cap)",
+            "choose a coarser spacing or a crop (the cap is the smallest of the physical memory, "
+            "ulimit -v and MEDPROC_MAX_BYTES)",
             source,
         )
 

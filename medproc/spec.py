@@ -294,6 +294,11 @@ class Spec:
         )
 
 
+def whole_number(v) -> bool:
+    """Whether ``v`` is an integer (numpy's too), not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
 def check_args(spec, who: str, **counts) -> None:
     """Refuse, naming the argument, a ``spec`` that is not a :class:`Spec` and counts (e.g.
     ``batch_size=...``) that are not whole numbers >= 1 (0 or -1 gave empty batches, or DALI's
@@ -303,7 +308,7 @@ def check_args(spec, who: str, **counts) -> None:
     if not isinstance(spec, Spec):
         raise UsageError(f"{who}: spec must be a medproc.Spec, got {type(spec).__name__}")
     for name, v in counts.items():
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        if not whole_number(v) or v < 1:
             raise UsageError(f"{who}: {name} must be a whole number >= 1, got {v!r}")
 
 

@@ -361,6 +361,17 @@ def test_default_threads_share_the_cores_between_local_ranks(monkeypatch):
     assert Engine("cpu").num_threads == 4
     monkeypatch.setenv("MEDPROC_DALI_THREADS", "3")
     assert default_threads() == 3
+    # (a review's: 100000 was taken as it was, "abc" was int()'s bare ValueError)
+    for bad in ("100000", "abc", "-2", "2.5"):
+        monkeypatch.setenv("MEDPROC_DALI_THREADS", bad)
+        with pytest.raises(medproc.UsageError, match=f"MEDPROC_DALI_THREADS='{bad}': num_thr"):
+            Engine("cpu")
+    monkeypatch.setenv("MEDPROC_DALI_THREADS", "0")  # (0 or empty: the cores' share)
+    assert default_threads() == 4
+    for bad in (0, 1025, 2.0, True, "2"):
+        with pytest.raises(medproc.UsageError, match="num_threads must be a whole number from 1"):
+            Engine("cpu", num_threads=bad)
+    assert Engine("cpu", num_threads=np.int64(2)).num_threads == 2
 
 
 def _threads_in_worker(_):

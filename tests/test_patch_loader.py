@@ -465,7 +465,7 @@ def test_arguments_checked():
             PatchLoader(datalist(), SPEC, size)
     for name in ("num_threads", "prefetch"):
         for n in (0, -1, 2.0, True):
-            with pytest.raises(ValueError, match=f"{name} must be a whole number >= 1"):
+            with pytest.raises(ValueError, match=f"PatchLoader: {name} must be a whole number"):
                 PatchLoader(datalist(), SPEC, (8, 8, 8), **{name: n})
     with pytest.raises(
         medproc.UsageError, match="num_threads must be a whole number from 1 to 1024"

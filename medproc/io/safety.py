@@ -165,9 +165,10 @@ def check_declared(
         also = f" ({human(need)} while reading)" if need > nbytes else ""
         raise LimitError(
             f"the header declares {what} = {human(nbytes)}{also}, more than the "
-            f"{human(cap)} one volume may take here (physical memory, ulimit -v or "
-            "MEDPROC_MAX_BYTES). The header is damaged, or the volume needs a bigger machine "
-            "(raise MEDPROC_MAX_BYTES)",
+            f"{human(cap)} one volume may take here (the smallest of the physical memory, "
+            "ulimit -v and MEDPROC_MAX_BYTES). The header is damaged, or the volume needs a "
+            "bigger machine (or a higher ulimit -v or MEDPROC_MAX_BYTES, where one of them is "
+            "the cap)",
             path,
         )
     if compressed and stored is not None and nbytes > MAX_DEFLATE_RATIO * max(stored, 1) + 2**20:

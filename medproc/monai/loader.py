@@ -146,7 +146,7 @@ class PatchLoader:
     ):
         from ..pipeline import Engine, Graph
         from ..pipeline.pace import Pacer, pace_fraction
-        from ..pipeline.threads import default_threads
+        from ..pipeline.threads import check_threads, default_threads
 
         if not isinstance(sampling, PosNeg):
             raise TypeError(f"sampling must be a PosNeg(...), got {type(sampling).__name__}")
@@ -171,8 +171,7 @@ class PatchLoader:
             )
         self.spec = spec
         check_args(spec, "PatchLoader", batch_size=batch_size, prefetch=prefetch)
-        if num_threads is not None:
-            check_args(spec, "PatchLoader", num_threads=num_threads)
+        check_threads(num_threads, "PatchLoader:")
         self.patch = patch_size_of(patch_size, batch_size)
         if augment.rotate90_prob and self.patch[0] != self.patch[1]:
             raise ValueError(

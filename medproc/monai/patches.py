@@ -75,7 +75,7 @@ def patch_size_of(patch_size, batch_size: int) -> tuple[int, int, int]:
         raise UsageError(
             f"patch_size {patch!r:.80} x batch_size {batch_size}: one batch of patches and labels "
             f"would take {human(need)}, more than the {human(max_bytes())} one volume may take "
-            "here (MEDPROC_MAX_BYTES raises the cap)"
+            "here (the smallest of the physical memory, ulimit -v and MEDPROC_MAX_BYTES)"
         )
     return patch
 

@@ -99,8 +99,9 @@ class Engine:
         Jobs per batch; longer job lists are split. (On the CPU a pipeline takes
         ``batch_size * slabs.MAX_SLABS`` samples: big volumes run as slabs.)
     num_threads : int, optional
-        DALI CPU threads (default :func:`default_threads`: ``MEDPROC_DALI_THREADS``, else this
-        process's share of the cores when several ranks share the machine).
+        DALI CPU threads, 1 to 1024 (default :func:`default_threads`:
+        ``MEDPROC_DALI_THREADS``, else this process's share of the cores when several ranks
+        share the machine).
     device_id : int, optional
         GPU ordinal; default the current CUDA device (``torch.cuda.set_device``), else 0.
 

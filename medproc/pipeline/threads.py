@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import os
 import sys
 
@@ -20,9 +19,13 @@ def default_threads() -> int:
     its loader's workers; at most 16. Ranks that each took every core starved each other (0.22x
     on two GPUs); a volume alone in a batch runs on all of a process's threads (:mod:`.slabs`),
     so each worker keeps to its share."""
-    env = int(os.environ.get("MEDPROC_DALI_THREADS", 0) or 0)
-    if env > 0:
-        return env
+    raw = os.environ.get("MEDPROC_DALI_THREADS", "").strip()
+    if raw not in ("", "0"):  # (it was not capped, and "abc" was int()'s bare ValueError)
+        try:
+            env = int(raw)
+        except ValueError:
+            env = raw  # (refused below, named)
+        return check_threads(env, f"MEDPROC_DALI_THREADS={raw!r}:")
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -39,17 +42,17 @@ def _loader_workers() -> int:
     return max(1, int(info.num_workers)) if info is not None else 1
 
 
-def check_threads(num_threads) -> int:
+def check_threads(num_threads, who: str = "") -> int:
     """``num_threads`` (None: :func:`default_threads`) as an int from 1 to :data:`MAX_THREADS`,
-    else a UsageError naming it."""
+    else a UsageError naming it (and ``who`` passed it)."""
     from ..errors import UsageError
+    from ..spec import whole_number
 
     if num_threads is None:
         return default_threads()
-    whole = isinstance(num_threads, numbers.Integral) and not isinstance(num_threads, bool)
-    if not whole or not 1 <= num_threads <= MAX_THREADS:
+    if not whole_number(num_threads) or not 1 <= num_threads <= MAX_THREADS:
         raise UsageError(
-            f"num_threads must be a whole number from 1 to {MAX_THREADS} (DALI starts one "
-            f"thread each), got {num_threads!r}"
+            f"{who + ' ' if who else ''}num_threads must be a whole number from 1 to "
+            f"{MAX_THREADS} (DALI starts one thread each), got {num_threads!r}"
         )
     return int(num_threads)
