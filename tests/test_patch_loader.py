@@ -504,14 +504,18 @@ def test_a_malformed_datalist_file_is_a_read_error_naming_it(tmp_path, text, say
     [
         ([], "the datalist holds no case"),  # (was "0 cases cannot fill 1 shards")
         ([{"image": ""}], "case 0: 'image' is an empty path"),  # (MONAI: the file's folder)
+        ([{"image": "a.nii.gz", "label": "  "}], "case 0: 'label' is an empty path"),
         ([{"image": "a.nii.gz", "label": 3}], r"case 0 \('.*a.nii.gz'\): 'label' must be a file"),
     ],
 )
-def test_a_datalist_file_s_case_errors_name_the_file(tmp_path, cases, says):
+def test_a_datalist_file_s_case_errors_name_the_file(tmp_path, cases, says, monkeypatch):
     path = tmp_path / "datalist.json"
     path.write_text(json.dumps({"training": cases}))
     with pytest.raises(medproc.UsageError, match=f"^PatchLoader: {re.escape(str(path))}: {says}"):
         PatchLoader(str(path), SPEC, (8, 8, 8))
+    monkeypatch.chdir(tmp_path)  # (given relative, "" became "." unsaid: a review's)
+    with pytest.raises(medproc.UsageError, match=f"^PatchLoader: datalist.json: {says}"):
+        PatchLoader("datalist.json", SPEC, (8, 8, 8))
 
 
 def test_a_detection_datalist_is_a_clear_error_naming_the_case(tmp_path):

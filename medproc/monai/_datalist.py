@@ -15,12 +15,10 @@ def read_datalist(datalist) -> list[dict]:
     dict whose "image" is a path and whose "label", when present, is a path too. A MONAI
     *detection* datalist holds box labels (a list) under "label": said plainly, with the case,
     instead of failing later in a reader."""
-    home = None  # the datalist file's folder, where MONAI resolves its paths
+    who = "PatchLoader"
     if isinstance(datalist, (str, os.PathLike)):
-        home = os.path.dirname(os.path.abspath(datalist))
-        src = os.fsdecode(datalist)
-        datalist = _read_decathlon(datalist)
-    who = "PatchLoader" if home is None else f"PatchLoader: {src}"
+        who = f"PatchLoader: {os.fsdecode(datalist)}"
+        datalist = _read_decathlon(datalist, who)
     if isinstance(datalist, dict):
         raise UsageError(
             f"PatchLoader: the datalist is a dict (keys {sorted(datalist)[:4]}); give a list of "
@@ -50,11 +48,7 @@ def read_datalist(datalist) -> list[dict]:
             )
         for key in ("image", "label"):
             v = case.get(key)
-            if (
-                isinstance(v, (str, os.PathLike))
-                and not str(os.fspath(v)).strip()
-                or (home is not None and isinstance(v, str) and os.path.normpath(v) == home)
-            ):  # (MONAI resolves "" to the file's folder: "holds no DICOM image", later)
+            if isinstance(v, (str, os.PathLike)) and not str(os.fspath(v)).strip():
                 raise UsageError(f"{who}: case {n}: {key!r} is an empty path")
             if (v is None and key == "label") or isinstance(v, (str, os.PathLike)):
                 continue
@@ -73,11 +67,12 @@ def read_datalist(datalist) -> list[dict]:
     return cases
 
 
-def _read_decathlon(path) -> list:
+def _read_decathlon(path, who: str) -> list:
     """The "training" list of the decathlon JSON file ``path``, read by MONAI (which resolves
     its paths against the file's folder); a :class:`ReadError` naming the file and what is wrong
     with it (MONAI says "Expecting value: line 1 column 15", or TypeError "Every item in items
-    must be a dict", without the file)."""
+    must be a dict", without the file). An empty path in it is refused as written (MONAI makes
+    it the file's folder: "holds no DICOM image", later)."""
     import json
 
     from monai.data import load_decathlon_datalist
@@ -87,6 +82,9 @@ def _read_decathlon(path) -> list:
 
     check_file(path)
     try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        written = doc.get("training") if isinstance(doc, dict) else None
         cases = load_decathlon_datalist(os.fsdecode(path), data_list_key="training")
     except json.JSONDecodeError as e:
         raise ReadError(f"not valid JSON ({e}); fix the file", path) from None
@@ -100,6 +98,10 @@ def _read_decathlon(path) -> list:
             '{"training": [{"image": path, "label": path}, ...]})',
             path,
         ) from None
+    for n, case in enumerate(written):
+        for key in ("image", "label"):
+            if isinstance(case.get(key), str) and not case[key].strip():
+                raise UsageError(f"{who}: case {n}: {key!r} is an empty path")
     return cases
 
 
