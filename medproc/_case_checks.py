@@ -52,7 +52,8 @@ def warn_unmatched(cases: list, table: dict | None) -> None:
         lower = {str(k).lower(): str(k) for k in used if k}
         near = [f"{k!r} ~ {lower[k.lower()]!r}" for k in left if k.lower() in lower]
         hint = (
-            f" ({len(near)} differ from a case's name only in upper/lower case: "
+            f" ({len(near)} differ{'s' if len(near) == 1 else ''} from a case's name only in "
+            "upper/lower case: "
             f"{', '.join(near[:3])}{', ...' if len(near) > 3 else ''}; keys are matched exactly: "
             "rename them in the file)"
             if near

@@ -360,8 +360,8 @@ class ProxyServer:
         """An iterable over batches of ``dataset`` (whose samples went through
         :attr:`transform`): images (and labels) as tensors on the device, ``(B, C, i, j, k)``
         when the output size is fixed, else lists of ``(C, i, j, k)`` tensors. ``batch_size``
-        (1 to the server's; None: the server's), or a ``batch_sampler`` in ``kw`` whose batches are as large at
-        most; other keywords go to torch's DataLoader."""
+        (1 to the server's; None: the server's), or a ``batch_sampler`` in ``kw`` whose
+        batches are as large at most; other keywords go to torch's DataLoader."""
         import torch.utils.data as tud
 
         from ._proxy_stream import batches_checked

@@ -263,9 +263,9 @@ class Spec:
                     "NaN); give a number, or a float dtype"
                 )
             if self.interp == "cubic" or self.antialias:  # (DALI's RuntimeError; ignored)
+                what = "interp=cubic" if self.interp == "cubic" else "antialias"
                 raise UsageError(
-                    f"fill={self.fill!r} with {'interp=cubic' if self.interp == 'cubic' else 'antialias'}"
-                    ": only DALI's resize has cubic interpolation and antialiasing, and it repeats "
+                    f"fill={self.fill!r} with {what}: only DALI's resize has cubic interpolation and antialiasing, and it repeats "
                     "the border; give fill=None (the border repeated), or interp='linear' and "
                     "antialias=False to pad with a value"
                 )

@@ -131,7 +131,7 @@ def test_lesion_keys_differing_from_a_case_only_in_case_are_pointed_out(
     out = tmp_path / "o"
     assert main(["convert", _images(sample_data), "-o", str(out), "--annotations", str(f)]) == 0
     err = " ".join(capsys.readouterr().err.split())
-    assert "1 differ from a case's name only in upper/lower case: 'CASE001' ~ 'case001'" in err
+    assert "1 differs from a case's name only in upper/lower case: 'CASE001' ~ 'case001'" in err
 
 
 def test_a_rerun_adding_qc_makes_the_pictures_saying_so(sample_data, tmp_path, capsys):

@@ -373,6 +373,7 @@ def test_an_annotation_of_another_series_is_said_and_an_image_path_is_refused(tm
             if warns:
                 assert f"it annotates series {UID}, not the series of" in str(hits[0].message)
                 assert "(1.2.3.4)" in str(hits[0].message)
+                assert hits[0].filename == __file__  # (said at the call: a review's)
             assert lab.array[20:30, 20:30, 12].all()  # (placed all the same)
     for roi in (["GTV"], b"GTV", True, 1.5):  # (a damaged file, ROI 1, an empty label)
         with pytest.raises(medproc.UsageError, match="^read_rtstruct: roi must be an ROI's"):

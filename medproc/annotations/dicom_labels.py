@@ -71,8 +71,8 @@ def _incomplete(path: str, what: str):
         ) from None
 
 
-def _warn(text: str) -> None:
-    warnings.warn(text, MedprocWarning, stacklevel=3)
+def _warn(text: str, stacklevel: int = 3) -> None:
+    warnings.warn(text, MedprocWarning, stacklevel=stacklevel)
 
 
 def referenced_series(ds) -> list[str]:
@@ -99,16 +99,18 @@ def check_image(image, who: str, optional: bool = False) -> None:
         )
 
 
-def _check_series(ds, image: Volume, path: str) -> None:
+def _check_series(ds, image: Volume, path: str, depth: int) -> None:
     """Warn when the DICOM series ``image`` was read from is not among those the annotation
-    ``ds`` references: it is placed by patient coordinates all the same."""
+    ``ds`` references: it is placed by patient coordinates all the same. ``depth``: the frames
+    between this function and the public reader the user called (1: called by it)."""
     uid = str(image.meta.get("series_uid") or "")
     refs = referenced_series(ds)
     if uid and not uid.startswith("nouid:") and refs and uid not in refs:
         src = image.meta.get("source") or "the image"
         _warn(
             f"{path}: it annotates series {refs[0]}, not the series of {src} ({uid}); placed "
-            "by patient coordinates all the same: is it this series' annotation?"
+            "by patient coordinates all the same: is it this series' annotation?",
+            stacklevel=depth + 3,  # (at the caller of the public reader, ``depth`` frames up)
         )
 
 
@@ -220,7 +222,9 @@ def _check_frames(frames, path: str) -> None:
             lo, hi = SPACING_RANGE_MM
             why = f"PixelSpacing {list(f.pixel_spacing)} mm is outside {lo:g} to {hi:g} mm"
         if why:
-            raise GeometryError(f"{why}: its frames cannot be placed", path, f"frame {i + 1}")
+            raise GeometryError(
+                f"{why}: its frames cannot be placed; export it again", path, f"frame {i + 1}"
+            )
 
 
 def read_seg(path, image: Volume | None = None) -> Volume:
@@ -233,7 +237,9 @@ def read_seg(path, image: Volume | None = None) -> Volume:
     is refused saying so (give ``image``). With ``image`` (the series the SEG segments, e.g.
     ``medproc.load(folder)``) every frame's pixels are placed on that image's grid (the nearest
     voxel of each pixel centre), gaps or not; frames outside it are left out with a warning (all
-    of them outside: an error).
+    of them outside: an error). An ``image`` read from another DICOM series than the one the
+    SEG references is used all the same, with a warning naming both; an ``image`` that is not a
+    :class:`Volume` is a :class:`~medproc.errors.UsageError`.
     """
     return _read_seg(os.fspath(path), image, "own" if image is None else "place")
 
@@ -244,6 +250,7 @@ def seg_on_image(path, image: Volume) -> Volume:
     on voxel centres: exact, and right for a SEG that leaves out empty slices); otherwise on its
     own grid, which must neither leave out slices nor have frames further apart than the
     image's slices (a :class:`GeometryError` saying so, never a label smeared across the gap).
+    ``image`` is checked as in :func:`read_seg`.
     """
     return _read_seg(os.fspath(path), image, "auto")
 
@@ -253,7 +260,7 @@ def _read_seg(path: str, image: Volume | None, how: str) -> Volume:
     with _incomplete(path, "DICOM SEG"):
         ds, frames, extra, seg_of, px, names = _parse_seg(path)
         if image is not None:
-            _check_series(ds, image, path)
+            _check_series(ds, image, path, depth=2)
         if how == "place" or how == "auto" and _on_grid(frames, px.shape[1:], image):
             lab = _frames_on_image(frames, seg_of, px, image, names, path)
             return image.with_array(lab, source=path, format="dicom-seg", segments=names)

@@ -28,6 +28,9 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None, *, renumber
     without a voxel). ``roi`` keeps one ROI (by name or number). ROI numbers are identifiers:
     one that cannot be a voxel value (below 1) is an error unless ``renumber``, which gives
     the ROIs values 1..N in ascending ROI number order (``meta["rois"]`` names them).
+    ``image`` read from another DICOM series than the one the structure set references is used
+    all the same, with a warning naming both; an ``image`` that is not a :class:`Volume`, or an
+    ``roi`` that is neither a name nor a number, is a :class:`~medproc.errors.UsageError`.
     """
     check_image(image, "read_rtstruct")
     if roi is not None and (isinstance(roi, bool) or not isinstance(roi, (str, numbers.Integral))):
@@ -37,7 +40,7 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None, *, renumber
     if "ROIContourSequence" not in ds:
         raise ReadError("is not an RTSTRUCT (no ROIContourSequence)", path)
     with _incomplete(path, "RTSTRUCT"):
-        _check_series(ds, image, path)
+        _check_series(ds, image, path, depth=1)
         listed = [(int(r.ROINumber), str(r.get("ROIName", ""))) for r in ds.get(_ROIS, [])]
         names = dict(listed)
         if len(names) < len(listed):
