@@ -115,7 +115,7 @@ class Graph:
         )
         if not resize:
             return "warp"
-        # DALI 2.4's resize kills the process (SIGSEGV, CPU; not measured on the GPU) when a
+        # DALI 2.4's resize kills the process (SIGSEGV; on the GPU too, measured) when a
         # sample's region lies wholly beyond its input along an axis (found as a slab of a
         # volume centre-cropped far past itself; slabs.split no longer makes such slabs): warp
         # repeats the border as resize would, but has no cubic or antialiasing
@@ -160,8 +160,9 @@ def _outside(plan: Plan) -> float:
 
 def misses_input(plan: Plan) -> bool:
     """Whether an axis-aligned plan samples a region lying wholly beyond its input along some
-    axis: DALI 2.4's CPU resize crashes on one (measured on 4 input slices: region (-2, -1) or
-    (6, 5) crashed, (-1, -0.01) and (4, 8) did not; this test is stricter than the crash)."""
+    axis: DALI 2.4's resize crashes on one (measured on 4 input slices: on the CPU region
+    (-2, -1) or (6, 5) crashed, (-1, -0.01) and (4, 8) did not; on the GPU (-30, -20) crashed,
+    (-2, -1) did not; this test is stricter than the crashes)."""
     lo, hi, n = _region(plan)
     return bool(((hi <= 0) | (lo >= n)).any())
 
