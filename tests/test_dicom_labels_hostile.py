@@ -436,6 +436,41 @@ def test_a_truncated_rtstruct_is_an_error_never_a_label_missing_an_roi(tmp_path,
     assert "ReadError" in outcomes
 
 
+def test_references_of_another_vr_name_no_series_not_a_crash():
+    """A second prober's: a ReferencedSeriesSequence written as a UI value (or an RTSTRUCT's
+    RTReferencedStudySequence) ended convert --layout with AttributeError; a multi-valued UID
+    was read as the text of a list."""
+    from pydicom.multival import MultiValue
+
+    from medproc.annotations.dicom_labels import referenced_series
+
+    ds = Dataset()
+    ds.add_new(0x00081115, "UI", "1.2.3")  # (ReferencedSeriesSequence, as a UID)
+    fr = Dataset()
+    fr.add_new(0x30060012, "UI", "1.2.4")  # (RTReferencedStudySequence, as a UID)
+    ds.ReferencedFrameOfReferenceSequence = [fr]
+    assert referenced_series(ds) == []
+    item = Dataset()
+    item.SeriesInstanceUID = MultiValue(str, ["1.2.5", "1.2.6"])
+    ds = Dataset()
+    ds.ReferencedSeriesSequence = [item, Dataset()]
+    assert referenced_series(ds) == []
+    ds.ReferencedSeriesSequence[1].SeriesInstanceUID = "1.2.7"
+    assert referenced_series(ds) == ["1.2.7"]
+
+
+def test_an_roi_name_is_matched_exactly_first(tmp_path, case):
+    """A second prober's: with ROIs 'GTV' (1) and 'gtv' (2), roi='gtv' took ROI 1."""
+    _, image, _ = case
+    rt = write_rt(
+        tmp_path / "rt.dcm", [(1, "GTV"), (2, "gtv")], [(1, 12, sq(10, 20)), (2, 14, sq(25, 45))]
+    )
+    assert set(np.unique(read_rtstruct(rt, image, roi="gtv").array)) == {0, 2}
+    assert set(np.unique(read_rtstruct(rt, image, roi="GTV").array)) == {0, 1}
+    with pytest.raises(medproc.UsageError, match=r"ROI name 'Gtv' matches ROIs \[1, 2\]"):
+        read_rtstruct(rt, image, roi="Gtv")
+
+
 def test_a_reference_without_its_series_uid_is_said_not_a_crash(tmp_path):
     """A prober's: a SEG whose ReferencedSeriesSequence item lacks its SeriesInstanceUID (or an
     RTSTRUCT's RTReferencedSeriesSequence item) ended convert --layout with AttributeError."""

@@ -78,13 +78,21 @@ def _warn(text: str, stacklevel: int = 3) -> None:
 def referenced_series(ds) -> list[str]:
     """The SeriesInstanceUIDs a SEG (ReferencedSeriesSequence) or RTSTRUCT (its
     ReferencedFrameOfReferenceSequence) says it annotates, in that order."""
-    items = list(ds.get("ReferencedSeriesSequence") or []) + [
+    from pydicom.dataset import Dataset
+    from pydicom.sequence import Sequence
+
+    def items(parent, key) -> list:  # (a damaged file's value of another VR: no items)
+        seq = parent.get(key) if isinstance(parent, Dataset) else None
+        return [i for i in seq if isinstance(i, Dataset)] if isinstance(seq, Sequence) else []
+
+    found = items(ds, "ReferencedSeriesSequence") + [
         se
-        for fr in ds.get("ReferencedFrameOfReferenceSequence") or []
-        for st in fr.get("RTReferencedStudySequence") or []
-        for se in st.get("RTReferencedSeriesSequence") or []
-    ]  # (an item without its UID is skipped: it names no series)
-    return [str(i.SeriesInstanceUID) for i in items if i.get("SeriesInstanceUID")]
+        for fr in items(ds, "ReferencedFrameOfReferenceSequence")
+        for st in items(fr, "RTReferencedStudySequence")
+        for se in items(st, "RTReferencedSeriesSequence")
+    ]  # (an item without one UID is skipped: it names no series)
+    uids = [i.get("SeriesInstanceUID") for i in found]
+    return [str(u) for u in uids if isinstance(u, str) and u.strip()]
 
 
 def check_image(image, who: str, optional: bool = False) -> None:

@@ -46,7 +46,16 @@ def read_rtstruct(path, image: Volume, roi: str | int | None = None, *, renumber
         if len(names) < len(listed):
             raise ReadError(f"{_ROIS} lists an ROI number twice: {sorted(listed)}", path)
         if isinstance(roi, str):
-            hits = [n for n, name in names.items() if name.lower() == roi.lower()]
+            hits = [n for n, name in names.items() if name == roi] or [
+                n for n, name in names.items() if name.lower() == roi.lower()
+            ]  # (the exact name first: "GTV" and "gtv" are two ROIs)
+            if len(hits) > 1:
+                raise UsageError(
+                    f"ROI name {roi!r} matches ROIs {hits} "
+                    f"({', '.join(repr(names[n]) for n in hits)}) but for upper/lower case: "
+                    "give the exact name or the ROI number",
+                    path,
+                )
             if not hits:
                 raise MedprocError(
                     f"no ROI named {roi!r}; ROIs here: {sorted(names.values())}", path
