@@ -506,6 +506,11 @@ def test_a_malformed_datalist_file_is_a_read_error_naming_it(tmp_path, text, say
         ([{"image": ""}], "case 0: 'image' is an empty path"),  # (MONAI: the file's folder)
         ([{"image": "a.nii.gz", "label": "  "}], "case 0: 'label' is an empty path"),
         ([{"image": "a.nii.gz", "label": 3}], r"case 0 \('.*a.nii.gz'\): 'label' must be a file"),
+        # (a second prober's: "label": null was "has no 'label' but has 'label'")
+        (
+            [{"image": "a.nii.gz", "label": None}, {"image": "b", "lable": "c"}],
+            "case 1 has no 'label' but has 'lable'",
+        ),
     ],
 )
 def test_a_datalist_file_s_case_errors_name_the_file(tmp_path, cases, says, monkeypatch):

@@ -63,7 +63,7 @@ def read_datalist(datalist) -> list[dict]:
                 f"{who}: case {n} ({case.get('image')!r:.80}): {key!r} must be a file "
                 f"path, got {type(v).__name__} {v!r:.60}{what}"
             )
-    _check_labels_and_lesions(cases)
+    _check_labels_and_lesions(cases, who)
     return cases
 
 
@@ -105,7 +105,7 @@ def _read_decathlon(path, who: str) -> list:
     return cases
 
 
-def _check_labels_and_lesions(cases: list[dict]) -> None:
+def _check_labels_and_lesions(cases: list[dict], who: str) -> None:
     """A case without "label" but with a key like it (``lable``, ``seg``, ``mask``) is an
     error: its patches would get empty labels without a word; some cases without a label
     among labelled ones are said; "lesions" must hold medproc Lesions."""
@@ -120,22 +120,23 @@ def _check_labels_and_lesions(cases: list[dict]) -> None:
         les = case.get("lesions")
         if les is not None and not isinstance(les, Lesions):
             raise UsageError(
-                f"PatchLoader: case {n}: lesions must be a medproc.annotations.Lesions (e.g. "
+                f"{who}: case {n}: lesions must be a medproc.annotations.Lesions (e.g. "
                 f"from medproc.annotations.read_json), got {type(les).__name__}"
             )
         if case.get("label") is not None:
             continue
         bare.append(n)
-        near = [k for k in case if k in ("seg", "mask", "segmentation", "labels", "labelmap")]
-        near = near or difflib.get_close_matches("label", [str(k) for k in case], 1, 0.7)
+        keys = [str(k) for k in case if k != "label"]  # ("label": None is no label at all)
+        near = [k for k in keys if k in ("seg", "mask", "segmentation", "labels", "labelmap")]
+        near = near or difflib.get_close_matches("label", keys, 1, 0.7)
         if near:
             raise UsageError(
-                f"PatchLoader: case {n} has no 'label' but has {near[0]!r}: the label map is read "
+                f"{who}: case {n} has no 'label' but has {near[0]!r}: the label map is read "
                 "from 'label' only (its patches would get empty labels); rename the key"
             )
     if bare and len(bare) < len(cases):
         warnings.warn(
-            f"PatchLoader: {len(bare)} of {len(cases)} cases have no 'label' (e.g. case "
+            f"{who}: {len(bare)} of {len(cases)} cases have no 'label' (e.g. case "
             f"{bare[0]}): their patches get empty labels",
             MedprocWarning,
             stacklevel=4,
