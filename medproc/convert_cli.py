@@ -245,6 +245,9 @@ def _cmd_convert(a) -> int:
     t0 = time.perf_counter()
     quiet = getattr(a, "quiet", False)
     spec = _spec(a)
+    from .pipeline.threads import default_threads
+
+    default_threads()  # (a bad MEDPROC_DALI_THREADS: a usage error now, not every case failed)
     targets = check_layouts(a)
     with prepare(
         a.inputs,

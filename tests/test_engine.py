@@ -362,12 +362,13 @@ def test_default_threads_share_the_cores_between_local_ranks(monkeypatch):
     monkeypatch.setenv("MEDPROC_DALI_THREADS", "3")
     assert default_threads() == 3
     # (a review's: 100000 was taken as it was, "abc" was int()'s bare ValueError)
-    for bad in ("100000", "abc", "-2", "2.5"):
+    for bad in ("100000", "abc", "-2", "2.5", "4_0", "1e3"):
         monkeypatch.setenv("MEDPROC_DALI_THREADS", bad)
         with pytest.raises(medproc.UsageError, match=f"MEDPROC_DALI_THREADS='{bad}': num_thr"):
             Engine("cpu")
-    monkeypatch.setenv("MEDPROC_DALI_THREADS", "0")  # (0 or empty: the cores' share)
-    assert default_threads() == 4
+    for zero in ("0", "00", ""):  # (0 or empty: the cores' share)
+        monkeypatch.setenv("MEDPROC_DALI_THREADS", zero)
+        assert default_threads() == 4
     for bad in (0, 1025, 2.0, True, "2"):
         with pytest.raises(medproc.UsageError, match="num_threads must be a whole number from 1"):
             Engine("cpu", num_threads=bad)

@@ -20,11 +20,8 @@ def default_threads() -> int:
     on two GPUs); a volume alone in a batch runs on all of a process's threads (:mod:`.slabs`),
     so each worker keeps to its share."""
     raw = os.environ.get("MEDPROC_DALI_THREADS", "").strip()
-    if raw not in ("", "0"):  # (it was not capped, and "abc" was int()'s bare ValueError)
-        try:
-            env = int(raw)
-        except ValueError:
-            env = raw  # (refused below, named)
+    env = int(raw) if raw.isdigit() else raw  # ("4_0", "1e3", "-1": refused below, named)
+    if env not in ("", 0):  # (it was not capped, and "abc" was int()'s bare ValueError)
         return check_threads(env, f"MEDPROC_DALI_THREADS={raw!r}:")
     try:
         cores = len(os.sched_getaffinity(0))
