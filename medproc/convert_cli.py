@@ -241,12 +241,11 @@ def _cmd_convert(a) -> int:
     from .cli import plain_console
     from .convert import prepare, summary
     from .errors import OutputError, printable
+    from .pipeline.threads import default_threads
 
     t0 = time.perf_counter()
     quiet = getattr(a, "quiet", False)
     spec = _spec(a)
-    from .pipeline.threads import default_threads
-
     default_threads()  # (a bad MEDPROC_DALI_THREADS: a usage error now, not every case failed)
     targets = check_layouts(a)
     with prepare(

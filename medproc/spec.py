@@ -265,9 +265,10 @@ class Spec:
             if self.interp == "cubic" or self.antialias:  # (DALI's RuntimeError; ignored)
                 what = "interp=cubic" if self.interp == "cubic" else "antialias"
                 raise UsageError(
-                    f"fill={self.fill!r} with {what}: only DALI's resize has cubic interpolation and antialiasing, and it repeats "
-                    "the border; give fill=None (the border repeated), or interp='linear' and "
-                    "antialias=False to pad with a value"
+                    f"fill={self.fill!r} with {what}: only DALI's resize has cubic "
+                    "interpolation and antialiasing, and it repeats the border; give fill=None "
+                    "(the border repeated), or interp='linear' and antialias=False to pad with "
+                    "a value"
                 )
         if isinstance(self.intensity, dict):
             object.__setattr__(self, "intensity", Intensity(**self.intensity))

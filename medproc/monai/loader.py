@@ -146,7 +146,7 @@ class PatchLoader:
     ):
         from ..pipeline import Engine, Graph
         from ..pipeline.pace import Pacer, pace_fraction
-        from ..pipeline.threads import check_threads, default_threads
+        from ..pipeline.threads import check_threads
 
         if not isinstance(sampling, PosNeg):
             raise TypeError(f"sampling must be a PosNeg(...), got {type(sampling).__name__}")
@@ -171,7 +171,7 @@ class PatchLoader:
             )
         self.spec = spec
         check_args(spec, "PatchLoader", batch_size=batch_size, prefetch=prefetch)
-        check_threads(num_threads, "PatchLoader:")
+        threads = check_threads(num_threads, "PatchLoader:")  # (None: the cores' share)
         self.patch = patch_size_of(patch_size, batch_size)
         if augment.rotate90_prob and self.patch[0] != self.patch[1]:
             raise ValueError(
@@ -192,7 +192,6 @@ class PatchLoader:
         self.per_epoch = (
             len(self.cases) if self.num_shards == 1 else len(datalist) // self.num_shards
         )
-        threads = int(num_threads or default_threads())
         self._engine = Engine(
             device, batch_size=self.batch_size, num_threads=threads, device_id=self.device_id
         )

@@ -73,8 +73,8 @@ def patch_size_of(patch_size, batch_size: int) -> tuple[int, int, int]:
     need = int(np.prod(patch, dtype=object)) * 4 * 2 * int(batch_size)
     if need > max_bytes():
         raise UsageError(
-            f"patch_size {patch!r:.80} x batch_size {batch_size}: one batch of patches and labels "
-            f"would take {human(need)}, more than the {human(max_bytes())} one volume may take "
+            f"patch_size {patch!r:.80} x batch_size {batch_size}: one batch of patches and "
+            f"labels would take {human(need)}, more than the {human(max_bytes())} one volume may take "
             "here (the smallest of the physical memory, ulimit -v and MEDPROC_MAX_BYTES)"
         )
     return patch

@@ -88,12 +88,12 @@ def _touching(plan, bounds: np.ndarray, graph) -> list[int]:
     """``bounds`` less those that would make a slab lying wholly beyond the input along k (a
     volume centre-cropped far past itself): it joins its neighbour towards the input, as DALI's
     resize crashes on a region beyond its input (:func:`.graphs.misses_input`). Plans the warp
-    graph takes keep every slab (a fill value, nearest neighbour past the input)."""
+    graph takes (:meth:`.graphs.Graph.mode_for`: a fill value, nearest neighbour past the
+    input) keep every slab."""
     from .graphs import misses_input
 
     b = [int(x) for x in bounds]
-    warped = graph.mode == "warp" or graph.fill is not None or graph.interp == "nearest"
-    if warped or not plan.axis_aligned or misses_input(plan):
+    if not plan.axis_aligned or misses_input(plan) or graph.mode_for([plan], "cpu") == "warp":
         return b
     while len(b) > 2 and misses_input(plan.output_slab(b[0], b[1])):
         del b[1]
